@@ -1,0 +1,59 @@
+"""espeak-ng phonemes through piper-phonemize, then ids through a voice's ``phoneme_id_map``.
+
+This is the frontend Piper itself uses: each sentence becomes ``^ _ p1 _ p2 _ ... $``
+(beginning, a pad after every phoneme, end).
+"""
+from __future__ import annotations
+
+import re
+
+import piper_phonemize
+
+from models.interface import PhonemeSequence
+
+BOS, EOS, PAD = "^", "$", "_"
+# Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+
+
+class UnspeakableTextError(ValueError):
+    """The text (or part of it) cannot be turned into phonemes this voice knows."""
+
+
+class EspeakFrontend:
+    def __init__(self, espeak_voice: str, phoneme_id_map: dict[str, list[int]]):
+        for symbol in (BOS, EOS, PAD):
+            if symbol not in phoneme_id_map:
+                raise ValueError(f"phoneme_id_map lacks the required symbol {symbol!r}")
+        self.espeak_voice = espeak_voice
+        self.phoneme_id_map = phoneme_id_map
+
+    def split_sentences(self, text: str) -> list[str]:
+        return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
+
+    def __call__(self, text: str) -> list[PhonemeSequence]:
+        if not isinstance(text, str) or not text.strip():
+            raise UnspeakableTextError("text is empty: give at least one word to speak")
+        sequences = []
+        for sentence in self.split_sentences(text):
+            for phonemes in piper_phonemize.phonemize_espeak(sentence, self.espeak_voice):
+                if not [p for p in phonemes if not p.isspace()]:
+                    continue
+                sequences.append(self._to_sequence(sentence, phonemes))
+        if not sequences:
+            raise UnspeakableTextError(
+                f"no phonemes for {text[:60]!r}: espeak voice {self.espeak_voice!r} cannot speak it"
+            )
+        return sequences
+
+    def _to_sequence(self, sentence: str, phonemes: list[str]) -> PhonemeSequence:
+        unknown = sorted({p for p in phonemes if p not in self.phoneme_id_map})
+        if unknown:
+            raise UnspeakableTextError(
+                f"phonemes {unknown} in {sentence[:60]!r} are not in this voice's phoneme_id_map"
+            )
+        ids = list(self.phoneme_id_map[BOS]) + list(self.phoneme_id_map[PAD])
+        for phoneme in phonemes:
+            ids += self.phoneme_id_map[phoneme] + self.phoneme_id_map[PAD]
+        ids += self.phoneme_id_map[EOS]
+        return PhonemeSequence(text=sentence, phonemes=tuple(phonemes), phoneme_ids=tuple(ids))
