@@ -26,6 +26,41 @@ def _with_duration_output(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str 
     return model, name
 
 
+def _latent_channels(model: onnx.ModelProto) -> int:
+    """Width of the flow's latent: the decoder's first conv consumes it."""
+    weights = {t.name: t for t in model.graph.initializer}
+    conv_pre = next(n for n in model.graph.node if n.name == "/dec/conv_pre/Conv")
+    return int(weights[conv_pre.input[1]].dims[1])
+
+
+def _with_noise_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Replace each ``RandomNormalLike`` with a slice of a new standard-normal graph input.
+
+    The duration predictor's draw becomes ``duration_noise`` (B, 2, >= T_text), the prior's
+    ``prior_noise`` (B, C_latent, >= T_frames); each is sliced to the shape of the tensor the
+    random op mimicked. The same noise can then drive this graph and a PyTorch variant.
+    """
+    for node in [n for n in model.graph.node if n.op_type == "RandomNormalLike"]:
+        input_name = "duration_noise" if node.name.startswith("/dp/") else "prior_noise"
+        model.graph.input.append(
+            onnx.helper.make_tensor_value_info(input_name, onnx.TensorProto.FLOAT, ["batch_size", None, None])
+        )
+        prefix = f"{node.name}_as_input"
+        starts = onnx.numpy_helper.from_array(np.zeros(3, np.int64), f"{prefix}/starts")
+        model.graph.initializer.append(starts)
+        replacement = [
+            onnx.helper.make_node("Shape", [node.input[0]], [f"{prefix}/shape"], name=f"{prefix}/Shape"),
+            onnx.helper.make_node(
+                "Slice", [input_name, starts.name, f"{prefix}/shape"], [node.output[0]], name=f"{prefix}/Slice"
+            ),
+        ]
+        position = list(model.graph.node).index(node)
+        model.graph.node.remove(node)
+        for offset, new_node in enumerate(replacement):
+            model.graph.node.insert(position + offset, new_node)
+    return model
+
+
 class PiperOnnxRuntimeVoice:
     """An original Piper voice in onnxruntime (CPU unless ``providers`` says otherwise)."""
 
@@ -35,7 +70,8 @@ class PiperOnnxRuntimeVoice:
         self.sample_rate_hz = int(config["audio"]["sample_rate"])
         self.frontend = EspeakFrontend(config["espeak"]["voice"], config["phoneme_id_map"])
         self.num_speakers = int(config.get("num_speakers", 1))
-        model, self._duration_output = _with_duration_output(onnx.load(str(self.files.onnx_path)))
+        graph = _with_noise_inputs(onnx.load(str(self.files.onnx_path)))
+        model, self._duration_output = _with_duration_output(graph)
         # Samples per frame = product of the decoder's upsampling strides (256 for Piper voices).
         self.hop_length = int(np.prod([
             onnx.helper.get_attribute_value(attr)[0]
@@ -48,6 +84,7 @@ class PiperOnnxRuntimeVoice:
         self.session = ort.InferenceSession(
             model.SerializeToString(), options, providers=providers or ["CPUExecutionProvider"]
         )
+        self.latent_channels = _latent_channels(model)
         self.size_bytes = self.files.onnx_path.stat().st_size
         self.num_parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
 
@@ -59,7 +96,12 @@ class PiperOnnxRuntimeVoice:
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         noise = request.noise
+        duration_noise, prior_noise = noise.draw(
+            request.phoneme_ids.shape[0], request.phoneme_ids.shape[1], self.latent_channels
+        )
         feeds = {
+            "duration_noise": duration_noise.numpy(),
+            "prior_noise": prior_noise.numpy(),
             "input": request.phoneme_ids.numpy().astype(np.int64),
             "input_lengths": request.phoneme_lengths.numpy().astype(np.int64),
             "scales": np.array([noise.noise_scale, noise.length_scale, noise.noise_scale_w], np.float32),

@@ -14,6 +14,7 @@ A model rejects conditioning it cannot use with a ValueError rather than ignorin
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -34,21 +35,30 @@ class PhonemeSequence:
 class NoiseControl:
     """Everything random about synthesis, made explicit so two variants compare sample for sample.
 
-    Either give a seed (a CPU ``torch.Generator`` draws the noise, identical on every device)
-    or explicit tensors. Scales of 0 make synthesis deterministic.
+    ``draw`` gives the standard-normal tensors a model scales and consumes: from a seed (a CPU
+    generator, identical on every device and engine), from explicit tensors, or from the
+    global RNG when ``seed`` is None. Scales of 0 make synthesis deterministic.
     """
 
     noise_scale: float = 0.667  # prior noise; Piper's default
     length_scale: float = 1.0  # >1 speaks slower
     noise_scale_w: float = 0.8  # duration-predictor noise; Piper's default
     seed: int | None = 0
-    duration_noise: torch.Tensor | None = None  # (B, 2, T_text), standard normal
-    prior_noise: torch.Tensor | None = None  # (B, C_latent, T_frames_max), standard normal
+    duration_noise: torch.Tensor | None = None  # (B, 2, T_text)
+    prior_noise: torch.Tensor | None = None  # (B, C_latent, T_frames_cap)
+    # Frames one phoneme id may take at length_scale 1; bounds the prior noise drawn up front
+    # because the frame count is only known after duration prediction.
+    max_frames_per_phoneme_id: int = 16
 
-    def generator(self) -> torch.Generator | None:
-        if self.seed is None:
-            return None
-        return torch.Generator(device="cpu").manual_seed(self.seed)
+    def draw(self, batch: int, text_length: int, latent_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(duration_noise (B, 2, T_text), prior_noise (B, C_latent, T_frames_cap))."""
+        if self.duration_noise is not None and self.prior_noise is not None:
+            return self.duration_noise, self.prior_noise
+        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
+        frames_cap = int(math.ceil(text_length * self.max_frames_per_phoneme_id * max(1.0, self.length_scale)))
+        duration_noise = torch.randn((batch, 2, text_length), generator=generator)
+        prior_noise = torch.randn((batch, latent_channels, frames_cap), generator=generator)
+        return duration_noise, prior_noise
 
 
 @dataclass

@@ -454,18 +454,16 @@ class PiperVits(nn.Module):
         phoneme_ids: torch.Tensor,
         phoneme_lengths: torch.Tensor,
         duration_noise: torch.Tensor,
+        prior_noise: torch.Tensor,
         noise_scale: float = 0.667,
         length_scale: float = 1.0,
         noise_scale_w: float = 0.8,
-        prior_noise: torch.Tensor | None = None,
-        generator: torch.Generator | None = None,
         speaker_id: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Synthesize a padded batch.
 
-        duration_noise: (B, 2, T_text) standard normal. prior_noise: (B, C_lat, >= T_frames)
-        standard normal, or None to draw it (on CPU, from ``generator``) once the number of
-        frames is known. Returns audio (B, T_audio), audio_lengths (B,), durations (B, T_text).
+        duration_noise: (B, 2, T_text) and prior_noise: (B, C_lat, >= T_frames), standard normal.
+        Returns audio (B, T_audio), audio_lengths (B,), durations (B, T_text).
         """
         hidden, prior_mean, prior_log_std, text_mask = self.enc_p(phoneme_ids, phoneme_lengths)
         g = self.emb_g(speaker_id).unsqueeze(-1) if self.emb_g is not None else None  # (B, C_g, 1)
@@ -476,9 +474,11 @@ class PiperVits(nn.Module):
         alignment = durations_to_alignment(durations, frame_mask)  # (B, T_text, T_frames)
         frame_mean = prior_mean @ alignment  # (B, C_lat, T_frames)
         frame_log_std = prior_log_std @ alignment
-        if prior_noise is None:
-            shape = (phoneme_ids.shape[0], self.hp.latent_channels, max_frames)
-            prior_noise = torch.randn(shape, generator=generator).to(frame_mean)
+        if prior_noise.shape[-1] < max_frames:
+            raise ValueError(
+                f"prior_noise covers {prior_noise.shape[-1]} frames but the utterance needs {max_frames}: "
+                "raise NoiseControl.max_frames_per_phoneme_id"
+            )
         z_prior = frame_mean + prior_noise[:, :, :max_frames] * torch.exp(frame_log_std) * noise_scale
         z = self.flow.reverse(z_prior, frame_mask.unsqueeze(1), g)
         audio = self.dec(z * frame_mask.unsqueeze(1), g)[:, 0]  # (B, T_audio)

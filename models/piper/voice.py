@@ -102,22 +102,18 @@ class PiperVoice(nn.Module):
         if hp.num_speakers > 1 and request.speaker_id is None:
             raise ValueError(f"this voice has {hp.num_speakers} speakers: set speaker_id")
         noise = request.noise
-        generator = noise.generator()
         batch, text_length = request.phoneme_ids.shape
-        duration_noise = noise.duration_noise
-        if duration_noise is None:
-            duration_noise = torch.randn((batch, 2, text_length), generator=generator)
+        duration_noise, prior_noise = noise.draw(batch, text_length, hp.latent_channels)
         dtype = next(self.model.parameters()).dtype
         device = self.device
         audio, audio_lengths, durations = self.model(
             request.phoneme_ids.to(device),
             request.phoneme_lengths.to(device),
             duration_noise.to(device, dtype),
+            prior_noise.to(device, dtype),
             noise_scale=noise.noise_scale,
             length_scale=noise.length_scale,
             noise_scale_w=noise.noise_scale_w,
-            prior_noise=None if noise.prior_noise is None else noise.prior_noise.to(device, dtype),
-            generator=generator,
             speaker_id=None if request.speaker_id is None else request.speaker_id.to(device),
         )
         return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), durations.cpu(), self.sample_rate_hz)
