@@ -1,0 +1,122 @@
+"""The compress pipeline: build each variant, score it with evaluate/, log it to MLflow, tabulate.
+
+Entry function ``run(settings, resolved_config)``; the CLI (compress/__main__.py) only turns the
+Hydra config into settings and calls it. Tests call it the same way on the debug preset.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import mlflow
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from compress.settings import RunSettings
+from compress.tracking import log_variant_run, start_parent_run
+from compress.variants import build_variant, set_cpu_threads
+from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
+from texts import load_sentences
+
+TABLE_COLUMNS = (
+    "params_m", "size_mb", "rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
+    "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim",
+)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def load_gpu_results(path: str | None) -> dict:
+    """Figures from `python -m evaluate.gpu_benchmark`, keyed by variant name."""
+    if path is None:
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        payload = json.load(handle)
+    if "variants" not in payload or "machine" not in payload:
+        raise ValueError(f"{path} is not a gpu_benchmark result (needs 'machine' and 'variants')")
+    return payload
+
+
+def results_markdown(rows: dict[str, dict[str, float]]) -> str:
+    columns = [c for c in TABLE_COLUMNS if any(c in metrics for metrics in rows.values())]
+    lines = ["| variant | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, metrics in rows.items():
+        cells = [f"{metrics[c]:.4g}" if c in metrics else "-" for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _print_table(rows: dict[str, dict[str, float]]) -> None:
+    columns = [c for c in TABLE_COLUMNS if any(c in metrics for metrics in rows.values())]
+    table = Table(title="variants, side by side (same run)")
+    table.add_column("variant")
+    for column in columns:
+        table.add_column(column, justify="right")
+    for name, metrics in rows.items():
+        table.add_row(name, *[f"{metrics[c]:.4g}" if c in metrics else "-" for c in columns])
+    Console().print(table)
+
+
+def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, float]]:
+    """Score every configured variant; returns {variant: metrics}. Artifacts go to run_dir and MLflow."""
+    run_dir = Path(settings.paths.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    Path(settings.paths.output_dir).mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "resolved_config.yaml"
+    _write_atomic(config_path, yaml.safe_dump(resolved_config, sort_keys=False))
+    gpu = load_gpu_results(settings.evaluate.gpu_results)
+
+    sentences = load_sentences(settings.data.eval_set)[: settings.data.max_eval_sentences]
+    set_cpu_threads(settings.evaluate.cpu_threads)
+    reference_name = settings.evaluate.reference_variant
+    ordered = [reference_name] + [v for v in settings.variants if v != reference_name]
+
+    rows: dict[str, dict[str, float]] = {}
+    reference: VariantEvaluation | None = None
+    evaluation_set = recognizer = None
+    with start_parent_run(settings.tracking.tracking_uri, settings.tracking.experiment_name,
+                          f"compress:{'+'.join(settings.variants)}", resolved_config, config_path,
+                          settings.paths.root):
+        for name in ordered:
+            variant = build_variant(name, settings)
+            if evaluation_set is None:  # every Piper variant shares the voice's frontend
+                evaluation_set = EvaluationSet.build(sentences, variant.model, settings.evaluate.noise)
+                recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
+            result = evaluate_variant(variant, evaluation_set, settings.evaluate,
+                                      None if name == reference_name else reference, recognizer)
+            if name == reference_name:
+                reference = result
+            metrics = {**result.metrics, **gpu.get("variants", {}).get(name, {})}
+            tags = {"engine": variant.engine, "device": variant.device,
+                    "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
+                    "eval_sentences": str(len(evaluation_set.sequences))}
+            if name in gpu.get("variants", {}):
+                tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
+            log_variant_run(name, metrics, tags, result.waveforms,
+                            [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
+                            settings.evaluate.audio_samples)
+            rows[name] = metrics
+        table = results_markdown(rows)
+        _write_atomic(run_dir / "results.md", table)
+        _write_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
+        mlflow.log_artifact(str(run_dir / "results.md"))
+        mlflow.log_artifact(str(run_dir / "results.json"))
+    _print_table(rows)
+    return rows
+
+
+def _recognizer(settings: RunSettings, texts: list[str]):
+    """The domain-LM recognizer, built once per run from the evaluation sentences."""
+    if "wer" not in settings.evaluate.metrics:
+        return None
+    from evaluate.intelligibility import DomainRecognizer
+
+    return DomainRecognizer.from_sentences(texts)

@@ -1,0 +1,82 @@
+"""MLflow logging: one parent run per `python -m compress` call, one nested run per variant.
+
+Params are the flattened resolved config; metrics use the project's stable names; artifacts
+are the resolved config, a metrics JSON, and a few WAVs with spectrogram PNGs per variant.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and CI
+import matplotlib.pyplot as plt  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+import soundfile as sf  # noqa: E402
+import torch  # noqa: E402
+
+MLFLOW_PARAM_MAX_CHARS = 6000  # mlflow rejects longer param values
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict):
+            flat.update(flatten(value, name))
+        else:
+            flat[name] = str(value)[:MLFLOW_PARAM_MAX_CHARS]
+    return flat
+
+
+def git_revision(root: str) -> str:
+    try:
+        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return revision.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def start_parent_run(tracking_uri: str, experiment_name: str, run_name: str, resolved: dict, config_path: Path,
+                     root: str):
+    mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_experiment(experiment_name)
+    run = mlflow.start_run(run_name=run_name)
+    mlflow.log_params(flatten({k: v for k, v in resolved.items() if k != "hydra"}))
+    mlflow.set_tag("git_revision", git_revision(root))
+    mlflow.log_artifact(str(config_path))
+    return run
+
+
+def spectrogram_png(waveform: torch.Tensor, sample_rate_hz: int, title: str, path: Path) -> None:
+    window = torch.hann_window(1024)
+    spec = torch.stft(waveform.float(), 1024, hop_length=256, window=window, return_complex=True)
+    db = 20 * torch.log10(spec.abs().clamp_min(1e-5))  # (F, T)
+    fig, ax = plt.subplots(figsize=(8, 3))
+    extent = (0, waveform.shape[0] / sample_rate_hz, 0, sample_rate_hz / 2000)
+    ax.imshow(db.numpy(), origin="lower", aspect="auto", extent=extent, vmin=-80, vmax=20, cmap="magma")
+    ax.set(xlabel="time (s)", ylabel="frequency (kHz)", title=title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def log_variant_run(name: str, metrics: dict[str, float], tags: dict[str, str], waveforms: list[torch.Tensor],
+                    texts: list[str], sample_rate_hz: int, audio_samples: int) -> None:
+    with mlflow.start_run(run_name=name, nested=True):
+        mlflow.set_tags({"variant": name, **tags})
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)})
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            (folder / "metrics.json").write_text(json.dumps({"variant": name, **tags, **metrics}, indent=2))
+            mlflow.log_artifact(str(folder / "metrics.json"))
+            for i, (wave, text) in enumerate(list(zip(waveforms, texts))[:audio_samples]):
+                sf.write(folder / f"sample_{i:02d}.wav", wave.numpy(), sample_rate_hz, subtype="PCM_16")
+                spectrogram_png(wave, sample_rate_hz, f"{name}: {text[:60]}", folder / f"sample_{i:02d}.png")
+                mlflow.log_artifact(str(folder / f"sample_{i:02d}.wav"), "audio")
+                mlflow.log_artifact(str(folder / f"sample_{i:02d}.png"), "spectrograms")

@@ -1,0 +1,118 @@
+"""Real-time factor: compute seconds per second of audio, medians over warm runs.
+
+Light on purpose (torch + numpy only) so the GPU benchmark can import it on a bare machine.
+
+* batch 1: every utterance is timed ``warm_runs`` times after ``warmup_runs``; its compute time
+  is the median. ``rtf_b1`` aggregates over the set: sum of medians / sum of audio seconds.
+* batched: utterances sorted by length (least padding) and grouped; same aggregate.
+* time to first audio: frontend + synthesis of the first sentence, median over utterances.
+CUDA work is synchronised before each clock read.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+
+Synthesize = Callable[[SynthesisRequest], SynthesisResult]
+
+
+def _synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_median(fn: Callable[[], SynthesisResult], warm_runs: int, warmup_runs: int, device: str):
+    """(median seconds over warm runs, result of the last run)."""
+    if warm_runs < 1 or warmup_runs < 0:
+        raise ValueError(f"warm_runs must be >= 1 and warmup_runs >= 0, got {warm_runs}, {warmup_runs}")
+    result = None
+    for _ in range(warmup_runs):
+        result = fn()
+    seconds = []
+    for _ in range(warm_runs):
+        _synchronize(device)
+        start = time.perf_counter()
+        result = fn()
+        _synchronize(device)
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds), result
+
+
+@dataclass
+class UtteranceTiming:
+    compute_s: float
+    audio_s: float
+
+    @property
+    def rtf(self) -> float:
+        return self.compute_s / self.audio_s
+
+
+@dataclass
+class SpeedReport:
+    rtf_b1: float
+    rtf_b1_median_utterance: float
+    latency_first_audio_ms: float
+    rtf_batched: float | None = None
+    batch_size: int | None = None
+    per_utterance: list[UtteranceTiming] = field(default_factory=list)
+
+
+def _audio_seconds(result: SynthesisResult) -> float:
+    return float(result.audio_lengths.sum()) / result.sample_rate_hz
+
+
+def measure_batch1(
+    synthesize: Synthesize,
+    sequences: list[PhonemeSequence],
+    noises: list[NoiseControl],
+    warm_runs: int = 3,
+    warmup_runs: int = 1,
+    device: str = "cpu",
+    frontend_s: list[float] | None = None,
+    progress: Callable | None = None,
+) -> tuple[SpeedReport, list[SynthesisResult]]:
+    """Time each sequence alone; returns the report and each utterance's (last) result."""
+    timings, results = [], []
+    iterator = progress(range(len(sequences))) if progress else range(len(sequences))
+    for i in iterator:
+        request = SynthesisRequest.from_sequences([sequences[i]], noise=noises[i])
+        compute_s, result = timed_median(lambda: synthesize(request), warm_runs, warmup_runs, device)
+        timings.append(UtteranceTiming(compute_s, _audio_seconds(result)))
+        results.append(result)
+    frontend_s = frontend_s or [0.0] * len(timings)
+    report = SpeedReport(
+        rtf_b1=sum(t.compute_s for t in timings) / sum(t.audio_s for t in timings),
+        rtf_b1_median_utterance=statistics.median(t.rtf for t in timings),
+        latency_first_audio_ms=1000 * statistics.median(t.compute_s + f for t, f in zip(timings, frontend_s)),
+        per_utterance=timings,
+    )
+    return report, results
+
+
+def measure_batched(
+    synthesize: Synthesize,
+    sequences: list[PhonemeSequence],
+    batch_size: int,
+    noise: NoiseControl,
+    warm_runs: int = 3,
+    warmup_runs: int = 1,
+    device: str = "cpu",
+) -> float:
+    """Aggregate RTF over length-sorted batches of ``batch_size``."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
+    compute_s = audio_s = 0.0
+    for start in range(0, len(ordered), batch_size):
+        request = SynthesisRequest.from_sequences(ordered[start : start + batch_size], noise=noise)
+        seconds, result = timed_median(lambda: synthesize(request), warm_runs, warmup_runs, device)
+        compute_s += seconds
+        audio_s += _audio_seconds(result)
+    return compute_s / audio_s

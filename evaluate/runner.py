@@ -1,0 +1,132 @@
+"""Score one variant on a sentence set: speed, memory and quality, under stable metric names.
+
+This is the single evaluation path: the teacher, the original ONNX and every compressed
+variant go through ``evaluate_variant`` with the same settings, so their numbers compare.
+The reference variant (the teacher) is scored first; MCD and speaker similarity of every
+other variant are measured against its audio for the same text and the same noise.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from compress.settings import EvaluateSettings
+from evaluate.memory import PeakRssSampler
+from evaluate.rtf import measure_batch1, measure_batched
+from models.interface import NoiseControl, PhonemeSequence
+
+
+@dataclass
+class EvaluationSet:
+    """Sentences after the frontend, with the frontend's time per sentence and fixed noise."""
+
+    sequences: list[PhonemeSequence]
+    frontend_s: list[float]
+    noises: list[NoiseControl]
+
+    @classmethod
+    def build(cls, sentences: list[str], model, noise) -> "EvaluationSet":
+        sequences, frontend_s = [], []
+        for sentence in sentences:
+            start = time.perf_counter()
+            parts = model.text_to_sequences(sentence)
+            elapsed = time.perf_counter() - start
+            sequences += parts
+            # Time to first audio only waits for the first sentence's phonemes.
+            frontend_s += [elapsed / len(parts)] * len(parts)
+        noises = [
+            NoiseControl(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=noise.seed + i)
+            for i in range(len(sequences))
+        ]
+        return cls(sequences, frontend_s, noises)
+
+
+@dataclass
+class VariantEvaluation:
+    metrics: dict[str, float]
+    waveforms: list[torch.Tensor]  # (T_audio_i,) per utterance, batch 1
+    sample_rate_hz: int
+
+
+def _quality_metrics(
+    waveforms: list[torch.Tensor],
+    sample_rate_hz: int,
+    texts: list[str],
+    settings: EvaluateSettings,
+    reference: VariantEvaluation | None,
+    recognizer,
+) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    if "dnsmos" in settings.metrics:
+        from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
+
+        p808, p835 = DNSMOSP808(intra_op_threads=settings.cpu_threads), DNSMOSP835(intra_op_threads=settings.cpu_threads)
+        for wave in tqdm(waveforms, desc="  dnsmos", leave=False):
+            p808.update(wave, sample_rate_hz)
+            p835.update(wave, sample_rate_hz)
+        metrics["dnsmos_p808"] = float(p808.compute())
+        metrics.update({f"dnsmos_{k}": float(v) for k, v in p835.compute().items()})
+    if "wer" in settings.metrics:
+        from evaluate.intelligibility import WordErrorRate
+
+        wer = WordErrorRate(recognizer)
+        for wave, text in tqdm(list(zip(waveforms, texts)), desc="  asr", leave=False):
+            wer.update(wave, sample_rate_hz, text)
+        metrics["wer"] = float(wer.compute())
+    if reference is not None and "mcd" in settings.metrics:
+        from evaluate.mcd import MelCepstralDistortion
+
+        mcd = MelCepstralDistortion()
+        for wave, ref in zip(waveforms, reference.waveforms):
+            mcd.update(wave, ref, sample_rate_hz)
+        metrics["mcd_db"] = float(mcd.compute())
+    if reference is not None and "spk_sim" in settings.metrics:
+        from evaluate.speaker import SpeakerSimilarity
+
+        similarity = SpeakerSimilarity()
+        for wave, ref in zip(waveforms, reference.waveforms):
+            similarity.update(wave, ref, sample_rate_hz)
+        metrics["spk_sim"] = float(similarity.compute())
+    if reference is not None and "wer" in metrics and "wer" in reference.metrics:
+        metrics["wer_vs_teacher"] = metrics["wer"] - reference.metrics["wer"]
+    return metrics
+
+
+def evaluate_variant(
+    variant,
+    evaluation_set: EvaluationSet,
+    settings: EvaluateSettings,
+    reference: VariantEvaluation | None = None,
+    recognizer=None,
+) -> VariantEvaluation:
+    """``variant``: a compress.variants.Variant. ``reference``: the teacher's evaluation, or None
+    when this variant is the reference itself (then MCD and speaker similarity are not logged)."""
+    device_kind = "cuda" if variant.device.startswith("cuda") else "cpu"
+    progress = lambda items: tqdm(items, desc=f"{variant.name}: synthesize", unit="sent")  # noqa: E731
+    with PeakRssSampler() as rss:
+        speed, results = measure_batch1(
+            variant.model.synthesize, evaluation_set.sequences, evaluation_set.noises,
+            settings.warm_runs, settings.warmup_runs, variant.device, evaluation_set.frontend_s, progress,
+        )
+        batched_rtf = measure_batched(
+            variant.model.synthesize, evaluation_set.sequences, settings.cpu_batch_size,
+            evaluation_set.noises[0], settings.warm_runs, settings.warmup_runs, variant.device,
+        )
+    waveforms = [result.waveforms()[0] for result in results]
+    sample_rate_hz = results[0].sample_rate_hz
+    metrics = {
+        f"rtf_{device_kind}_b1": speed.rtf_b1,
+        f"rtf_{device_kind}_b1_median_utterance": speed.rtf_b1_median_utterance,
+        f"rtf_{device_kind}_b{settings.cpu_batch_size}": batched_rtf,
+        "latency_first_audio_ms": speed.latency_first_audio_ms,
+        "rss_peak_mib": rss.peak_mib,
+        "params_m": variant.params_m,
+        "size_mb": variant.size_mb,
+        "audio_seconds": sum(t.audio_s for t in speed.per_utterance),
+    }
+    texts = [sequence.text for sequence in evaluation_set.sequences]
+    metrics.update(_quality_metrics(waveforms, sample_rate_hz, texts, settings, reference, recognizer))
+    return VariantEvaluation(metrics, waveforms, sample_rate_hz)
