@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import re
 
-import piper_phonemize
-
 from models.interface import PhonemeSequence
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
-_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+# Only at . ! ?, where espeak (and so Piper) ends a sentence too: Piper speaks ; and : as pauses
+# inside one sentence, and splitting there would change the phoneme ids and the prosody.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 class UnspeakableTextError(ValueError):
@@ -32,11 +32,15 @@ class EspeakFrontend:
         return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
 
     def __call__(self, text: str) -> list[PhonemeSequence]:
+        # Imported on first use: engines that run from phoneme ids (the GPU benchmark) need
+        # no espeak-ng on their machine.
+        from piper_phonemize import phonemize_espeak
+
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
         sequences = []
         for sentence in self.split_sentences(text):
-            for phonemes in piper_phonemize.phonemize_espeak(sentence, self.espeak_voice):
+            for phonemes in phonemize_espeak(sentence, self.espeak_voice):
                 if not [p for p in phonemes if not p.isspace()]:
                     continue
                 sequences.append(self._to_sequence(sentence, phonemes))
