@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create .venv (once) with everything the project needs; sourced by scripts/main.sh and scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+source .venv/bin/activate
+if ! python -c "import compress, resemblyzer, webrtcvad" >/dev/null 2>&1; then
+  python -m pip install -q --upgrade pip
+  # The local CPU build of torch, before anything can pull a multi-GB CUDA build.
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e ".[dev]"
+  # resemblyzer pulls the source package webrtcvad, which breaks on new setuptools and
+  # shadows webrtcvad-wheels: put the wheel back (see ../shared/ENV_NOTES.md).
+  python -m pip uninstall -q -y webrtcvad
+  python -m pip install -q --force-reinstall --no-deps webrtcvad-wheels
+fi
