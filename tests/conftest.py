@@ -1,0 +1,27 @@
+"""Shared fixtures: the real Hydra config, composed the way the CLI composes it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def compose_config(tmp_path: Path, overrides: list[str]) -> dict:
+    """The resolved config of `python -m compress <overrides>`, writing under ``tmp_path``."""
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            f"paths.root={REPO_ROOT}",
+            f"paths.output_dir={tmp_path / 'outputs'}",
+            f"paths.run_dir={tmp_path / 'run'}",
+            *overrides,
+        ])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture
+def debug_config(tmp_path):
+    return lambda *overrides: compose_config(tmp_path, ["+experiment=debug", *overrides])

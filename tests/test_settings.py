@@ -1,0 +1,37 @@
+"""A bad config stops the run at start with a message naming the key."""
+import pytest
+
+from compress.settings import ConfigError, settings_from_config
+
+
+def test_debug_preset_builds_settings(debug_config):
+    settings = settings_from_config(debug_config())
+    assert settings.data.max_eval_sentences == 2
+    assert settings.variants == ("original_onnx", "teacher")
+    assert settings.tracking.tracking_uri.startswith("sqlite:////")  # absolute path
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("+evaluate.calibrator=max", "unknown keys ['calibrator']"),
+        ("evaluate.metrics=[dnsmos,pesq]", "unknown ['pesq']"),
+        ("variants=[teacher,int4]", "unknown ['int4']"),
+        ("evaluate.reference_variant=original_onnx", None),  # valid: the ONNX can be the reference
+        ("evaluate.noise.noise_scale=-1", "scales must be >= 0"),
+        ("evaluate.warm_runs=0", "warm_runs"),
+        ("data.max_eval_sentences=0", "max_eval_sentences"),
+        ("model.device=tpu", "model.device='tpu'"),
+    ],
+)
+def test_bad_values_fail_at_start(debug_config, override, message):
+    if message is None:
+        settings_from_config(debug_config(override))
+        return
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        settings_from_config(debug_config(override))
+
+
+def test_reference_must_be_a_variant(debug_config):
+    with pytest.raises(ConfigError, match="reference_variant"):
+        settings_from_config(debug_config("variants=[original_onnx]"))
