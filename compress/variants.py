@@ -4,7 +4,7 @@ Issue #3 adds the compressed variants (fp16, int8, pruned, lite) here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,6 +24,21 @@ class Variant:
     device: str  # where it computes: "cpu" or "cuda[:N]"
     params_m: float
     size_mb: float
+    # What the stage that made this variant measured about itself (calibration time, layers
+    # kept in higher precision, ...), logged beside the evaluation metrics.
+    stage_metrics: dict[str, float] = field(default_factory=dict)
+    stage_tags: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, Path] = field(default_factory=dict)  # files to log: ONNX, checkpoints, tables
+
+
+@dataclass
+class StageContext:
+    """What every compression stage may use besides its own settings."""
+
+    calibration_sequences: list  # list[PhonemeSequence] from the calibration set, never the eval set
+    work_dir: Path  # the stage's artifacts; a finished artifact found here is reused (resume)
+    cpu_threads: int
+    cache_dir: Path
 
 
 def build_variant(name: str, settings: RunSettings) -> Variant:
