@@ -17,7 +17,8 @@ from rich.table import Table
 
 from compress.settings import RunSettings
 from compress.tracking import log_variant_run, start_parent_run
-from compress.variants import build_variant, set_cpu_threads
+from compress.stages import STAGES
+from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from texts import load_sentences
 
@@ -77,32 +78,48 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     sentences = load_sentences(settings.data.eval_set)[: settings.data.max_eval_sentences]
     set_cpu_threads(settings.evaluate.cpu_threads)
     reference_name = settings.evaluate.reference_variant
-    ordered = [reference_name] + [v for v in settings.variants if v != reference_name]
+    # The reference first (others are measured against it), then base variants, then the stages
+    # that start from them.
+    ordered = [reference_name] + [v for v in settings.variants if v != reference_name and v not in STAGES]
+    ordered += [v for v in settings.variants if v in STAGES]
 
     rows: dict[str, dict[str, float]] = {}
+    built: dict[str, Variant] = {}
     reference: VariantEvaluation | None = None
-    evaluation_set = recognizer = None
+    evaluation_set = recognizer = calibration = None
     with start_parent_run(settings.tracking.tracking_uri, settings.tracking.experiment_name,
                           f"compress:{'+'.join(settings.variants)}", resolved_config, config_path,
                           settings.paths.root):
         for name in ordered:
-            variant = build_variant(name, settings)
+            if name in STAGES:
+                spec = STAGES[name]
+                if calibration is None:
+                    calibration = [seq for sentence in load_sentences(settings.data.calibration_set)
+                                   for seq in built[reference_name].model.text_to_sequences(sentence)]
+                context = StageContext(calibration, Path(settings.paths.output_dir) / "stages" / name,
+                                       settings.evaluate.cpu_threads, Path(settings.paths.cache_dir))
+                context.work_dir.mkdir(parents=True, exist_ok=True)
+                variant = spec.build(built[spec.source], settings.stages[spec.settings_key], context)
+            else:
+                variant = build_variant(name, settings)
+            built[name] = variant
             if evaluation_set is None:  # every Piper variant shares the voice's frontend
                 evaluation_set = EvaluationSet.build(sentences, variant.model, settings.evaluate.noise)
                 recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
+            timed = STAGES[name].timed_on_cpu if name in STAGES else True
             result = evaluate_variant(variant, evaluation_set, settings.evaluate,
-                                      None if name == reference_name else reference, recognizer)
+                                      None if name == reference_name else reference, recognizer, timed)
             if name == reference_name:
                 reference = result
-            metrics = {**result.metrics, **gpu.get("variants", {}).get(name, {})}
+            metrics = {**variant.stage_metrics, **result.metrics, **gpu.get("variants", {}).get(name, {})}
             tags = {"engine": variant.engine, "device": variant.device,
                     "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
-                    "eval_sentences": str(len(evaluation_set.sequences))}
+                    "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags}
             if name in gpu.get("variants", {}):
                 tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
             log_variant_run(name, metrics, tags, result.waveforms,
                             [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
-                            settings.evaluate.audio_samples)
+                            settings.evaluate.audio_samples, variant.artifacts)
             rows[name] = metrics
         table = results_markdown(rows)
         _write_atomic(run_dir / "results.md", table)

@@ -9,7 +9,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-KNOWN_VARIANTS = ("original_onnx", "teacher")
+BASE_VARIANTS = ("original_onnx", "teacher")
+STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned")  # compress/stages.py builds these
+KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
+NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")
 
 
@@ -33,11 +36,17 @@ class ModelSettings:
 @dataclass(frozen=True)
 class DataSettings:
     eval_set: str
+    calibration_set: str
     max_eval_sentences: int | None = None
 
     def __post_init__(self):
         if self.max_eval_sentences is not None and self.max_eval_sentences < 1:
             raise ConfigError(f"data.max_eval_sentences={self.max_eval_sentences}: must be >= 1 or null")
+        if self.calibration_set in NEVER_CALIBRATE_ON or self.calibration_set == self.eval_set:
+            raise ConfigError(
+                f"data.calibration_set={self.calibration_set!r}: never calibrate on an evaluation set "
+                f"({list(NEVER_CALIBRATE_ON)} or data.eval_set); use 'calibration' or your own file"
+            )
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,8 @@ class RunSettings:
     evaluate: EvaluateSettings
     tracking: TrackingSettings
     paths: PathSettings
-    variants: tuple[str, ...] = field(default=KNOWN_VARIANTS)
+    variants: tuple[str, ...] = field(default=BASE_VARIANTS)
+    stages: dict = field(default_factory=dict)  # typed per stage by compress.stages.stage_settings
 
     def __post_init__(self):
         unknown = sorted(set(self.variants) - set(KNOWN_VARIANTS))
@@ -134,4 +144,20 @@ def _build(cls, values: Any, where: str):
 def settings_from_config(resolved: dict) -> RunSettings:
     """``resolved``: the run's config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``)."""
     resolved = {k: v for k, v in resolved.items() if k != "hydra"}
-    return _build(RunSettings, resolved, "")
+    settings = _build(RunSettings, resolved, "")
+    # Imported here: the stage modules import this module for ConfigError.
+    from compress.stages import stage_settings
+
+    typed = stage_settings(settings.variants, settings.stages)
+    if typed:
+        _check_calibration_set(settings.data.calibration_set)
+    return dataclasses.replace(settings, stages=typed)
+
+
+def _check_calibration_set(name: str) -> None:
+    from texts import load_sentences
+
+    try:
+        load_sentences(name)
+    except (FileNotFoundError, ValueError) as error:
+        raise ConfigError(f"data.calibration_set={name!r}: {error}") from error

@@ -67,9 +67,13 @@ def spectrogram_png(waveform: torch.Tensor, sample_rate_hz: int, title: str, pat
 
 
 def log_variant_run(name: str, metrics: dict[str, float], tags: dict[str, str], waveforms: list[torch.Tensor],
-                    texts: list[str], sample_rate_hz: int, audio_samples: int) -> None:
+                    texts: list[str], sample_rate_hz: int, audio_samples: int,
+                    artifacts: dict[str, Path] | None = None) -> None:
     with mlflow.start_run(run_name=name, nested=True):
-        mlflow.set_tags({"variant": name, **tags})
+        mlflow.set_tags({"variant": name, **{k: str(v)[:MLFLOW_PARAM_MAX_CHARS] for k, v in tags.items()}})
+        for path in (artifacts or {}).values():
+            if Path(path).is_file():
+                mlflow.log_artifact(str(path), "stage")
         mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)})
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)

@@ -63,3 +63,15 @@ def requantize(waveform: torch.Tensor | np.ndarray, bits: int) -> torch.Tensor:
     wave = _as_waveform(waveform)  # (T,)
     levels = 2 ** (bits - 1)  # signed PCM: codes -levels .. levels - 1
     return torch.round(wave * levels).clamp(-levels, levels - 1) / levels
+
+
+# The controlled degradations every quality metric must rank correctly (tests/test_metric_validity.py,
+# python -m evaluate.metric_validity): condition -> f(waveform (T,), sample_rate_hz, seed).
+STANDARD_DEGRADATIONS = {
+    "clean": lambda wave, sample_rate_hz, seed: _as_waveform(wave),
+    "snr_20db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=20.0, seed=seed),
+    "snr_10db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=10.0, seed=seed),
+    "snr_0db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=0.0, seed=seed),
+    "low_pass_4khz": lambda wave, sample_rate_hz, seed: low_pass(wave, sample_rate_hz, cutoff_hz=4000.0),
+    "requantized_6bit": lambda wave, sample_rate_hz, seed: requantize(wave, bits=6),
+}

@@ -101,32 +101,39 @@ def evaluate_variant(
     settings: EvaluateSettings,
     reference: VariantEvaluation | None = None,
     recognizer=None,
+    timed: bool = True,
 ) -> VariantEvaluation:
     """``variant``: a compress.variants.Variant. ``reference``: the teacher's evaluation, or None
-    when this variant is the reference itself (then MCD and speaker similarity are not logged)."""
+    when this variant is the reference itself (then MCD and speaker similarity are not logged).
+    ``timed=False`` synthesizes each sentence once for quality only: for GPU-only precisions,
+    whose CPU kernels say nothing about how they ship (their speed comes from the GPU benchmark)."""
     device_kind = "cuda" if variant.device.startswith("cuda") else "cpu"
     progress = lambda items: tqdm(items, desc=f"{variant.name}: synthesize", unit="sent")  # noqa: E731
+    warm_runs, warmup_runs = (settings.warm_runs, settings.warmup_runs) if timed else (1, 0)
     with PeakRssSampler() as rss:
         speed, results = measure_batch1(
             variant.model.synthesize, evaluation_set.sequences, evaluation_set.noises,
-            settings.warm_runs, settings.warmup_runs, variant.device, evaluation_set.frontend_s, progress,
+            warm_runs, warmup_runs, variant.device, evaluation_set.frontend_s, progress,
         )
         batched_rtf = measure_batched(
             variant.model.synthesize, evaluation_set.sequences, settings.cpu_batch_size,
-            evaluation_set.noises[0], settings.warm_runs, settings.warmup_runs, variant.device,
-        )
+            evaluation_set.noises[0], warm_runs, warmup_runs, variant.device,
+        ) if timed else None
     waveforms = [result.waveforms()[0] for result in results]
     sample_rate_hz = results[0].sample_rate_hz
     metrics = {
-        f"rtf_{device_kind}_b1": speed.rtf_b1,
-        f"rtf_{device_kind}_b1_median_utterance": speed.rtf_b1_median_utterance,
-        f"rtf_{device_kind}_b{settings.cpu_batch_size}": batched_rtf,
-        "latency_first_audio_ms": speed.latency_first_audio_ms,
-        "rss_peak_mib": rss.peak_mib,
         "params_m": variant.params_m,
         "size_mb": variant.size_mb,
         "audio_seconds": sum(t.audio_s for t in speed.per_utterance),
     }
+    if timed:
+        metrics.update({
+            f"rtf_{device_kind}_b1": speed.rtf_b1,
+            f"rtf_{device_kind}_b1_median_utterance": speed.rtf_b1_median_utterance,
+            f"rtf_{device_kind}_b{settings.cpu_batch_size}": batched_rtf,
+            "latency_first_audio_ms": speed.latency_first_audio_ms,
+            "rss_peak_mib": rss.peak_mib,
+        })
     texts = [sequence.text for sequence in evaluation_set.sequences]
     metrics.update(_quality_metrics(waveforms, sample_rate_hz, texts, settings, reference, recognizer))
     return VariantEvaluation(metrics, waveforms, sample_rate_hz)

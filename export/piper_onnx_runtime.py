@@ -3,8 +3,17 @@
 This is the reference the PyTorch port must match, and the "original" every variant is
 measured against. The graph's per-phoneme durations (the ``Ceil`` of the predicted widths)
 are exposed as a second output so parity can be checked phoneme by phoneme.
+
+``prepare_graph`` gives that rewritten graph (noise inputs, durations output) for a stage to
+transform; ``PiperOnnxRuntimeVoice(voice, threads, graph_path=...)`` runs such a transformed
+graph (an INT8 one, say) with the voice's own frontend and config::
+
+    graph = prepare_graph(PiperVoiceFiles.resolve("bundled:joe").onnx_path)   # onnx.ModelProto
+    voice = PiperOnnxRuntimeVoice("bundled:joe", threads=2, graph_path="joe_int8.onnx")
 """
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -26,11 +35,23 @@ def _with_duration_output(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str 
     return model, name
 
 
+def _duration_output_name(model: onnx.ModelProto) -> str | None:
+    """The durations output ``_with_duration_output`` added, if the graph has one."""
+    ceil_outputs = [node.output[0] for node in model.graph.node if node.op_type == "Ceil"]
+    graph_outputs = {output.name for output in model.graph.output}
+    return ceil_outputs[0] if len(ceil_outputs) == 1 and ceil_outputs[0] in graph_outputs else None
+
+
 def _latent_channels(model: onnx.ModelProto) -> int:
     """Width of the flow's latent: the decoder's first conv consumes it."""
     weights = {t.name: t for t in model.graph.initializer}
     conv_pre = next(n for n in model.graph.node if n.name == "/dec/conv_pre/Conv")
-    return int(weights[conv_pre.input[1]].dims[1])
+    weight_name = conv_pre.input[1]
+    # In a quantized graph the weight reaches the conv through a DequantizeLinear of an int8 initializer.
+    producer = next((n for n in model.graph.node if weight_name in n.output), None)
+    if producer is not None and producer.op_type == "DequantizeLinear":
+        weight_name = producer.input[0]
+    return int(weights[weight_name].dims[1])
 
 
 def _with_noise_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -61,17 +82,39 @@ def _with_noise_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-class PiperOnnxRuntimeVoice:
-    """An original Piper voice in onnxruntime (CPU unless ``providers`` says otherwise)."""
+def prepare_graph(onnx_path: str | Path) -> onnx.ModelProto:
+    """A Piper ``.onnx`` with noise inputs (``duration_noise``, ``prior_noise``) and a durations output."""
+    model, _ = _with_duration_output(_with_noise_inputs(onnx.load(str(onnx_path))))
+    return model
 
-    def __init__(self, voice: str = "bundled:joe", threads: int = 0, providers: list[str] | None = None):
+
+class PiperOnnxRuntimeVoice:
+    """A Piper voice in onnxruntime (CPU unless ``providers`` says otherwise).
+
+    By default the voice's original graph, prepared here. ``graph_path`` runs a graph already
+    prepared by ``prepare_graph`` and then transformed (quantized, say); the voice's config and
+    frontend still come from ``voice``.
+    """
+
+    def __init__(self, voice: str = "bundled:joe", threads: int = 0, providers: list[str] | None = None,
+                 graph_path: str | Path | None = None):
+        self.voice = voice  # as given: "bundled:joe" or a path; another graph of this voice reuses it
         self.files = PiperVoiceFiles.resolve(voice)
         config = self.files.config()
         self.sample_rate_hz = int(config["audio"]["sample_rate"])
         self.frontend = EspeakFrontend(config["espeak"]["voice"], config["phoneme_id_map"])
         self.num_speakers = int(config.get("num_speakers", 1))
-        graph = _with_noise_inputs(onnx.load(str(self.files.onnx_path)))
-        model, self._duration_output = _with_duration_output(graph)
+        self.graph_path = Path(graph_path) if graph_path is not None else self.files.onnx_path
+        if graph_path is None:
+            model = prepare_graph(self.files.onnx_path)
+        else:
+            model = onnx.load(str(graph_path))
+            if "duration_noise" not in {graph_input.name for graph_input in model.graph.input}:
+                raise ValueError(
+                    f"graph_path={graph_path}: not a prepared graph (no 'duration_noise' input); "
+                    "give a graph made by export.piper_onnx_runtime.prepare_graph, or leave graph_path unset"
+                )
+        self._duration_output = _duration_output_name(model)
         # Samples per frame = product of the decoder's upsampling strides (256 for Piper voices).
         self.hop_length = int(np.prod([
             onnx.helper.get_attribute_value(attr)[0]
@@ -85,7 +128,7 @@ class PiperOnnxRuntimeVoice:
             model.SerializeToString(), options, providers=providers or ["CPUExecutionProvider"]
         )
         self.latent_channels = _latent_channels(model)
-        self.size_bytes = self.files.onnx_path.stat().st_size
+        self.size_bytes = self.graph_path.stat().st_size
         self.num_parameters = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
 
     def text_to_sequences(self, text: str) -> list[PhonemeSequence]:
@@ -94,7 +137,8 @@ class PiperOnnxRuntimeVoice:
     def parts(self) -> dict:
         return {}  # one opaque graph: nothing a stage can swap
 
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+    def session_feeds(self, request: SynthesisRequest) -> dict[str, np.ndarray]:
+        """The graph inputs for ``request``, by input name: what ``synthesize`` runs (and calibration replays)."""
         noise = request.noise
         duration_noise, prior_noise = noise.draw(
             request.phoneme_ids.shape[0], request.phoneme_ids.shape[1], self.latent_channels
@@ -110,7 +154,10 @@ class PiperOnnxRuntimeVoice:
             if request.speaker_id is None:
                 raise ValueError("this multi-speaker voice needs speaker_id on the request")
             feeds["sid"] = request.speaker_id.numpy().astype(np.int64)
-        outputs = self.session.run(None, feeds)
+        return feeds
+
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        outputs = self.session.run(None, self.session_feeds(request))
         audio = torch.from_numpy(outputs[0]).reshape(outputs[0].shape[0], -1)  # (B, T_audio)
         if self._duration_output is None:
             durations = torch.zeros_like(request.phoneme_ids)

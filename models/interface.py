@@ -108,3 +108,7 @@ class TTSModel(Protocol):
     def parts(self) -> dict[str, nn.Module]:
         """Replaceable parts by role: ``encoder``, ``duration``, ``decoder`` (and ``flow`` for VITS)."""
         ...
+
+    def replace_part(self, role: str, module: nn.Module) -> None:
+        """Swap the part playing ``role`` for a module with the same call signature."""
+        ...

@@ -15,7 +15,7 @@ import pytest
 import torch
 from speechmos import dnsmos as speechmos_dnsmos
 
-from evaluate.degradations import add_white_noise, low_pass, requantize
+from evaluate.degradations import STANDARD_DEGRADATIONS, add_white_noise, low_pass, requantize
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835, dnsmos_p808, dnsmos_p835
 from evaluate.intelligibility import DomainRecognizer, WordErrorRate, normalize_text
 from evaluate.mcd import MelCepstralDistortion, mel_cepstral_distortion
@@ -30,14 +30,7 @@ SENTENCES = [  # short single-sentence lines of the eval set; "Marisol" takes th
     "My grandfather built this lighthouse with his own two hands.",
     "Is there anything else I can help you with today?",
 ]
-DEGRADATIONS = {  # condition -> f(waveform (T,), sample_rate_hz, seed) -> degraded waveform (T,)
-    "clean": lambda wave, sample_rate_hz, seed: wave,
-    "snr_20db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=20.0, seed=seed),
-    "snr_10db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=10.0, seed=seed),
-    "snr_0db": lambda wave, sample_rate_hz, seed: add_white_noise(wave, snr_db=0.0, seed=seed),
-    "low_pass_4khz": lambda wave, sample_rate_hz, seed: low_pass(wave, sample_rate_hz, cutoff_hz=4000.0),
-    "requantized_6bit": lambda wave, sample_rate_hz, seed: requantize(wave, bits=6),
-}
+DEGRADATIONS = STANDARD_DEGRADATIONS
 NOISE_LADDER = ["clean", "snr_20db", "snr_10db", "snr_0db"]
 
 

@@ -77,3 +77,17 @@ def test_gpu_results_merge_into_the_variant_rows(tmp_path):
                                          "data.max_eval_sentences=1", f"evaluate.gpu_results={gpu_json}"])
     rows = run(settings_from_config(resolved), resolved)
     assert rows["teacher"]["rtf_cuda_b1"] == 0.008 and rows["teacher"]["vram_peak_mib"] == 202.0
+
+
+def test_stage_variants_run_through_the_same_pipeline(tmp_path):
+    """int8 and pruning on the debug preset: built, scored with the same code, logged with stage tags."""
+    from tests.conftest import compose_config
+
+    resolved = compose_config(tmp_path, ["+experiment=debug", "variants=[original_onnx,teacher,int8_ort,pruned]",
+                                         "evaluate.metrics=[mcd]", "data.max_eval_sentences=1"])
+    rows = run(settings_from_config(resolved), resolved)
+    assert set(rows) == {"original_onnx", "teacher", "int8_ort", "pruned"}
+    assert rows["pruned"]["params_m"] < rows["teacher"]["params_m"]
+    assert rows["int8_ort"]["size_mb"] < rows["original_onnx"]["size_mb"]
+    for name in ("int8_ort", "pruned"):
+        assert "rtf_cpu_b1" in rows[name] and rows[name]["mcd_db"] > 0

@@ -35,3 +35,26 @@ def test_bad_values_fail_at_start(debug_config, override, message):
 def test_reference_must_be_a_variant(debug_config):
     with pytest.raises(ConfigError, match="reference_variant"):
         settings_from_config(debug_config("variants=[original_onnx]"))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("stages.int8_ort.calibrator=kl", "calibrator='kl'"),
+        ("stages.prune.ratio=1.5", "prune.ratio=1.5"),
+        ("stages.prune.ratio=0", "prune.ratio=0"),
+        ("data.calibration_set=eval", "never calibrate on an evaluation set"),
+        ("data.calibration_set=harvard", "never calibrate on an evaluation set"),
+        ("data.calibration_set=/nonexistent/calibration.txt", "no file at"),
+        ("stages.fp16.dtype=float8", "float8"),
+        ("+stages.prune.warmup=3", "unexpected keyword argument 'warmup'"),
+    ],
+)
+def test_bad_stage_config_stops_the_run_at_start(debug_config, override, message):
+    with pytest.raises(ValueError, match=message):
+        settings_from_config(debug_config("variants=[original_onnx,teacher,fp16,int8_ort,pruned]", override))
+
+
+def test_a_stage_variant_needs_its_source(debug_config):
+    with pytest.raises(ConfigError, match="list 'original_onnx' in variants"):
+        settings_from_config(debug_config("variants=[teacher,int8_ort]"))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -424,6 +425,15 @@ def durations_to_alignment(durations: torch.Tensor, frame_mask: torch.Tensor) ->
     return inside.to(frame_mask.dtype) * frame_mask.unsqueeze(1)
 
 
+class DecoderLatent(NamedTuple):
+    """The decoder's input for a batch: the flow output and the frames that are real."""
+
+    z: torch.Tensor  # (B, C_lat, T_frames), zero past each item's frame length
+    frame_lengths: torch.Tensor  # (B,) int64
+    durations: torch.Tensor  # (B, T_text) int64 frames per phoneme
+    speaker_embedding: torch.Tensor | None  # (B, C_g, 1) for multi-speaker voices
+
+
 class PiperVits(nn.Module):
     """Piper's VITS synthesizer, inference only. Parameter names match Piper checkpoints."""
 
@@ -435,6 +445,22 @@ class PiperVits(nn.Module):
         self.flow = ResidualCouplingFlow(hp)
         self.dec = HifiGanGenerator(hp)
         self.emb_g = nn.Embedding(hp.num_speakers, hp.speaker_channels) if hp.num_speakers > 1 else None
+
+    # Roles of the replaceable parts (models/interface.py) -> attribute names, which follow Piper checkpoints.
+    PART_ATTRIBUTES = {"encoder": "enc_p", "duration": "dp", "flow": "flow", "decoder": "dec"}
+
+    def parts(self) -> dict[str, nn.Module]:
+        return {role: getattr(self, attr) for role, attr in self.PART_ATTRIBUTES.items()}
+
+    def replace_part(self, role: str, module: nn.Module) -> None:
+        """Swap one part for a module with the same call signature (``reverse`` for the flow).
+
+        Parts may compute in different dtypes as long as they take and return float32 at their
+        edges (models/precision.py's PrecisionIsland): ``forward`` runs float32 between parts.
+        """
+        if role not in self.PART_ATTRIBUTES:
+            raise ValueError(f"unknown part {role!r}; parts: {sorted(self.PART_ATTRIBUTES)}")
+        setattr(self, self.PART_ATTRIBUTES[role], module)
 
     def predict_durations(
         self,
@@ -449,7 +475,7 @@ class PiperVits(nn.Module):
         widths = torch.exp(log_durations) * text_mask * length_scale
         return torch.ceil(widths)[:, 0]
 
-    def forward(
+    def infer_latent(
         self,
         phoneme_ids: torch.Tensor,
         phoneme_lengths: torch.Tensor,
@@ -459,11 +485,11 @@ class PiperVits(nn.Module):
         length_scale: float = 1.0,
         noise_scale_w: float = 0.8,
         speaker_id: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Synthesize a padded batch.
+    ) -> DecoderLatent:
+        """Everything up to the decoder: text -> durations -> prior sample -> flow output.
 
         duration_noise: (B, 2, T_text) and prior_noise: (B, C_lat, >= T_frames), standard normal.
-        Returns audio (B, T_audio), audio_lengths (B,), durations (B, T_text).
+        The decoder-training stages use this to get the teacher's decoder input.
         """
         hidden, prior_mean, prior_log_std, text_mask = self.enc_p(phoneme_ids, phoneme_lengths)
         g = self.emb_g(speaker_id).unsqueeze(-1) if self.emb_g is not None else None  # (B, C_g, 1)
@@ -481,5 +507,24 @@ class PiperVits(nn.Module):
             )
         z_prior = frame_mean + prior_noise[:, :, :max_frames] * torch.exp(frame_log_std) * noise_scale
         z = self.flow.reverse(z_prior, frame_mask.unsqueeze(1), g)
-        audio = self.dec(z * frame_mask.unsqueeze(1), g)[:, 0]  # (B, T_audio)
-        return audio, frame_lengths * self.hp.hop_length, durations.long()
+        return DecoderLatent(z * frame_mask.unsqueeze(1), frame_lengths, durations.long(), g)
+
+    def forward(
+        self,
+        phoneme_ids: torch.Tensor,
+        phoneme_lengths: torch.Tensor,
+        duration_noise: torch.Tensor,
+        prior_noise: torch.Tensor,
+        noise_scale: float = 0.667,
+        length_scale: float = 1.0,
+        noise_scale_w: float = 0.8,
+        speaker_id: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Synthesize a padded batch; arguments as for ``infer_latent``.
+
+        Returns audio (B, T_audio), audio_lengths (B,), durations (B, T_text).
+        """
+        latent = self.infer_latent(phoneme_ids, phoneme_lengths, duration_noise, prior_noise,
+                                   noise_scale, length_scale, noise_scale_w, speaker_id)
+        audio = self.dec(latent.z, latent.speaker_embedding)[:, 0]  # (B, T_audio)
+        return audio, latent.frame_lengths * self.hp.hop_length, latent.durations

@@ -22,7 +22,7 @@ from torch import nn
 
 from models.interface import PhonemeSequence, SynthesisRequest, SynthesisResult
 from models.piper.importer import onnx_to_state_dict
-from models.piper.vits import PiperVits, VitsHyperParams
+from models.piper.vits import DecoderLatent, PiperVits, VitsHyperParams
 from models.piper.voice_files import PiperVoiceFiles
 from models.text.espeak_frontend import EspeakFrontend
 
@@ -91,11 +91,17 @@ class PiperVoice(nn.Module):
         return self.frontend(text)
 
     def parts(self) -> dict[str, nn.Module]:
-        return {"encoder": self.model.enc_p, "duration": self.model.dp, "flow": self.model.flow,
-                "decoder": self.model.dec}
+        return self.model.parts()
 
-    @torch.inference_mode()
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+    def replace_part(self, role: str, module: nn.Module) -> None:
+        """Swap one part (a pruned decoder, a Lite vocoder, a quantized encoder) in place.
+
+        The replacement must keep the part's call signature; see models/piper/vits.py.
+        """
+        self.model.replace_part(role, module)
+
+    def _model_inputs(self, request: SynthesisRequest) -> tuple[tuple, dict]:
+        """Positional and keyword arguments of PiperVits.forward / infer_latent for a request."""
         if request.reference_embedding is not None or request.style is not None:
             raise ValueError("Piper voices take no reference_embedding or style; use speaker_id")
         hp = self.model.hp
@@ -104,16 +110,27 @@ class PiperVoice(nn.Module):
         noise = request.noise
         batch, text_length = request.phoneme_ids.shape
         duration_noise, prior_noise = noise.draw(batch, text_length, hp.latent_channels)
-        dtype = next(self.model.parameters()).dtype
         device = self.device
-        audio, audio_lengths, durations = self.model(
-            request.phoneme_ids.to(device),
-            request.phoneme_lengths.to(device),
-            duration_noise.to(device, dtype),
-            prior_noise.to(device, dtype),
+        # Noise enters in float32 whatever the parts compute in: a half-precision part casts at
+        # its own edge (models/precision.py), so the steps between parts stay float32.
+        args = (request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
+                duration_noise.to(device, torch.float32), prior_noise.to(device, torch.float32))
+        kwargs = dict(
             noise_scale=noise.noise_scale,
             length_scale=noise.length_scale,
             noise_scale_w=noise.noise_scale_w,
             speaker_id=None if request.speaker_id is None else request.speaker_id.to(device),
         )
+        return args, kwargs
+
+    @torch.inference_mode()
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        args, kwargs = self._model_inputs(request)
+        audio, audio_lengths, durations = self.model(*args, **kwargs)
         return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), durations.cpu(), self.sample_rate_hz)
+
+    @torch.inference_mode()
+    def decoder_latent(self, request: SynthesisRequest) -> DecoderLatent:
+        """The decoder's input for a request (same noise as ``synthesize``), on the voice's device."""
+        args, kwargs = self._model_inputs(request)
+        return self.model.infer_latent(*args, **kwargs)

@@ -1,0 +1,147 @@
+"""Stage: FP16 / BF16 variants for GPU execution, with numerically fragile parts kept in FP32.
+
+Inputs -> artifact + metrics, like every stage:
+
+    from compress.half_precision import HalfPrecisionSettings, build
+
+    settings = HalfPrecisionSettings(dtype="float16", keep_fp32=["encoder", "duration"], measure_sentences=16)
+    fp16 = build(teacher, settings, ctx)        # teacher: the fp32 Variant; ctx: compress.variants.StageContext
+    fp16.stage_tags["fp32_parts"]               # which parts stayed FP32, with the numbers that say why
+    fp16.artifacts["part_sensitivity"]          # ctx.work_dir / "fp16_part_sensitivity.json"
+
+Each part of the teacher is first run alone in half precision (the others in FP32) on the
+calibration sentences with the same noise as the FP32 teacher (models.precision.part_sensitivity):
+how many utterances and phonemes changed duration, the waveform SNR where durations agree, and
+MCD. ``keep_fp32`` is chosen from that table; the stage records the table, the numbers of every
+kept part, and how the finished variant compares with the teacher on the same sentences.
+The parts run in half precision behind float32 edges (models.precision.PrecisionIsland), so the
+duration rounding between parts stays FP32.
+
+Measured on CPU (torch 2.13, joe, the first 16 calibration utterances, Piper's noise scales):
+alone in half precision, the encoder and the duration predictor change durations (fp16 in 12% and
+56% of utterances, bf16 in 62% and 100%, up to 12 frames); the flow and the decoder never do
+(fp16 SNR 42 and 56 dB, bf16 24 and 39 dB; the bf16 decoder's MCD is 0.76 dB from noise in
+near-silent bands). With keep_fp32 = encoder, duration the durations match the teacher exactly:
+fp16 SNR 42 dB, MCD 0.07 dB; bf16 SNR 24 dB, MCD 0.77 dB (another noise seed: 1.2 dB).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compress.settings import ConfigError
+from compress.variants import StageContext, Variant
+from evaluate.mcd import mel_cepstral_distortion
+from evaluate.memory import parameter_count, state_dict_size_mb
+from models.interface import NoiseControl
+from models.piper.vits import PiperVits
+from models.piper.voice import PiperVoice
+from models.precision import (
+    HALF_DTYPES, VARIANT_NAMES, compare_outputs, part_sensitivity, synthesize_each, to_half_precision,
+)
+
+PART_ROLES = tuple(PiperVits.PART_ATTRIBUTES)  # encoder, duration, flow, decoder
+
+
+@dataclass(frozen=True)
+class HalfPrecisionSettings:
+    dtype: str  # "float16" or "bfloat16"
+    keep_fp32: tuple[str, ...] = field(default=())  # part roles left in float32
+    # Calibration sequences for the sensitivity table. On one CPU thread a sequence costs about
+    # 3 s in bfloat16 and 30 s in float16 (slow fp16 CPU kernels); on a GPU, milliseconds.
+    measure_sentences: int = 16
+
+    def __post_init__(self):
+        if self.dtype not in HALF_DTYPES:
+            raise ConfigError(f"half_precision.dtype={self.dtype!r}: use one of {sorted(HALF_DTYPES)}")
+        if isinstance(self.keep_fp32, str):
+            raise ConfigError(f"half_precision.keep_fp32={self.keep_fp32!r}: give a list of parts, e.g. ['duration']")
+        unknown = sorted(set(self.keep_fp32) - set(PART_ROLES))
+        if unknown or len(set(self.keep_fp32)) != len(self.keep_fp32):
+            raise ConfigError(
+                f"half_precision.keep_fp32={list(self.keep_fp32)}: unknown {unknown} or repeated parts; "
+                f"parts are {list(PART_ROLES)}"
+            )
+        if len(self.keep_fp32) == len(PART_ROLES):
+            raise ConfigError("half_precision.keep_fp32 lists every part: that is the FP32 teacher, not a variant")
+        if self.measure_sentences < 1:
+            raise ConfigError(f"half_precision.measure_sentences={self.measure_sentences}: must be >= 1")
+        object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+
+
+def _write_json_atomic(path: Path, payload: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2)
+    os.replace(tmp, path)
+
+
+def _why(row: dict) -> str:
+    """One part's measured row as a sentence: what running it alone in half precision did."""
+    snr = "n/a" if row["snr_db_mean"] is None else f"{row['snr_db_mean']:.1f} dB"
+    return (f"{row['part']}: alone in {row['dtype']}, durations changed in {row['durations_changed_fraction']:.0%} "
+            f"of utterances ({row['phonemes_changed_fraction']:.1%} of phonemes, up to {row['frames_moved_max']} "
+            f"frames), SNR {snr} where durations agree, MCD {row['mcd_db']:.2f} dB")
+
+
+def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) -> Variant:
+    """A new variant whose parts run in ``settings.dtype`` except ``settings.keep_fp32``; teacher untouched."""
+    if not isinstance(teacher.model, PiperVoice):
+        raise ValueError(f"half precision needs a PyTorch PiperVoice teacher; {teacher.name!r} is "
+                         f"{type(teacher.model).__name__} on engine {teacher.engine!r}")
+    sequences = ctx.calibration_sequences[: settings.measure_sentences]
+    if len(sequences) < settings.measure_sentences:
+        raise ValueError(f"measure_sentences={settings.measure_sentences} but the calibration set gives "
+                         f"only {len(sequences)} sequences")
+    name = VARIANT_NAMES[settings.dtype]
+    noises = [NoiseControl(seed=i) for i in range(len(sequences))]  # Piper's scales; same for every run
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    table_path = ctx.work_dir / f"{name}_part_sensitivity.json"
+    measured_for = {"dtype": settings.dtype, "device": teacher.device, "keep_fp32": list(settings.keep_fp32),
+                    "texts": [sequence.text for sequence in sequences]}
+
+    voice = to_half_precision(teacher.model, settings.dtype, settings.keep_fp32)
+    previous = json.loads(table_path.read_text(encoding="utf-8")) if table_path.is_file() else None
+    if previous is not None and previous["measured_for"] == measured_for:
+        table = previous  # resume: the same measurement on the same sentences is already here
+    else:
+        start = time.perf_counter()
+        rows = part_sensitivity(teacher.model, sequences, settings.dtype, teacher.device, noises,
+                                mel_cepstral_distortion)
+        reference = synthesize_each(teacher.model, sequences, noises)
+        variant_row = compare_outputs(synthesize_each(voice, sequences, noises), reference, mel_cepstral_distortion)
+        table = {"measured_for": measured_for, "parts": rows, "variant": variant_row,
+                 "measure_s": time.perf_counter() - start}
+        _write_json_atomic(table_path, table)
+
+    rows_by_part = {row["part"]: row for row in table["parts"]}
+    kept = [_why(rows_by_part[role]) for role in settings.keep_fp32]
+    half = [_why(rows_by_part[role]) for role in PART_ROLES if role not in settings.keep_fp32]
+    variant_row = table["variant"]
+    stage_metrics = {
+        "calib_durations_changed_fraction": variant_row["durations_changed_fraction"],
+        "calib_phonemes_changed_fraction": variant_row["phonemes_changed_fraction"],
+        "calib_mcd_db": variant_row["mcd_db"],
+        "sensitivity_measure_s": table["measure_s"],
+    }
+    if variant_row["snr_db_mean"] is not None:
+        stage_metrics["calib_snr_db_mean"] = variant_row["snr_db_mean"]
+    return Variant(
+        name=name,
+        model=voice,
+        engine="torch",
+        device=teacher.device,
+        params_m=parameter_count(voice) / 1e6,
+        size_mb=state_dict_size_mb(voice),
+        stage_metrics=stage_metrics,
+        stage_tags={
+            "dtype": settings.dtype,
+            "fp32_parts": "; ".join(kept) if kept else "none",
+            "half_parts": "; ".join(half),
+        },
+        artifacts={"part_sensitivity": table_path},
+    )

@@ -1,0 +1,539 @@
+"""INT8 post-training static quantization of a Piper voice graph with onnxruntime, so INT8 runs on CPU.
+
+Issue #3, stage 2 (ONNX side). From the ``original_onnx`` variant:
+
+1. prepare the graph (noise inputs, durations output: ``export.piper_onnx_runtime.prepare_graph``).
+   ORT's ``quant_pre_process`` is not used: it runs only with its symbolic shape inference
+   skipped (that stops at the data-dependent frame count), and then changed neither the int8
+   MCD (0.552 vs 0.554 dB) nor the speed, because ORT makes the same fusions when it loads a graph;
+2. calibrate once on the calibration set (never ``eval`` or ``harvard``): one sentence at a time,
+   batch 1, fixed-seed noise, feeds built by the voice itself; the tensor ranges are cached;
+3. per-block sensitivity: quantize one block alone (from the cached ranges, no recalibration) and
+   measure MCD against the fp32 graph and changed durations, same noise; a block above
+   ``max_block_mcd_db`` or one that changes durations stays fp32;
+4. quantize every other block (QDQ, int8 weights with zero point 0) and check speed against fp32.
+
+ORT fuses each DequantizeLinear -> Conv -> QuantizeLinear into a QLinearConv (and MatMul into
+QLinearMatMul) when it loads the graph; ConvTranspose has no int8 CPU kernel and runs in fp32
+on dequantized weights, so quantizing it only adds error (measured: see the report of issue #3).
+
+Usage::
+
+    from compress.int8_onnxruntime import Int8OrtSettings, build
+    int8 = build(original_onnx_variant, Int8OrtSettings(), ctx)   # -> Variant "int8_ort"
+
+    python -m compress.int8_onnxruntime --work-dir outputs/int8_ort --calibrator minmax
+
+Files in ``ctx.work_dir`` (each name carries the hash of the settings it depends on, so a rerun
+with the same settings reuses it): ``calibration_ranges-<h>.json`` (ORT's range cache),
+``sensitivity-<h>.json`` / ``.csv`` (the per-block table), ``int8_ort-<h>.onnx`` and its
+manifest ``int8_ort-<h>.json`` (settings, stage metrics, fp32 blocks).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_static,
+)
+from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
+
+from compress.variants import StageContext, Variant
+from evaluate.mcd import mel_cepstral_distortion
+from evaluate.memory import file_size_mb
+from evaluate.rtf import timed_median
+from export.piper_onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
+from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+
+VARIANT_NAME = "int8_ort"
+CALIBRATORS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+# Ops ORT's QDQ quantizer handles that carry this graph's compute. ConvTranspose is accepted so its
+# cost can be measured, but ORT's CPU provider has no int8 kernel for it.
+QUANTIZABLE_OP_TYPES = ("Conv", "MatMul", "ConvTranspose")
+
+# Module prefix (from the exporter's node names, "/dec/resblocks.3/convs.0/Conv") -> block name.
+# The first pattern that matches names the block; the group becomes "dec.resblocks.3".
+BLOCK_PATTERNS = (
+    re.compile(r"^/(enc_p/encoder/(?:attn_layers|ffn_layers)\.\d+)/"),  # one transformer sub-layer
+    re.compile(r"^/(flow/flows\.\d+)/"),  # one affine coupling layer
+    re.compile(r"^/(dec/(?:ups|resblocks)\.\d+)/"),  # one upsampling conv or multi-receptive-field block
+    # The whole stochastic duration predictor is one block: its output is rounded up to frames, so
+    # any of its convs can move a duration; measuring its 32 convs one by one would cost 32 runs.
+    re.compile(r"^/(dp)/"),
+    re.compile(r"^/([^/]+/[^/]+)/"),  # any other module two levels deep: enc_p/proj, dec/conv_pre, dec/conv_post
+    re.compile(r"^/([^/]+)/"),
+)
+# Nodes outside any module; in Piper these are the two MatMuls that expand m_p/logs_p to frames.
+TOP_LEVEL_BLOCK = "top_level"
+
+
+@dataclass
+class Int8OrtSettings:
+    """What ``build`` reads; every field is checked here or, for block names, against the graph."""
+
+    # minmax | entropy | percentile. Same int8 blocks, 20 eval sentences, MCD vs fp32: entropy 0.52 dB,
+    # percentile 0.54, minmax 0.57 (its ranges only widen as sentences are added); entropy's
+    # calibration takes about 1.6x minmax's.
+    calibrator: str = "entropy"
+    per_channel: bool = True  # one weight scale per output channel: conv weights vary a lot across channels
+    # False: uint8 activations with a zero point (u8s8, ORT's fast x86 path with VNNI);
+    # True: int8 activations with zero point 0 (s8s8, what ARM and TensorRT-style backends prefer).
+    # Measured on AVX-512 VNNI, same blocks: u8s8 1.26x fp32, s8s8 1.05x.
+    activation_symmetric: bool = False
+    # ConvTranspose is left out: ORT has no int8 CPU kernel for it, so it runs fp32 on dequantized
+    # weights. Measured with the three dec.ups added: no speed change, MCD 0.57 -> 1.54 dB.
+    op_types: list[str] = field(default_factory=lambda: ["Conv", "MatMul"])
+    calibration_sentences: int = 32  # of the 143 in the calibration set; each costs about a second
+    sensitivity_sentences: int = 4  # per block; the pass costs blocks x sentences syntheses
+    # A block whose int8 version alone moves the audio more than this stays fp32. Measured per
+    # block: flows, early decoder and the top-level MatMuls 0.15-0.30 dB; mid decoder 0.9; late
+    # decoder 2.3-3.7 (8-bit activations put a noise floor under the waveform); encoder and duration
+    # blocks 0.36-0.72 and all of them change durations. For scale (evaluate/mcd.py): the same text
+    # with another noise seed is 1.2 dB away.
+    max_block_mcd_db: float = 0.4
+    # A changed duration shifts every later frame: the variant stops being a drop-in for fp32.
+    keep_fp32_if_durations_change: bool = True
+    exclude_blocks: list[str] = field(default_factory=list)  # forced fp32, not measured
+    # Blocks to measure; None measures all. A block not measured is not trusted and stays fp32,
+    # so a short list gives a small, fast quantization (tests use it).
+    sensitivity_blocks: list[str] | None = None
+    speed_check_sentences: int = 5  # the stage-side fp32-vs-int8 timing; the pipeline does the real one
+
+    def __post_init__(self):
+        if self.calibrator not in CALIBRATORS:
+            raise ValueError(f"Int8OrtSettings.calibrator={self.calibrator!r}: use one of {sorted(CALIBRATORS)}")
+        for name in ("per_channel", "activation_symmetric", "keep_fp32_if_durations_change"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Int8OrtSettings.{name}={getattr(self, name)!r}: must be true or false")
+        self.op_types = list(self.op_types)
+        unknown = sorted(set(self.op_types) - set(QUANTIZABLE_OP_TYPES))
+        if not self.op_types or unknown:
+            raise ValueError(
+                f"Int8OrtSettings.op_types={self.op_types}: give a non-empty subset of {list(QUANTIZABLE_OP_TYPES)}"
+            )
+        for name in ("calibration_sentences", "sensitivity_sentences", "speed_check_sentences"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Int8OrtSettings.{name}={value!r}: must be a positive number of sentences")
+        if not self.max_block_mcd_db >= 0:
+            raise ValueError(f"Int8OrtSettings.max_block_mcd_db={self.max_block_mcd_db!r}: must be >= 0 dB")
+        self.exclude_blocks = list(self.exclude_blocks)
+        if self.sensitivity_blocks is not None:
+            self.sensitivity_blocks = list(self.sensitivity_blocks)
+            if not self.sensitivity_blocks:
+                raise ValueError("Int8OrtSettings.sensitivity_blocks=[]: give block names, or null to measure all")
+
+
+def block_of(node_name: str) -> str:
+    """The block a node belongs to, from its exporter name: "/dec/ups.1/ConvTranspose" -> "dec.ups.1"."""
+    for pattern in BLOCK_PATTERNS:
+        match = pattern.match(node_name)
+        if match:
+            return match.group(1).replace("/", ".")
+    return TOP_LEVEL_BLOCK
+
+
+def quantizable_blocks(graph: onnx.ModelProto, op_types: list[str]) -> dict[str, list[onnx.NodeProto]]:
+    """{block: its nodes of ``op_types``}, blocks in graph order."""
+    blocks: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.graph.node:
+        if node.op_type in op_types:
+            blocks.setdefault(block_of(node.name), []).append(node)
+    return blocks
+
+
+class PiperCalibrationReader(CalibrationDataReader):
+    """Graph feeds for each sentence, batch 1, built by the voice exactly as ``synthesize`` builds them."""
+
+    def __init__(self, voice: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest]):
+        self.voice = voice
+        self.requests = requests
+        self.position = 0
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        if self.position >= len(self.requests):
+            return None
+        request = self.requests[self.position]
+        self.position += 1
+        return self.voice.session_feeds(request)
+
+
+def sentence_requests(sequences: list[PhonemeSequence]) -> list[SynthesisRequest]:
+    """One batch-1 request per sentence; sentence i draws its noise from seed i at Piper's default scales."""
+    return [SynthesisRequest.from_sequences([sequence], noise=NoiseControl(seed=i)) for i, sequence in enumerate(sequences)]
+
+
+def _hash(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
+def _read_keyed_json(path: Path, key: str) -> dict | None:
+    """The JSON at ``path`` if it was written for ``key`` (same settings), else None."""
+    if not path.is_file():
+        return None
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    return payload if payload.get("key") == key else None
+
+
+@contextlib.contextmanager
+def _quiet_ort_quantizer():
+    """Silence the quantizer's per-call log lines and progress prints; a sensitivity pass calls it ~35 times."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def _prepared_graph(source: PiperOnnxRuntimeVoice, work_dir: Path, graph_sha: str) -> Path:
+    """The source graph with noise inputs and durations output: what calibration and quantization read."""
+    path = work_dir / f"fp32_prepared-{graph_sha[:16]}.onnx"
+    if not path.is_file():
+        tmp_path = path.with_name(path.name + ".tmp")
+        onnx.save(prepare_graph(source.files.onnx_path), tmp_path)
+        os.replace(tmp_path, path)
+    return path
+
+
+def _calibrate(graph_path: Path, voice: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest],
+               settings: Int8OrtSettings, cache_path: Path) -> float:
+    """Write ORT's range cache for ``settings.op_types``' tensors; returns the seconds it took."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(dir=cache_path.parent) as tmp, _quiet_ort_quantizer():
+        calibrator = create_calibrator(
+            graph_path, settings.op_types, augmented_model_path=str(Path(tmp) / "augmented.onnx"),
+            calibrate_method=CALIBRATORS[settings.calibrator],
+        )
+        # One sentence per call: the calibrator holds every augmented output of a call in memory
+        # (hundreds of MB per sentence at the waveform rate) before folding it into ranges or histograms.
+        for request in requests:
+            calibrator.collect_data(PiperCalibrationReader(voice, [request]))
+        ranges = calibrator.compute_data()
+        tmp_cache = Path(tmp) / "ranges.json"
+        save_tensors_data(ranges, tmp_cache)
+        os.replace(tmp_cache, cache_path)
+    return time.perf_counter() - start
+
+
+def _quantize(graph_path: Path, output_path: Path, settings: Int8OrtSettings, calibration_cache: Path,
+              nodes_to_quantize: list[str]) -> None:
+    """QDQ-quantize exactly ``nodes_to_quantize`` from the cached ranges; writes ``output_path`` atomically."""
+    activation_type = QuantType.QInt8 if settings.activation_symmetric else QuantType.QUInt8
+    tmp_path = output_path.with_name(output_path.name + ".tmp")
+    with _quiet_ort_quantizer():
+        quantize_static(
+            str(graph_path), str(tmp_path), calibration_data_reader=None,
+            quant_format=QuantFormat.QDQ,
+            op_types_to_quantize=settings.op_types,
+            per_channel=settings.per_channel,
+            # Full 8-bit weights. 7-bit (reduce_range) only guards x86 without VNNI, whose u8*s8 pair sums
+            # saturate at 16 bits; the machines this project measures on have AVX-512 VNNI.
+            reduce_range=False,
+            activation_type=activation_type,
+            weight_type=QuantType.QInt8,
+            nodes_to_quantize=nodes_to_quantize,
+            calibrate_method=CALIBRATORS[settings.calibrator],
+            calibration_cache_path=str(calibration_cache),
+            extra_options={"ActivationSymmetric": settings.activation_symmetric, "WeightSymmetric": True},
+        )
+    os.replace(tmp_path, output_path)
+
+
+def _degradation(candidate: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest],
+                 references: list[SynthesisResult]) -> dict[str, float]:
+    """MCD (dB, mean and max over sentences) and changed durations of ``candidate`` against fp32, same noise."""
+    mcds_db, duration_changes = [], 0
+    for request, reference in zip(requests, references):
+        result = candidate.synthesize(request)
+        duration_changes += int((result.durations != reference.durations).sum())
+        mcds_db.append(mel_cepstral_distortion(
+            result.waveforms()[0], reference.waveforms()[0], sample_rate_hz=reference.sample_rate_hz
+        ))
+    return {"mcd_db": float(np.mean(mcds_db)), "mcd_max_db": float(np.max(mcds_db)),
+            "duration_changes": duration_changes}
+
+
+def _sensitivity(graph_path: Path, blocks: dict[str, list[onnx.NodeProto]], settings: Int8OrtSettings,
+                 calibration_cache: Path, fp32_voice: PiperOnnxRuntimeVoice, voice_name: str,
+                 requests: list[SynthesisRequest], threads: int, work_dir: Path) -> list[dict]:
+    """One row per block: its degradation when it alone is int8 (blocks not measured get None)."""
+    references = [fp32_voice.synthesize(request) for request in requests]
+    measured = settings.sensitivity_blocks if settings.sensitivity_blocks is not None else list(blocks)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        for block, nodes in blocks.items():
+            row = {"block": block, "nodes": len(nodes),
+                   "op_types": " ".join(f"{op}:{n}" for op, n in sorted(Counter(node.op_type for node in nodes).items())),
+                   "mcd_db": None, "mcd_max_db": None, "duration_changes": None, "seconds": None}
+            if block in measured and block not in settings.exclude_blocks:
+                start = time.perf_counter()
+                block_path = Path(tmp) / "block.onnx"
+                _quantize(graph_path, block_path, settings, calibration_cache, [node.name for node in nodes])
+                candidate = PiperOnnxRuntimeVoice(voice_name, threads=threads, graph_path=block_path)
+                row.update(_degradation(candidate, requests, references))
+                row["seconds"] = time.perf_counter() - start
+            rows.append(row)
+    return rows
+
+
+def _fp32_reason(row: dict, settings: Int8OrtSettings) -> str:
+    """Why a block stays fp32 ("" when it is quantized)."""
+    if row["block"] in settings.exclude_blocks:
+        return "exclude_blocks"
+    if row["mcd_db"] is None:
+        return "not measured"
+    if row["mcd_db"] > settings.max_block_mcd_db:
+        return f"mcd {row['mcd_db']:.3f} dB > {settings.max_block_mcd_db} dB"
+    if settings.keep_fp32_if_durations_change and row["duration_changes"] > 0:
+        return f"{row['duration_changes']} durations changed"
+    return ""
+
+
+def _write_sensitivity(rows: list[dict], key: str, json_path: Path, csv_path: Path) -> None:
+    _write_atomic(json_path, json.dumps({"key": key, "blocks": rows}, indent=1))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    _write_atomic(csv_path, text.getvalue())
+
+
+def graph_quantization_counts(graph_path: Path, op_types: list[str]) -> tuple[int, int]:
+    """(nodes of ``op_types`` whose weight arrives through DequantizeLinear, those still fp32)."""
+    graph = onnx.load(str(graph_path), load_external_data=False)
+    dequantized = {node.output[0] for node in graph.graph.node if node.op_type == "DequantizeLinear"}
+    candidates = [node for node in graph.graph.node if node.op_type in op_types]
+    quantized = sum(1 for node in candidates if node.input[1] in dequantized)
+    return quantized, len(candidates) - quantized
+
+
+def speed_check(fp32_voice: PiperOnnxRuntimeVoice, int8_voice: PiperOnnxRuntimeVoice,
+                requests: list[SynthesisRequest]) -> dict[str, float]:
+    """Stage-side check: RTF of both graphs, batch 1, median of 3 warm runs, interleaved per sentence.
+
+    Interleaving keeps the two comparable on a machine other work shares; the pipeline's
+    evaluation is the real comparison.
+    """
+    compute_s = {"fp32": 0.0, "int8": 0.0}
+    audio_s = 0.0  # of the fp32 audio: RTF per second of the reference's speech
+    for request in requests:
+        for name, voice in (("fp32", fp32_voice), ("int8", int8_voice)):
+            seconds, result = timed_median(lambda: voice.synthesize(request), warm_runs=3, warmup_runs=1, device="cpu")
+            compute_s[name] += seconds
+            if name == "fp32":
+                audio_s += float(result.audio_lengths.sum()) / result.sample_rate_hz
+    return {"stage_check_rtf_fp32_b1": compute_s["fp32"] / audio_s,
+            "stage_check_rtf_int8_b1": compute_s["int8"] / audio_s,
+            "stage_check_speedup_vs_fp32": compute_s["fp32"] / compute_s["int8"]}
+
+
+def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Variant:
+    """The ``int8_ort`` variant of the ``original_onnx`` variant ``source``; reuses finished files in ctx.work_dir."""
+    if not isinstance(source.model, PiperOnnxRuntimeVoice) or source.model.graph_path != source.model.files.onnx_path:
+        raise ValueError(
+            f"int8_onnxruntime.build: source {source.name!r} is not a voice's original graph; "
+            "give the original_onnx variant (a PiperOnnxRuntimeVoice without graph_path)"
+        )
+    if len(ctx.calibration_sequences) < max(settings.calibration_sentences, settings.sensitivity_sentences,
+                                            settings.speed_check_sentences):
+        raise ValueError(
+            f"StageContext.calibration_sequences holds {len(ctx.calibration_sequences)} sentences; "
+            "Int8OrtSettings asks for calibration_sentences={}, sensitivity_sentences={}, "
+            "speed_check_sentences={}".format(settings.calibration_sentences, settings.sensitivity_sentences,
+                                              settings.speed_check_sentences)
+        )
+    work_dir = Path(ctx.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    voice_name = source.model.voice
+    graph_sha = _file_sha256(source.model.files.onnx_path)
+    calibration_texts = [s.text for s in ctx.calibration_sequences[: settings.calibration_sentences]]
+    sensitivity_texts = [s.text for s in ctx.calibration_sequences[: settings.sensitivity_sentences]]
+    calibration_key = _hash(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,
+                            calibration_texts)
+    sensitivity_key = _hash(calibration_key, settings.per_channel, settings.activation_symmetric,
+                            sensitivity_texts, settings.exclude_blocks, settings.sensitivity_blocks)
+    model_key = _hash(sensitivity_key, dataclasses.asdict(settings))
+    model_path = work_dir / f"{VARIANT_NAME}-{model_key}.onnx"
+    manifest_path = work_dir / f"{VARIANT_NAME}-{model_key}.json"
+    sensitivity_json = work_dir / f"sensitivity-{sensitivity_key}.json"
+    sensitivity_csv = work_dir / f"sensitivity-{sensitivity_key}.csv"
+    artifacts = {"int8_onnx": model_path, "manifest": manifest_path,
+                 "sensitivity_json": sensitivity_json, "sensitivity_csv": sensitivity_csv}
+
+    manifest = _read_keyed_json(manifest_path, model_key) if model_path.is_file() else None
+    if manifest is None:
+        manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, calibration_key, sensitivity_key,
+                                   model_key, model_path, sensitivity_json, sensitivity_csv)
+        _write_atomic(manifest_path, json.dumps(manifest, indent=1))
+    int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
+    return Variant(
+        name=VARIANT_NAME, model=int8_voice, engine="onnxruntime", device="cpu",
+        params_m=source.params_m,  # quantization stores the same weights in fewer bits
+        size_mb=file_size_mb(model_path),
+        stage_metrics=manifest["stage_metrics"], stage_tags=manifest["stage_tags"], artifacts=artifacts,
+    )
+
+
+def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContext, work_dir: Path,
+                    graph_sha: str, calibration_key: str, sensitivity_key: str, model_key: str,
+                    model_path: Path, sensitivity_json: Path, sensitivity_csv: Path) -> dict:
+    """Calibrate (or reuse the ranges), measure blocks (or reuse the table), quantize; returns the manifest."""
+    voice_name = source.model.voice
+    graph_path = _prepared_graph(source.model, work_dir, graph_sha)
+    graph = onnx.load(str(graph_path), load_external_data=False)
+    blocks = quantizable_blocks(graph, settings.op_types)
+    for name in ("exclude_blocks", "sensitivity_blocks"):
+        unknown = sorted(set(getattr(settings, name) or []) - set(blocks))
+        if unknown:
+            raise ValueError(f"Int8OrtSettings.{name}: unknown blocks {unknown}; this graph has {list(blocks)}")
+    fp32_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=graph_path)
+
+    reused = []  # earlier stages whose files were found for these settings (their seconds read 0)
+    calibration_cache = work_dir / f"calibration_ranges-{calibration_key}.json"
+    calibration_s = 0.0
+    if calibration_cache.is_file():
+        reused.append("calibration")
+    else:
+        calibration_requests = sentence_requests(ctx.calibration_sequences[: settings.calibration_sentences])
+        calibration_s = _calibrate(graph_path, fp32_voice, calibration_requests, settings, calibration_cache)
+
+    sensitivity_requests = sentence_requests(ctx.calibration_sequences[: settings.sensitivity_sentences])
+    table = _read_keyed_json(sensitivity_json, sensitivity_key)
+    start = time.perf_counter()
+    if table is None:
+        rows = _sensitivity(graph_path, blocks, settings, calibration_cache, fp32_voice, voice_name,
+                            sensitivity_requests, ctx.cpu_threads, work_dir)
+    else:
+        rows = table["blocks"]
+        reused.append("sensitivity")
+    sensitivity_s = time.perf_counter() - start
+    for row in rows:
+        row["fp32_reason"] = _fp32_reason(row, settings)
+    _write_sensitivity(rows, sensitivity_key, sensitivity_json, sensitivity_csv)
+
+    fp32_blocks = [row["block"] for row in rows if row["fp32_reason"]]
+    nodes_to_quantize = [node.name for row in rows if not row["fp32_reason"] for node in blocks[row["block"]]]
+    if not nodes_to_quantize:
+        raise ValueError(
+            f"Int8OrtSettings: every block stays fp32 (max_block_mcd_db={settings.max_block_mcd_db}, "
+            f"exclude_blocks={settings.exclude_blocks}); see {sensitivity_csv}"
+        )
+    start = time.perf_counter()
+    _quantize(graph_path, model_path, settings, calibration_cache, nodes_to_quantize)
+    quantize_s = time.perf_counter() - start
+    quantized_nodes, fp32_nodes = graph_quantization_counts(model_path, settings.op_types)
+
+    int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
+    final = _degradation(int8_voice, sensitivity_requests,
+                         [fp32_voice.synthesize(request) for request in sensitivity_requests])
+    speed = speed_check(fp32_voice, int8_voice,
+                        sentence_requests(ctx.calibration_sequences[: settings.speed_check_sentences]))
+    stage_metrics = {
+        "calibration_s": calibration_s,
+        "sensitivity_s": sensitivity_s,
+        "quantize_s": quantize_s,
+        "quantized_nodes": quantized_nodes,
+        "fp32_nodes": fp32_nodes,
+        "int8_block_count": len(rows) - len(fp32_blocks),
+        "fp32_block_count": len(fp32_blocks),
+        # On the sensitivity sentences (calibration set): a sanity check, not the evaluation.
+        "stage_check_mcd_vs_fp32_db": final["mcd_db"],
+        "stage_check_duration_changes": final["duration_changes"],
+        **speed,
+    }
+    stage_tags = {
+        "calibrator": settings.calibrator,
+        "per_channel": str(settings.per_channel),
+        "activation_type": "int8 symmetric" if settings.activation_symmetric else "uint8 asymmetric",
+        "op_types": ",".join(settings.op_types),
+        "fp32_blocks": ",".join(fp32_blocks),
+        "cpu_threads": str(ctx.cpu_threads),
+        "onnxruntime": onnxruntime.__version__,
+        "reused": ",".join(reused),
+    }
+    return {"key": model_key, "settings": dataclasses.asdict(settings),
+            "stage_metrics": stage_metrics, "stage_tags": stage_tags}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Quantize the bundled voice from the command line and print the stage metrics and block table."""
+    from texts import load_sentences
+
+    parser = argparse.ArgumentParser(prog="python -m compress.int8_onnxruntime", description=__doc__.split("\n")[0])
+    parser.add_argument("--voice", default="bundled:joe")
+    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--threads", type=int, default=2)  # the project's CPU figures use 2 threads
+    parser.add_argument("--calibrator", default="entropy", choices=sorted(CALIBRATORS))
+    parser.add_argument("--op-types", default="Conv,MatMul")
+    parser.add_argument("--calibration-sentences", type=int, default=32)
+    parser.add_argument("--sensitivity-sentences", type=int, default=4)
+    parser.add_argument("--max-block-mcd-db", type=float, default=0.4)
+    parser.add_argument("--activation-symmetric", action="store_true")
+    parser.add_argument("--per-tensor", action="store_true")
+    args = parser.parse_args(argv)
+    settings = Int8OrtSettings(
+        calibrator=args.calibrator, per_channel=not args.per_tensor, activation_symmetric=args.activation_symmetric,
+        op_types=args.op_types.split(","), calibration_sentences=args.calibration_sentences,
+        sensitivity_sentences=args.sensitivity_sentences, max_block_mcd_db=args.max_block_mcd_db,
+    )
+    original = PiperOnnxRuntimeVoice(args.voice, threads=args.threads)
+    source = Variant("original_onnx", original, "onnxruntime", "cpu", original.num_parameters / 1e6,
+                     file_size_mb(original.files.onnx_path))
+    sequences = [original.text_to_sequences(text)[0] for text in load_sentences("calibration")]
+    ctx = StageContext(calibration_sequences=sequences, work_dir=args.work_dir, cpu_threads=args.threads,
+                       cache_dir=args.work_dir)
+    variant = build(source, settings, ctx)
+    print(json.dumps({"size_mb": variant.size_mb, **variant.stage_metrics, **variant.stage_tags}, indent=1))
+    rows = json.loads(variant.artifacts["sensitivity_json"].read_text())["blocks"]
+    for row in rows:
+        mcd = "-" if row["mcd_db"] is None else f"{row['mcd_db']:.3f}"
+        print(f"{row['block']:28s} {row['nodes']:3d} nodes  mcd {mcd:>6s} dB  "
+              f"durations changed {row['duration_changes']}  {row['fp32_reason'] or 'int8'}")
+
+
+if __name__ == "__main__":
+    main()

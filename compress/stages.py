@@ -1,0 +1,49 @@
+"""Which stage builds which variant, from which source variant, with which settings.
+
+A variant listed in ``variants`` that is not a base variant (teacher, original_onnx) comes from
+a stage here. Stage settings live under ``stages.<key>`` in the config (conf/stages/default.yaml)
+and are checked at start, before any work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from compress import half_precision, int8_onnxruntime, prune
+from compress.settings import ConfigError
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    source: str  # the variant the stage starts from
+    settings_key: str  # its settings: stages.<settings_key>
+    settings_class: type
+    build: Callable
+    timed_on_cpu: bool = True  # False for GPU-only precisions: CPU fp16 kernels are not what ships
+
+
+STAGES = {
+    "fp16": StageSpec("teacher", "fp16", half_precision.HalfPrecisionSettings, half_precision.build, False),
+    "bf16": StageSpec("teacher", "bf16", half_precision.HalfPrecisionSettings, half_precision.build, False),
+    "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
+    "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build),
+}
+
+
+def stage_settings(variants: tuple[str, ...], raw: dict) -> dict[str, object]:
+    """Typed settings for every stage the listed variants need; errors name the key at fault."""
+    typed = {}
+    for name in variants:
+        spec = STAGES.get(name)
+        if spec is None:
+            continue
+        if spec.source not in variants:
+            raise ConfigError(f"variant {name!r} is built from {spec.source!r}: list {spec.source!r} in variants too")
+        values = raw.get(spec.settings_key)
+        if not isinstance(values, dict):
+            raise ConfigError(f"variant {name!r} needs settings under stages.{spec.settings_key}")
+        try:
+            typed[spec.settings_key] = spec.settings_class(**values)
+        except TypeError as error:
+            raise ConfigError(f"stages.{spec.settings_key}: {error}") from error
+    return typed
