@@ -15,14 +15,23 @@ Issue #3, stage 2 (ONNX side). From the ``original_onnx`` variant:
 
 ORT fuses each DequantizeLinear -> Conv -> QuantizeLinear into a QLinearConv (and MatMul into
 QLinearMatMul) when it loads the graph; ConvTranspose has no int8 CPU kernel and runs in fp32
-on dequantized weights, so quantizing it only adds error (measured: see the report of issue #3).
+on dequantized weights, so quantizing it only adds error.
+
+Measured with the defaults (joe voice, 2 threads, AVX-512 VNNI, 20 eval sentences, batch 1):
+49 of 155 Conv/MatMul nodes run int8 (the flow's coupling layers, the two top-level MatMuls,
+dec.conv_pre, dec.resblocks.0-2), MCD 0.53 dB against fp32, every duration the same, 63 -> 40 MB,
+1.1-1.25x faster than fp32. It is not faster than that because the rest cannot be int8 without
+audible cost: the encoder and duration predictor move durations, and 8-bit activations in the
+decoder's 64- and 32-channel stages put a noise floor under the waveform (0.9-3.7 dB per block);
+those stages and the fp32-only ConvTranspose are most of the remaining time. All blocks int8:
+1.66x, MCD 3.75 dB, durations changed.
 
 Usage::
 
     from compress.int8_onnxruntime import Int8OrtSettings, build
     int8 = build(original_onnx_variant, Int8OrtSettings(), ctx)   # -> Variant "int8_ort"
 
-    python -m compress.int8_onnxruntime --work-dir outputs/int8_ort --calibrator minmax
+    python -m compress.int8_onnxruntime --work-dir outputs/int8_ort   # prints stage metrics and block table
 
 Files in ``ctx.work_dir`` (each name carries the hash of the settings it depends on, so a rerun
 with the same settings reuses it): ``calibration_ranges-<h>.json`` (ORT's range cache),
@@ -41,7 +50,6 @@ import json
 import logging
 import os
 import re
-import statistics
 import tempfile
 import time
 from collections import Counter
@@ -66,6 +74,7 @@ from evaluate.memory import file_size_mb
 from evaluate.rtf import timed_median
 from export.piper_onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
 from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from texts import load_sentences
 
 VARIANT_NAME = "int8_ort"
 CALIBRATORS = {
@@ -97,25 +106,25 @@ TOP_LEVEL_BLOCK = "top_level"
 class Int8OrtSettings:
     """What ``build`` reads; every field is checked here or, for block names, against the graph."""
 
-    # minmax | entropy | percentile. Same int8 blocks, 20 eval sentences, MCD vs fp32: entropy 0.52 dB,
-    # percentile 0.54, minmax 0.57 (its ranges only widen as sentences are added); entropy's
-    # calibration takes about 1.6x minmax's.
+    # minmax | entropy | percentile. Same int8 blocks, 20 eval sentences, MCD vs fp32: entropy 0.53 dB,
+    # percentile 0.54, minmax 0.57 (its ranges only widen as sentences are added). Calibration on
+    # 32 sentences: minmax 18 s, entropy 30 s, percentile 59 s.
     calibrator: str = "entropy"
-    per_channel: bool = True  # one weight scale per output channel: conv weights vary a lot across channels
+    per_channel: bool = True  # one weight scale per output channel: MCD 0.53 dB vs 0.59 per tensor, same speed
     # False: uint8 activations with a zero point (u8s8, ORT's fast x86 path with VNNI);
     # True: int8 activations with zero point 0 (s8s8, what ARM and TensorRT-style backends prefer).
-    # Measured on AVX-512 VNNI, same blocks: u8s8 1.26x fp32, s8s8 1.05x.
+    # Measured on AVX-512 VNNI, same blocks: u8s8 1.23x fp32, s8s8 1.04x (MCD 0.53 vs 0.56 dB).
     activation_symmetric: bool = False
     # ConvTranspose is left out: ORT has no int8 CPU kernel for it, so it runs fp32 on dequantized
-    # weights. Measured with the three dec.ups added: no speed change, MCD 0.57 -> 1.54 dB.
+    # weights. Measured with the three dec.ups added: no speed change, MCD 0.53 -> 1.43 dB.
     op_types: list[str] = field(default_factory=lambda: ["Conv", "MatMul"])
     calibration_sentences: int = 32  # of the 143 in the calibration set; each costs about a second
     sensitivity_sentences: int = 4  # per block; the pass costs blocks x sentences syntheses
     # A block whose int8 version alone moves the audio more than this stays fp32. Measured per
-    # block: flows, early decoder and the top-level MatMuls 0.15-0.30 dB; mid decoder 0.9; late
-    # decoder 2.3-3.7 (8-bit activations put a noise floor under the waveform); encoder and duration
-    # blocks 0.36-0.72 and all of them change durations. For scale (evaluate/mcd.py): the same text
-    # with another noise seed is 1.2 dB away.
+    # block (4 sentences): flows, early decoder and the top-level MatMuls 0.12-0.29 dB; mid decoder
+    # 0.85-0.91; late decoder 1.9-3.5 (8-bit activations put a noise floor under the waveform);
+    # encoder and duration blocks 0.34-0.86, and every one of them changes durations. For scale
+    # (evaluate/mcd.py): the same text with another noise seed is 1.2 dB away.
     max_block_mcd_db: float = 0.4
     # A changed duration shifts every later frame: the variant stops being a drop-in for fp32.
     keep_fp32_if_durations_change: bool = True
@@ -186,7 +195,8 @@ class PiperCalibrationReader(CalibrationDataReader):
 
 def sentence_requests(sequences: list[PhonemeSequence]) -> list[SynthesisRequest]:
     """One batch-1 request per sentence; sentence i draws its noise from seed i at Piper's default scales."""
-    return [SynthesisRequest.from_sequences([sequence], noise=NoiseControl(seed=i)) for i, sequence in enumerate(sequences)]
+    return [SynthesisRequest.from_sequences([sequence], noise=NoiseControl(seed=i))
+            for i, sequence in enumerate(sequences)]
 
 
 def _hash(*parts) -> str:
@@ -306,8 +316,8 @@ def _sensitivity(graph_path: Path, blocks: dict[str, list[onnx.NodeProto]], sett
     rows = []
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         for block, nodes in blocks.items():
-            row = {"block": block, "nodes": len(nodes),
-                   "op_types": " ".join(f"{op}:{n}" for op, n in sorted(Counter(node.op_type for node in nodes).items())),
+            op_counts = sorted(Counter(node.op_type for node in nodes).items())
+            row = {"block": block, "nodes": len(nodes), "op_types": " ".join(f"{op}:{n}" for op, n in op_counts),
                    "mcd_db": None, "mcd_max_db": None, "duration_changes": None, "seconds": None}
             if block in measured and block not in settings.exclude_blocks:
                 start = time.perf_counter()
@@ -382,9 +392,9 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Vari
                                             settings.speed_check_sentences):
         raise ValueError(
             f"StageContext.calibration_sequences holds {len(ctx.calibration_sequences)} sentences; "
-            "Int8OrtSettings asks for calibration_sentences={}, sensitivity_sentences={}, "
-            "speed_check_sentences={}".format(settings.calibration_sentences, settings.sensitivity_sentences,
-                                              settings.speed_check_sentences)
+            f"Int8OrtSettings asks for calibration_sentences={settings.calibration_sentences}, "
+            f"sensitivity_sentences={settings.sensitivity_sentences}, "
+            f"speed_check_sentences={settings.speed_check_sentences}"
         )
     work_dir = Path(ctx.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -500,9 +510,7 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Quantize the bundled voice from the command line and print the stage metrics and block table."""
-    from texts import load_sentences
-
+    """Quantize a voice from the command line and print the stage metrics and the block table."""
     parser = argparse.ArgumentParser(prog="python -m compress.int8_onnxruntime", description=__doc__.split("\n")[0])
     parser.add_argument("--voice", default="bundled:joe")
     parser.add_argument("--work-dir", type=Path, required=True)

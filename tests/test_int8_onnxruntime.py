@@ -95,7 +95,8 @@ def test_graph_runs_int8_weights_with_zero_point_zero(int8):
     for node in weight_dequantizers:
         assert not initializers[node.input[2]].any(), f"{node.name}: weight zero point is not 0"
     dequantized = {node.output[0] for node in weight_dequantizers}
-    int8_blocks = {block_of(node.name) for node in graph.graph.node if node.op_type == "Conv" and node.input[1] in dequantized}
+    int8_blocks = {block_of(node.name) for node in graph.graph.node
+                   if node.op_type == "Conv" and node.input[1] in dequantized}
     assert int8_blocks == {"flow.flows.0", "dec.resblocks.0"}
 
 
