@@ -134,7 +134,7 @@ def test_stage_records_the_sensitivity_table_and_why(bf16_variant):
 
 def test_gpu_benchmark_cpu_smoke_run(tmp_path):
     inputs = tmp_path / "bench_inputs.json"
-    gpu_benchmark.prepare("harvard", str(inputs), seed=0)
+    gpu_benchmark.prepare("eval", str(inputs), seed=0)  # ships in the repo, unlike Harvard
     payload = json.loads(inputs.read_text(encoding="utf-8"))
     payload["utterances"], payload["calibration_utterances"] = payload["utterances"][:2], payload["calibration_utterances"][:1]
     inputs.write_text(json.dumps(payload), encoding="utf-8")
