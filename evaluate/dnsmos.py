@@ -43,6 +43,8 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from evaluate.audio_input import mono_float32
+
 MODEL_SAMPLE_RATE_HZ = 16000  # both DNSMOS models were trained on 16 kHz audio
 WINDOW_S = 9.01  # the P.835 model's fixed input: 144160 samples at 16 kHz
 HOP_S = 1.0
@@ -68,16 +70,7 @@ def _session(model_file: str, intra_op_threads: int) -> ort.InferenceSession:
 
 def _to_model_input(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int) -> np.ndarray:
     """Check a mono waveform and return it as float32 numpy at 16 kHz, (T_16k,)."""
-    if sample_rate_hz <= 0:
-        raise ValueError(f"sample_rate_hz must be a positive number of samples per second, got {sample_rate_hz}")
-    audio = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
-    if audio.ndim != 1:
-        raise ValueError(f"waveform must be mono with shape (T,), got shape {tuple(audio.shape)}")
-    if audio.size == 0:
-        raise ValueError("waveform is empty: DNSMOS needs at least one sample of audio")
-    if not np.isfinite(audio).all():
-        raise ValueError("waveform contains NaN or infinite samples: only finite values can be scored")
-    audio = audio.astype(np.float32)
+    audio = mono_float32(waveform, sample_rate_hz=sample_rate_hz)
     if sample_rate_hz != MODEL_SAMPLE_RATE_HZ:
         audio = librosa.resample(audio, orig_sr=sample_rate_hz, target_sr=MODEL_SAMPLE_RATE_HZ)
     # The official pipeline reads 16-bit WAV files, where nothing exceeds full scale.

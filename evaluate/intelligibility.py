@@ -58,6 +58,8 @@ import pocketsphinx
 import torch
 from torchmetrics.text import WordErrorRate as _CorpusWordErrorRate
 
+from evaluate.audio_input import mono_float32
+
 RECOGNIZER_SAMPLE_RATE_HZ = 16000  # the bundled en-us acoustic model is a 16 kHz model
 TRIGRAM_DISCOUNT = 0.5  # absolute discount per seen n-gram; the freed mass backs off to shorter histories
 _MODEL_DIR = Path(pocketsphinx.get_model_path()) / "en-us"
@@ -204,16 +206,7 @@ def _arpa_trigram(sentences: Sequence[list[str]], discount: float) -> str:
 
 def _to_pcm16(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int) -> bytes:
     """Check a mono waveform and return it as 16 kHz 16-bit PCM bytes, the recognizer's input."""
-    if sample_rate_hz <= 0:
-        raise ValueError(f"sample_rate_hz must be a positive number of samples per second, got {sample_rate_hz}")
-    audio = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
-    if audio.ndim != 1:
-        raise ValueError(f"waveform must be mono with shape (T,), got shape {tuple(audio.shape)}")
-    if audio.size == 0:
-        raise ValueError("waveform is empty: transcription needs at least one sample of audio")
-    if not np.isfinite(audio).all():
-        raise ValueError("waveform contains NaN or infinite samples: only finite values can be transcribed")
-    audio = audio.astype(np.float32)
+    audio = mono_float32(waveform, sample_rate_hz=sample_rate_hz)
     if sample_rate_hz != RECOGNIZER_SAMPLE_RATE_HZ:
         audio = librosa.resample(audio, orig_sr=sample_rate_hz, target_sr=RECOGNIZER_SAMPLE_RATE_HZ)
     return (np.clip(audio, -1.0, 1.0) * 32767).astype(np.int16).tobytes()

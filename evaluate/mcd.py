@@ -35,6 +35,8 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from evaluate.audio_input import mono_float32
+
 NUM_MEL_BANDS = 80
 NUM_CEPSTRA = 24  # c1..c24, the usual MCD order
 FRAME_LENGTH_S = 1024 / 22050  # 46 ms: Piper's STFT window at 22.05 kHz, scaled for other rates
@@ -45,14 +47,7 @@ _DB_PER_NEPER = 10.0 / math.log(10.0)
 
 def _as_waveform(waveform: torch.Tensor | np.ndarray, name: str) -> np.ndarray:
     """Check a mono waveform and return it as float32 numpy (T,)."""
-    audio = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
-    if audio.ndim != 1:
-        raise ValueError(f"{name} must be mono with shape (T,), got shape {tuple(audio.shape)}")
-    if audio.size == 0:
-        raise ValueError(f"{name} is empty: MCD needs at least one sample of audio")
-    if not np.isfinite(audio).all():
-        raise ValueError(f"{name} contains NaN or infinite samples: only finite values can be compared")
-    return audio.astype(np.float32)
+    return mono_float32(waveform, name)
 
 
 def mel_cepstra(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int) -> np.ndarray:

@@ -29,6 +29,8 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from evaluate.audio_input import mono_float32
+
 
 @functools.lru_cache(maxsize=1)
 def _voice_encoder() -> resemblyzer.VoiceEncoder:
@@ -38,16 +40,8 @@ def _voice_encoder() -> resemblyzer.VoiceEncoder:
 
 def speaker_embedding(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int, name: str = "waveform") -> np.ndarray:
     """resemblyzer d-vector of one utterance (T,): unit-length float32, (256,)."""
-    if sample_rate_hz <= 0:
-        raise ValueError(f"sample_rate_hz must be a positive number of samples per second, got {sample_rate_hz}")
-    audio = waveform.detach().cpu().numpy() if isinstance(waveform, torch.Tensor) else np.asarray(waveform)
-    if audio.ndim != 1:
-        raise ValueError(f"{name} must be mono with shape (T,), got shape {tuple(audio.shape)}")
-    if audio.size == 0:
-        raise ValueError(f"{name} is empty: a speaker embedding needs at least one sample of audio")
-    if not np.isfinite(audio).all():
-        raise ValueError(f"{name} contains NaN or infinite samples: only finite values can be embedded")
-    speech_16k = resemblyzer.preprocess_wav(audio.astype(np.float32), source_sr=sample_rate_hz)  # (T_16k,)
+    audio = mono_float32(waveform, name, sample_rate_hz)
+    speech_16k = resemblyzer.preprocess_wav(audio, source_sr=sample_rate_hz)  # (T_16k,)
     if speech_16k.size == 0:
         raise ValueError(f"{name} holds no speech after resemblyzer's silence trimming: give a clip with a voice")
     return _voice_encoder().embed_utterance(speech_16k)
