@@ -24,8 +24,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from compress.atomic_io import atomic_write
 from compress.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss
 from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
 from models.piper.vits import HifiGanGenerator, VitsHyperParams
@@ -137,20 +136,6 @@ def load_decoder(weights_path: Path, config_path: Path) -> HifiGanGenerator:
     decoder = build_decoder(json.loads(Path(config_path).read_text(encoding="utf-8")))
     decoder.load_state_dict(load_file(str(weights_path)), strict=True)
     return decoder
-
-
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp_path)`` beside ``path``, then rename: a crash never leaves a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 # ---------------------------------------------------------------- teacher latents and their audio

@@ -27,12 +27,10 @@ fp16 SNR 42 dB, MCD 0.07 dB; bf16 SNR 24 dB, MCD 0.77 dB (another noise seed: 1.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from compress.atomic_io import write_text_atomic
 from compress.settings import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
@@ -73,13 +71,6 @@ class HalfPrecisionSettings:
         object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
 
 
-def _write_json_atomic(path: Path, payload: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(tmp, path)
-
-
 def _why(row: dict) -> str:
     """One part's measured row as a sentence: what running it alone in half precision did."""
     snr = "n/a" if row["snr_db_mean"] is None else f"{row['snr_db_mean']:.1f} dB"
@@ -116,7 +107,7 @@ def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) 
         variant_row = compare_outputs(synthesize_each(voice, sequences, noises), reference, mel_cepstral_distortion)
         table = {"measured_for": measured_for, "parts": rows, "variant": variant_row,
                  "measure_s": time.perf_counter() - start}
-        _write_json_atomic(table_path, table)
+        write_text_atomic(table_path, json.dumps(table, indent=2))
 
     rows_by_part = {row["part"]: row for row in table["parts"]}
     kept = [_why(rows_by_part[role]) for role in settings.keep_fp32]

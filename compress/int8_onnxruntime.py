@@ -68,6 +68,7 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
+from compress.atomic_io import write_text_atomic
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
@@ -211,13 +212,6 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
-
-
 def _read_keyed_json(path: Path, key: str) -> dict | None:
     """The JSON at ``path`` if it was written for ``key`` (same settings), else None."""
     if not path.is_file():
@@ -344,12 +338,12 @@ def _fp32_reason(row: dict, settings: Int8OrtSettings) -> str:
 
 
 def _write_sensitivity(rows: list[dict], key: str, json_path: Path, csv_path: Path) -> None:
-    _write_atomic(json_path, json.dumps({"key": key, "blocks": rows}, indent=1))
+    write_text_atomic(json_path, json.dumps({"key": key, "blocks": rows}, indent=1))
     text = io.StringIO()
     writer = csv.DictWriter(text, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    _write_atomic(csv_path, text.getvalue())
+    write_text_atomic(csv_path, text.getvalue())
 
 
 def graph_quantization_counts(graph_path: Path, op_types: list[str]) -> tuple[int, int]:
@@ -418,7 +412,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Vari
     if manifest is None:
         manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, calibration_key, sensitivity_key,
                                    model_key, model_path, sensitivity_json, sensitivity_csv)
-        _write_atomic(manifest_path, json.dumps(manifest, indent=1))
+        write_text_atomic(manifest_path, json.dumps(manifest, indent=1))
     int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
     return Variant(
         name=VARIANT_NAME, model=int8_voice, engine="onnxruntime", device="cpu",

@@ -6,8 +6,6 @@ Hydra config into settings and calls it. Tests call it the same way on the debug
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import mlflow
@@ -15,6 +13,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from compress.atomic_io import write_text_atomic
 from compress.settings import RunSettings
 from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
@@ -26,13 +25,6 @@ TABLE_COLUMNS = (
     "params_m", "size_mb", "rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
     "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim",
 )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def load_gpu_results(path: str | None) -> dict:
@@ -72,7 +64,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     run_dir.mkdir(parents=True, exist_ok=True)
     Path(settings.paths.output_dir).mkdir(parents=True, exist_ok=True)
     config_path = run_dir / "resolved_config.yaml"
-    _write_atomic(config_path, yaml.safe_dump(resolved_config, sort_keys=False))
+    write_text_atomic(config_path, yaml.safe_dump(resolved_config, sort_keys=False))
     gpu = load_gpu_results(settings.evaluate.gpu_results)
 
     sentences = load_sentences(settings.data.eval_set)[: settings.data.max_eval_sentences]
@@ -122,8 +114,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                             settings.evaluate.audio_samples, variant.artifacts)
             rows[name] = metrics
         table = results_markdown(rows)
-        _write_atomic(run_dir / "results.md", table)
-        _write_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
+        write_text_atomic(run_dir / "results.md", table)
+        write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
     _print_table(rows)
