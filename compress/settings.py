@@ -107,6 +107,11 @@ class RunSettings:
     paths: PathSettings
     variants: tuple[str, ...] = field(default=BASE_VARIANTS)
     stages: dict = field(default_factory=dict)  # typed per stage by compress.stages.stage_settings
+    # Each is replaced by its owning module's settings dataclass as issues #4 and #5 fill them in.
+    export: dict = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
+    selection: dict = field(default_factory=dict)
+    serve: dict = field(default_factory=dict)
 
     def __post_init__(self):
         unknown = sorted(set(self.variants) - set(KNOWN_VARIANTS))
