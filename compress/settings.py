@@ -9,6 +9,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from compress.selection import SelectionSettings
+from serve.settings import ServeSettings
+
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
@@ -110,8 +113,8 @@ class RunSettings:
     # Each is replaced by its owning module's settings dataclass as issues #4 and #5 fill them in.
     export: dict = field(default_factory=dict)
     engine: dict = field(default_factory=dict)
-    selection: dict = field(default_factory=dict)
-    serve: dict = field(default_factory=dict)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)  # compress/selection.py
+    serve: ServeSettings = field(default_factory=ServeSettings)  # serve/settings.py
 
     def __post_init__(self):
         unknown = sorted(set(self.variants) - set(KNOWN_VARIANTS))

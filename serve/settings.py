@@ -1,0 +1,98 @@
+"""Typed settings of the serving runtime (`python -m serve`), from the config group ``conf/serve``.
+
+``compress.settings.RunSettings.serve`` holds one of these, so a bad or unknown ``serve.*`` key
+stops `python -m serve` (and `python -m compress`) at start, naming the key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# What ``source`` may name besides "champion": the variants serve can build without a manifest.
+SERVABLE_VARIANTS = ("original_onnx", "teacher")
+STREAMING_MODES = ("sentence", "decoder_chunks")
+
+
+class ServeConfigError(ValueError):
+    """A ``serve.*`` value the server cannot use; raised before the model loads."""
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # "champion": the manifest at manifest_path (falls back to fallback_variant when there is none);
+    # or a variant name from SERVABLE_VARIANTS.
+    source: str = "champion"
+    manifest_path: str = ""
+    fallback_variant: str = "original_onnx"
+    voice: str = "bundled:joe"  # for variant sources; a manifest names its own voice
+    device: str = "cpu"  # the torch engine's device
+    threads: int = 1  # onnxruntime intra-op threads
+    # Dynamic batching
+    max_batch_size: int = 8
+    max_wait_ms: float = 10.0
+    length_buckets: tuple[int, ...] = (64, 128, 256, 512)  # upper bounds in phoneme ids
+    queue_capacity: int = 64  # speech requests admitted at once (waiting or running)
+    request_timeout_s: float = 30.0
+    # Streaming
+    streaming: str = "sentence"
+    decoder_chunk_frames: int = 32
+    decoder_context_frames: int = 16
+    # Text
+    max_input_chars: int = 4096
+    max_sentence_chars: int = 300
+    default_seed: int | None = 0
+    # Reference uploads (POST /v1/voices)
+    max_upload_bytes: int = 10_000_000
+    max_upload_s: float = 30.0
+    min_upload_s: float = 1.0
+    min_upload_sample_rate_hz: int = 16_000
+    max_upload_sample_rate_hz: int = 48_000
+    # Speaker-embedding cache
+    speaker_cache_entries: int = 1024
+    speaker_cache_ttl_s: float = 86_400.0
+    redis_url: str | None = None
+    # Access and lifecycle
+    api_key: str | None = None
+    warmup: bool = True
+    shutdown_grace_s: float = 30.0
+    model_aliases: tuple[str, ...] = ()
+    voice_aliases: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        def fail(key: str, accepted: str):
+            raise ServeConfigError(f"serve.{key}={getattr(self, key)!r}: {accepted}")
+
+        if self.source != "champion" and self.source not in SERVABLE_VARIANTS:
+            fail("source", f"use 'champion' or one of {list(SERVABLE_VARIANTS)}")
+        if self.fallback_variant not in SERVABLE_VARIANTS:
+            fail("fallback_variant", f"use one of {list(SERVABLE_VARIANTS)}")
+        if self.source == "champion" and not self.manifest_path:
+            fail("manifest_path", "give the champion's manifest.json path when source is 'champion'")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            fail("device", "use 'cpu' or 'cuda[:N]'")
+        if not 0 <= self.port <= 65535:
+            fail("port", "use 0..65535 (0 picks a free port)")
+        for key in ("threads", "max_batch_size", "queue_capacity", "decoder_chunk_frames", "max_input_chars",
+                    "max_sentence_chars", "max_upload_bytes", "speaker_cache_entries", "min_upload_sample_rate_hz"):
+            if getattr(self, key) < 1:
+                fail(key, "must be >= 1")
+        for key in ("max_wait_ms", "decoder_context_frames"):
+            if getattr(self, key) < 0:
+                fail(key, "must be >= 0")
+        for key in ("request_timeout_s", "max_upload_s", "min_upload_s", "speaker_cache_ttl_s", "shutdown_grace_s"):
+            if getattr(self, key) <= 0:
+                fail(key, "must be > 0")
+        if not self.length_buckets or list(self.length_buckets) != sorted(set(self.length_buckets)) \
+                or self.length_buckets[0] < 1:
+            fail("length_buckets", "give strictly increasing positive phoneme-id lengths, e.g. [64, 128, 256]")
+        if self.streaming not in STREAMING_MODES:
+            fail("streaming", f"use one of {list(STREAMING_MODES)}")
+        if self.max_sentence_chars > self.max_input_chars:
+            fail("max_sentence_chars", f"must be <= max_input_chars ({self.max_input_chars})")
+        if self.min_upload_s > self.max_upload_s:
+            fail("min_upload_s", f"must be <= max_upload_s ({self.max_upload_s})")
+        if self.min_upload_sample_rate_hz > self.max_upload_sample_rate_hz:
+            fail("min_upload_sample_rate_hz", f"must be <= max_upload_sample_rate_hz ({self.max_upload_sample_rate_hz})")
+        if self.api_key is not None and len(self.api_key) < 8:  # the value is a secret: not echoed
+            raise ServeConfigError("serve.api_key: use null (no auth) or a token of at least 8 characters")
