@@ -495,16 +495,20 @@ class PiperVits(nn.Module):
         g = self.emb_g(speaker_id).unsqueeze(-1) if self.emb_g is not None else None  # (B, C_g, 1)
         durations = self.predict_durations(hidden, text_mask, duration_noise * noise_scale_w, length_scale, g)
         frame_lengths = durations.sum(dim=1).clamp_min(1).long()  # (B,)
-        max_frames = int(frame_lengths.max())
-        frame_mask = sequence_mask(frame_lengths, max_frames).to(hidden.dtype)  # (B, T_frames)
-        alignment = durations_to_alignment(durations, frame_mask)  # (B, T_text, T_frames)
-        frame_mean = prior_mean @ alignment  # (B, C_lat, T_frames)
-        frame_log_std = prior_log_std @ alignment
-        if prior_noise.shape[-1] < max_frames:
+        # A data-dependent length: eager gets a Python int; torch.export gets an unbacked symbol
+        # whose bounds the checks below state, so the exported graph keeps T_frames dynamic.
+        max_frames = frame_lengths.max().item()
+        if not torch.compiler.is_compiling() and prior_noise.shape[-1] < max_frames:
             raise ValueError(
                 f"prior_noise covers {prior_noise.shape[-1]} frames but the utterance needs {max_frames}: "
                 "raise NoiseControl.max_frames_per_phoneme_id"
             )
+        torch._check(max_frames >= 1)
+        torch._check(max_frames <= prior_noise.shape[-1])
+        frame_mask = sequence_mask(frame_lengths, max_frames).to(hidden.dtype)  # (B, T_frames)
+        alignment = durations_to_alignment(durations, frame_mask)  # (B, T_text, T_frames)
+        frame_mean = prior_mean @ alignment  # (B, C_lat, T_frames)
+        frame_log_std = prior_log_std @ alignment
         z_prior = frame_mean + prior_noise[:, :, :max_frames] * torch.exp(frame_log_std) * noise_scale
         z = self.flow.reverse(z_prior, frame_mask.unsqueeze(1), g)
         return DecoderLatent(z * frame_mask.unsqueeze(1), frame_lengths, durations.long(), g)
