@@ -1,0 +1,209 @@
+"""Dynamic batching: sentences from many requests run as one padded batch, then split back.
+
+    batcher = DynamicBatcher(lambda jobs: synthesize_jobs(model, jobs, latent_channels),
+                             max_batch_size=8, max_wait_ms=10, length_buckets=(64, 128, 256),
+                             executor=model_thread)
+    await batcher.start()
+    waveform = await batcher.submit(SentenceJob(phoneme_ids, NoiseScales(0.667, 1.0, 0.8), seed=0))
+
+A sentence waits at most ``max_wait_ms`` for others of its group: the same length bucket (so a
+short sentence is not padded to a long one) and the same noise scales (the model takes one set
+of scales per batch). A full group leaves at once. One batch runs at a time, on ``executor``;
+sentences that arrive meanwhile gather into the next batches.
+
+Batching never changes a sentence's audio: each sentence draws its own noise from its own seed,
+exactly as an unbatched call would (``sentence_noise``), and the tensors are zero-padded into
+the batch. What remains is float rounding in batched kernels and the decoder's convolutions
+seeing padding past a sentence's last frame: about 1e-4 on [-1, 1] samples
+(tests/test_serve_batching.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from models.interface import NoiseControl, SynthesisRequest, TTSModel
+
+
+@dataclass(frozen=True)
+class NoiseScales:
+    """The scales one batch shares: the model takes them as scalars."""
+
+    noise_scale: float = 0.667
+    length_scale: float = 1.0
+    noise_scale_w: float = 0.8
+
+
+@dataclass(frozen=True)
+class SentenceJob:
+    """One sentence of one request: what the batcher groups."""
+
+    phoneme_ids: tuple[int, ...]
+    scales: NoiseScales = field(default_factory=NoiseScales)
+    seed: int = 0
+    speaker_id: int | None = None
+
+
+def sentence_noise(job: SentenceJob, latent_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(duration_noise (1, 2, T_text), prior_noise (1, C_lat, T_frames_cap)) of ``job`` alone.
+
+    The same draw as an unbatched ``SynthesisRequest`` of this one sentence with
+    ``NoiseControl(seed=job.seed, ...)``, so batching cannot change the sentence's noise.
+    """
+    noise = NoiseControl(length_scale=job.scales.length_scale, seed=job.seed)
+    return noise.draw(1, len(job.phoneme_ids), latent_channels)
+
+
+def batch_request(jobs: list[SentenceJob], latent_channels: int) -> SynthesisRequest:
+    """One padded request for ``jobs`` (same scales), each with its own noise padded in."""
+    scales = {job.scales for job in jobs}
+    if len(scales) != 1:
+        raise ValueError(f"a batch shares one set of noise scales, got {sorted(map(str, scales))}")
+    if len({job.speaker_id is None for job in jobs}) != 1:
+        raise ValueError("a batch needs a speaker_id on every sentence or on none")
+    noises = [sentence_noise(job, latent_channels) for job in jobs]
+    text_length = max(len(job.phoneme_ids) for job in jobs)
+    frames_cap = max(prior.shape[-1] for _, prior in noises)
+    duration_noise = torch.zeros(len(jobs), 2, text_length)  # (B, 2, T_text)
+    prior_noise = torch.zeros(len(jobs), latent_channels, frames_cap)  # (B, C_lat, T_frames_cap)
+    phoneme_ids = torch.zeros(len(jobs), text_length, dtype=torch.long)  # (B, T_text)
+    for row, (job, (duration, prior)) in enumerate(zip(jobs, noises)):
+        duration_noise[row, :, : duration.shape[-1]] = duration[0]
+        prior_noise[row, :, : prior.shape[-1]] = prior[0]
+        phoneme_ids[row, : len(job.phoneme_ids)] = torch.tensor(job.phoneme_ids, dtype=torch.long)
+    (scale,) = scales
+    speaker_id = None if jobs[0].speaker_id is None else torch.tensor([job.speaker_id for job in jobs])
+    return SynthesisRequest(
+        phoneme_ids=phoneme_ids,
+        phoneme_lengths=torch.tensor([len(job.phoneme_ids) for job in jobs], dtype=torch.long),
+        noise=NoiseControl(noise_scale=scale.noise_scale, length_scale=scale.length_scale,
+                           noise_scale_w=scale.noise_scale_w, duration_noise=duration_noise,
+                           prior_noise=prior_noise),
+        speaker_id=speaker_id,
+    )
+
+
+def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], latent_channels: int) -> list[np.ndarray]:
+    """One batched ``synthesize`` for ``jobs``; each sentence's waveform (T_i,) float32, trimmed."""
+    result = model.synthesize(batch_request(jobs, latent_channels))
+    return [waveform.numpy().astype(np.float32, copy=False) for waveform in result.waveforms()]
+
+
+class QueueFullError(RuntimeError):
+    """The server holds as much work as it is configured to; the client should retry later."""
+
+
+class BatcherClosedError(RuntimeError):
+    """The batcher is shutting down and takes no new sentences."""
+
+
+@dataclass
+class _Waiting:
+    job: SentenceJob
+    future: asyncio.Future
+    enqueued_s: float
+
+
+class DynamicBatcher:
+    """Groups ``SentenceJob`` s into batches for ``run_batch`` (a blocking call run on ``executor``)."""
+
+    def __init__(self, run_batch: Callable[[list[SentenceJob]], list[np.ndarray]], *, max_batch_size: int,
+                 max_wait_ms: float, length_buckets: tuple[int, ...], executor: Executor,
+                 on_batch: Callable[[int], None] | None = None):
+        if max_batch_size < 1 or max_wait_ms < 0:
+            raise ValueError(f"max_batch_size must be >= 1 and max_wait_ms >= 0, got {max_batch_size}, {max_wait_ms}")
+        self._run_batch = run_batch
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.length_buckets = tuple(length_buckets)
+        self._executor = executor
+        self._on_batch = on_batch
+        self._groups: dict[tuple, list[_Waiting]] = {}
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._closing = False
+
+    def bucket_of(self, length: int) -> int:
+        """Index of the first bucket bound >= ``length``; ``len(length_buckets)`` past the last one."""
+        return bisect.bisect_left(self.length_buckets, length)
+
+    @property
+    def pending(self) -> int:
+        """Sentences waiting for a batch (not counting the batch running now)."""
+        return sum(len(group) for group in self._groups.values())
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="dynamic-batcher")
+
+    def submit(self, job: SentenceJob) -> asyncio.Future:
+        """A future for ``job``'s waveform (T,) float32; cancel it to drop the job if it has not run."""
+        if self._closing or self._task is None:
+            raise BatcherClosedError("the batcher is not running (not started, or shutting down)")
+        key = (self.bucket_of(len(job.phoneme_ids)), job.scales, job.speaker_id is None)
+        future = asyncio.get_running_loop().create_future()
+        self._groups.setdefault(key, []).append(_Waiting(job, future, time.monotonic()))
+        self._wakeup.set()
+        return future
+
+    async def close(self) -> None:
+        """Take no new sentences, run every waiting one without further waiting, then stop."""
+        self._closing = True
+        self._wakeup.set()
+        if self._task is not None:
+            await self._task
+
+    def _next_batch(self, now_s: float) -> tuple[list[_Waiting], float | None]:
+        """(a batch to run now or [], seconds until the next group is due or None)."""
+        for key in list(self._groups):  # drop requests that gave up (timed out, disconnected)
+            self._groups[key] = [w for w in self._groups[key] if not w.future.done()]
+            if not self._groups[key]:
+                del self._groups[key]
+        if not self._groups:
+            return [], None
+        oldest_key = min(self._groups, key=lambda k: self._groups[k][0].enqueued_s)
+        full_keys = [k for k, group in self._groups.items() if len(group) >= self.max_batch_size]
+        due_s = self._groups[oldest_key][0].enqueued_s + self.max_wait_s
+        if full_keys:
+            key = min(full_keys, key=lambda k: self._groups[k][0].enqueued_s)
+        elif self._closing or now_s >= due_s:
+            key = oldest_key
+        else:
+            return [], due_s - now_s
+        batch, self._groups[key] = self._groups[key][: self.max_batch_size], self._groups[key][self.max_batch_size:]
+        if not self._groups[key]:
+            del self._groups[key]
+        return batch, None
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch, wait_s = self._next_batch(time.monotonic())
+            if not batch:
+                if self._closing and not self._groups:
+                    return
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), wait_s)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
+            try:
+                waveforms = await loop.run_in_executor(self._executor, self._run_batch, [w.job for w in batch])
+            except Exception as error:  # the model failed: every request of the batch hears why
+                for waiting in batch:
+                    if not waiting.future.done():
+                        waiting.future.set_exception(error)
+                continue
+            for waiting, waveform in zip(batch, waveforms):
+                if not waiting.future.done():
+                    waiting.future.set_result(waveform)

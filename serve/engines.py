@@ -1,0 +1,82 @@
+"""The model `python -m serve` runs: the champion's manifest, or a named variant.
+
+    served = load_served_model(settings)   # settings: serve.settings.ServeSettings
+    served.model.synthesize(request)       # any TTSModel
+
+``source: champion`` loads ``manifest_path`` (export/manifest.py) into onnxruntime; when no
+manifest exists it serves ``fallback_variant`` instead and says so in ``ServedModel.note``.
+A manifest that exists but is broken stops the server: serving a different model silently
+would be worse.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from export.manifest import load_manifest
+from models.interface import TTSModel
+from serve.settings import ServeSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    model: TTSModel
+    model_id: str  # the variant name clients pass as `model`
+    family: str  # decides which request fields apply ("piper": no emotion, prompt or zero-shot voice)
+    engine: str  # "onnxruntime" or "torch"
+    voice: str
+    latent_channels: int  # width of the prior noise each request draws (serve/batching.py)
+    note: str = ""  # how the model was chosen, for logs and GET /v1/models-style listings
+
+    @property
+    def decoder_streaming(self) -> bool:
+        """Whether the decoder can run on windows of latent frames (torch VITS engine only)."""
+        return self.engine == "torch"
+
+    @property
+    def voice_name(self) -> str:
+        """The voice's own speaker name, e.g. ``joe`` for ``bundled:joe`` or ``en_US-joe-medium.onnx``."""
+        if self.voice.startswith("bundled:"):
+            return self.voice.split(":", 1)[1]
+        stem = Path(self.voice).name.removesuffix(".onnx")
+        parts = stem.split("-")
+        return parts[1] if len(parts) == 3 else stem  # Piper names voices <lang>-<name>-<quality>
+
+
+def load_variant(variant: str, voice: str, threads: int, device: str) -> ServedModel:
+    """``original_onnx`` (the voice's own graph in onnxruntime) or ``teacher`` (the PyTorch port)."""
+    if variant == "original_onnx":
+        from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+
+        model = PiperOnnxRuntimeVoice(voice, threads=threads)
+        return ServedModel(model, variant, "piper", "onnxruntime", voice, model.latent_channels)
+    if variant == "teacher":
+        from models.piper.voice import PiperVoice
+
+        model = PiperVoice.load(voice).to(device)
+        return ServedModel(model, variant, "piper", "torch", voice, model.model.hp.latent_channels)
+    raise ValueError(f"variant {variant!r} cannot be served without a manifest: use original_onnx or teacher")
+
+
+def load_served_model(settings: ServeSettings) -> ServedModel:
+    if settings.source != "champion":
+        return load_variant(settings.source, settings.voice, settings.threads, settings.device)
+    manifest_path = Path(settings.manifest_path)
+    if not manifest_path.exists():
+        note = f"no champion manifest at {manifest_path}: serving {settings.fallback_variant}"
+        log.warning(note)
+        served = load_variant(settings.fallback_variant, settings.voice, settings.threads, settings.device)
+        return dataclasses.replace(served, note=note)
+    from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+
+    manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
+    model = PiperOnnxRuntimeVoice(manifest.voice, settings.threads, graph_path=manifest.graph_path(manifest_path))
+    if model.sample_rate_hz != manifest.sample_rate_hz:
+        raise ValueError(f"{manifest_path}: sample_rate_hz {manifest.sample_rate_hz} but voice "
+                         f"{manifest.voice!r} speaks at {model.sample_rate_hz} Hz")
+    return ServedModel(model, manifest.variant, manifest.family, manifest.engine, manifest.voice,
+                       model.latent_channels, note=f"champion from {manifest_path}")

@@ -1,0 +1,35 @@
+"""Prometheus metrics of one server (GET /metrics), in a registry of its own.
+
+A registry per app keeps two servers in one process (the tests) from colliding.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServeMetrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("tts_http_requests", "HTTP requests by route and status",
+                                ["route", "method", "status"], registry=self.registry)
+        self.request_latency_s = Histogram("tts_http_request_duration_seconds",
+                                           "Time to the response headers, by route", ["route"],
+                                           buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.speech_latency_s = Histogram("tts_speech_duration_seconds",
+                                          "Time from a speech request to its last audio byte",
+                                          buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.time_to_first_audio_s = Histogram("tts_time_to_first_audio_seconds",
+                                               "Time from a speech request to its first audio chunk",
+                                               buckets=LATENCY_BUCKETS_S, registry=self.registry)
+        self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio synthesized", registry=self.registry)
+        self.admitted = Gauge("tts_requests_in_flight", "Speech requests admitted (waiting or running)",
+                              registry=self.registry)
+        self.queue_depth = Gauge("tts_batcher_queue_depth", "Sentences waiting for a batch", registry=self.registry)
+        self.batch_size = Histogram("tts_batch_size", "Sentences per batch run", buckets=(1, 2, 4, 8, 16, 32, 64),
+                                    registry=self.registry)
+        self.rejected = Counter("tts_rejected_requests", "Speech requests refused, by reason", ["reason"],
+                                registry=self.registry)
+        self.speaker_cache = Counter("tts_speaker_cache_lookups", "Speaker-embedding cache lookups", ["result"],
+                                     registry=self.registry)
