@@ -41,7 +41,8 @@ def test_per_request_scales_match_uniform_runs(variant):
     The reference is the prepared graph on the same batch (same sentences, same noise) with one
     (3,) ``scales``: onnxruntime's numerics then see the same shapes, so any difference would be
     the graph edit's. (Against a batch of one, batching itself moves samples by ~1e-5.) Only a
-    row's last frames may move, by ~2e-5, where its padding differs between the two runs: the decoder's conv biases on the padding reach up to ~1600 samples back into the row.
+    row's last frames may move, by ~2e-5, where its padding differs between the two runs: the
+    decoder's conv biases on the padding reach up to ~1600 samples back into the row.
     """
     voice = PiperOnnxRuntimeVoice("bundled:joe", threads=1)
     session = ort.InferenceSession(triton_graph(variant.graph).SerializeToString(), providers=["CPUExecutionProvider"])
