@@ -37,6 +37,9 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0]
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(location) or None
+    if param == "file":  # POST /v1/voices got a string (a path, a URL) or nothing where the clip belongs
+        return ApiError(400, "file: send the clip's bytes as a multipart/form-data file upload; server-side "
+                             "paths and URLs are not accepted", "invalid_upload", param=param)
     if first.get("type") == "json_invalid":
         return ApiError(400, f"the request body is not valid JSON: {first.get('msg')}", "invalid_json")
     if first.get("type") == "extra_forbidden":
