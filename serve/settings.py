@@ -88,8 +88,6 @@ class ServeSettings:
             fail("length_buckets", "give strictly increasing positive phoneme-id lengths, e.g. [64, 128, 256]")
         if self.streaming not in STREAMING_MODES:
             fail("streaming", f"use one of {list(STREAMING_MODES)}")
-        if self.max_sentence_chars > self.max_input_chars:
-            fail("max_sentence_chars", f"must be <= max_input_chars ({self.max_input_chars})")
         if self.min_upload_s > self.max_upload_s:
             fail("min_upload_s", f"must be <= max_upload_s ({self.max_upload_s})")
         if self.min_upload_sample_rate_hz > self.max_upload_sample_rate_hz:

@@ -24,7 +24,7 @@ from serve_support import serve_settings
     ("serve.max_batch_size=0", ValueError, "serve.max_batch_size=0"),
     ("serve.streaming=tokens", ValueError, "serve.streaming='tokens'"),
     ("serve.api_key=short", ValueError, "serve.api_key: use null"),
-    ("serve.max_sentence_chars=5000", ValueError, "max_sentence_chars"),
+    ("serve.max_sentence_chars=0", ValueError, "max_sentence_chars"),
 ])
 def test_bad_serve_config_fails_at_start(tmp_path, override, error, message):
     with pytest.raises(error, match=message):
