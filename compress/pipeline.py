@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from compress.atomic_io import write_text_atomic
+from compress.registration import select_and_register
 from compress.settings import RunSettings
 from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
@@ -118,7 +119,11 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
+        # Issue #4: the champion by conf/selection, logged and registered (a run with no eligible
+        # variant, or none with an ONNX graph, still finishes and says why).
+        selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id)
     _print_table(rows)
+    print(selection_summary)
     return rows
 
 

@@ -8,7 +8,7 @@ Issue #4. The rule is data (conf/selection/default.yaml -> ``SelectionSettings``
    (``rtf_cpu_b1``): of the chain, the metric that the most variants passing the constraints have
    (the earlier one on equal counts); variants are never ranked on two different metrics, and one
    without the chosen metric is ineligible, with that reason;
-3. equal objectives are broken by ``tie_breakers``, then by the order of the rows (the run's order).
+3. equal objectives are broken by ``tie_breakers``, then by the order of the rows (the order the run scored them: the reference first).
 
 The pipeline calls it after every variant is scored (``python -m compress +experiment=full``);
 compress/registration.py logs the decision and registers the champion's graph. For a reviewer:
@@ -168,7 +168,7 @@ class SelectionSettings:
         constraints = "; ".join(c.text(reference_name) for c in self.constraints) or "none"
         ties = ", ".join(f"{t.direction} {t.metric}" for t in self.tie_breakers)
         return (f"eligible: {constraints}. champion: {objective}. "
-                f"ties: {ties + ', then ' if ties else ''}the run's variant order.")
+                f"ties: {ties + ', then ' if ties else ''}the order the run scored them.")
 
 
 @dataclass(frozen=True)
@@ -208,7 +208,7 @@ def _better(a: float, b: float, direction: str) -> bool:
 
 def select_champion(rows: dict[str, dict[str, float]], settings: SelectionSettings,
                     reference_name: str) -> Selection:
-    """Apply ``settings``' rule to ``rows`` ({variant: metrics}, in the run's order)."""
+    """Apply ``settings``' rule to ``rows`` ({variant: metrics}, in the order the run scored them)."""
     if reference_name not in rows:
         raise ValueError(f"select_champion: reference {reference_name!r} is not among the rows {list(rows)}")
     rows = {name: dict(metrics) for name, metrics in rows.items()}

@@ -131,7 +131,7 @@ def test_maximize_direction_and_rule_text():
     assert selection.champion == "teacher"  # spk_sim 1.0 from reference_self_scores, listed first
     assert selection.ranking == ("teacher", "original_onnx", "fp16")
     assert selection.rule == ("eligible: wer <= teacher + 0.004. champion: maximize spk_sim. "
-                              "ties: minimize size_mb, then the run's variant order.")
+                              "ties: minimize size_mb, then the order the run scored them.")
     assert json.loads(json.dumps(selection.to_json()))["eligibility"]["int8_ort"]["eligible"] is False
 
 

@@ -1,0 +1,53 @@
+"""Execute notebooks/compare_variants.ipynb against an MLflow store and save it with its outputs.
+
+    python -m notebooks.execute                                         # outputs/mlflow.db, latest parent run
+    python -m notebooks.execute --tracking-uri sqlite:////abs/path/mlflow.db --run-id <parent run id>
+
+The notebook reads its parameters from environment variables (TTS_MLFLOW_URI, TTS_MLFLOW_EXPERIMENT,
+TTS_MLFLOW_RUN_ID), which this sets for the kernel; the kernel starts in notebooks/, as in Jupyter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parent
+COMPARE_VARIANTS = NOTEBOOKS_DIR / "compare_variants.ipynb"
+
+
+def execute_notebook(path: Path = COMPARE_VARIANTS, tracking_uri: str | None = None, experiment: str | None = None,
+                     run_id: str | None = None, output_path: Path | None = None,
+                     timeout_s: int = 600) -> nbformat.NotebookNode:
+    """Run every cell (each within ``timeout_s``), write the executed notebook to ``output_path`` (default: in place).
+
+    A failing cell raises ``nbclient.exceptions.CellExecutionError`` naming the cell; nothing is written then.
+    """
+    notebook = nbformat.read(path, as_version=4)
+    parameters = {"TTS_MLFLOW_URI": tracking_uri, "TTS_MLFLOW_EXPERIMENT": experiment, "TTS_MLFLOW_RUN_ID": run_id}
+    env = {**os.environ, **{k: v for k, v in parameters.items() if v is not None}}
+    client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(Path(path).resolve().parent)}})
+    client.execute(env=env)
+    nbformat.write(notebook, output_path or path)
+    return notebook
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m notebooks.execute", description=__doc__.split("\n")[0])
+    parser.add_argument("--notebook", type=Path, default=COMPARE_VARIANTS)
+    parser.add_argument("--tracking-uri", help="default: $TTS_MLFLOW_URI, else sqlite:///<repo>/outputs/mlflow.db")
+    parser.add_argument("--experiment", help="default: $TTS_MLFLOW_EXPERIMENT, else tts-compress")
+    parser.add_argument("--run-id", help="a parent run; default: the latest finished one")
+    parser.add_argument("--output", type=Path, help="default: overwrite the notebook in place")
+    parser.add_argument("--timeout-s", type=int, default=600, help="per cell")
+    args = parser.parse_args(argv)
+    execute_notebook(args.notebook, args.tracking_uri, args.experiment, args.run_id, args.output, args.timeout_s)
+    print(f"executed {args.notebook} -> {args.output or args.notebook}")
+
+
+if __name__ == "__main__":
+    main()
