@@ -19,6 +19,7 @@ import asyncio
 import hmac
 import itertools
 import logging
+import re
 import secrets
 import threading
 import time
@@ -74,7 +75,9 @@ class ServerState:
 
 
 def _looks_like_path(value: str) -> bool:
-    return any(mark in value for mark in ("/", "\\", "..", "~")) or value.startswith(".") or ":" in value
+    """A file path or URL (``/x``, ``..\\x``, ``~/x``, ``C:x``, ``file:x``, ``s3://x``): never opened, refused."""
+    return (any(mark in value for mark in ("/", "\\", "..", "~")) or value.startswith(".")
+            or re.match(r"^[A-Za-z]:", value) is not None or value.lower().startswith("file:"))
 
 
 # espeak-ng, under every Piper frontend, keeps global state: one phonemization at a time per process.
