@@ -60,7 +60,8 @@ def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[st
             f"{list(selection.ranking)}")
     deployed = with_graph[0]
     if deployed == selection.champion:
-        return deployed, f"champion by the rule ({selection.objective_metric} {selection.rows[deployed][selection.objective_metric]:.4g})"
+        objective = selection.objective_metric
+        return deployed, f"champion by the rule ({objective} {selection.rows[deployed][objective]:.4g})"
     skipped = selection.ranking[: selection.ranking.index(deployed)]
     return deployed, (f"champion {selection.champion!r} has no ONNX graph and the manifest's engine is "
                       f"{MANIFEST_ENGINE}; {deployed!r} is the best-ranked eligible variant with one "
@@ -86,9 +87,9 @@ def _in_run(run_id: str):
 def register_champion(selection: Selection, variant_artifacts: dict[str, dict[str, Path]], run_id: str,
                       tracking: TrackingSettings, output_dir: Path, settings: SelectionSettings,
                       voice: VoiceIdentity) -> Path:
-    """Write ``<output_dir>/<manifest_dir>/manifest.json`` beside the deployed graph, register it; returns the manifest path.
+    """Write ``<output_dir>/<manifest_dir>/manifest.json`` beside the deployed graph and register the graph.
 
-    Raises NoDeployableVariant when no eligible variant has an ONNX graph.
+    Returns the manifest's path; raises NoDeployableVariant when no eligible variant has an ONNX graph.
     """
     deployed, why = deployable_choice(selection, variant_artifacts)
     source_graph = _graph(variant_artifacts, deployed)

@@ -8,7 +8,8 @@ Issue #4. The rule is data (conf/selection/default.yaml -> ``SelectionSettings``
    (``rtf_cpu_b1``): of the chain, the metric that the most variants passing the constraints have
    (the earlier one on equal counts); variants are never ranked on two different metrics, and one
    without the chosen metric is ineligible, with that reason;
-3. equal objectives are broken by ``tie_breakers``, then by the order of the rows (the order the run scored them: the reference first).
+3. equal objectives are broken by ``tie_breakers``, then by the order of the rows (the order the run
+   scored them: the reference first).
 
 The pipeline calls it after every variant is scored (``python -m compress +experiment=full``);
 compress/registration.py logs the decision and registers the champion's graph. For a reviewer:

@@ -118,6 +118,9 @@ def test_ties_go_to_the_tie_breaker_then_to_the_run_order():
     rows["original_onnx"]["rtf_cpu_b1"] = rows["int8_ort"]["rtf_cpu_b1"] = rows["teacher"]["rtf_cpu_b1"] = 0.05
     selection = select_champion(rows, default_settings(), "teacher")
     assert selection.ranking == ("int8_ort", "teacher", "original_onnx")  # size_mb 40 < 62.6 < 63.2
+    largest_first = select_champion(rows, default_settings(tie_breakers=(TieBreaker("size_mb", "maximize"),)),
+                                    "teacher")
+    assert largest_first.ranking == ("original_onnx", "teacher", "int8_ort")
     no_tie_breakers = select_champion(rows, default_settings(tie_breakers=()), "teacher")
     assert no_tie_breakers.ranking == ("teacher", "original_onnx", "int8_ort")  # the rows' order
     del rows["int8_ort"]["size_mb"]  # lacking a tie-breaker ranks after those that have it
@@ -229,8 +232,9 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
     assert manifest.variant == "original_onnx" and manifest.graph == "original_onnx.onnx"
     assert manifest.selection["champion"] == "int8_ort"
     assert "champion 'int8_ort' has no ONNX graph" in manifest.selection["why"]
-    assert manifest.selection["ineligible"] == {"pruned": ["dnsmos_p808 3.7 fails dnsmos_p808 >= teacher - 0.1 (= 3.8)"],
-                                                "fp16": ["no rtf_cpu_b1 (the objective)"]}
+    assert manifest.selection["ineligible"] == {
+        "pruned": ["dnsmos_p808 3.7 fails dnsmos_p808 >= teacher - 0.1 (= 3.8)"],
+        "fp16": ["no rtf_cpu_b1 (the objective)"]}
     assert manifest.mlflow_run_id == run_id and manifest.metrics == rows["original_onnx"]
 
     loaded = mlflow.onnx.load_model("models:/tts-compress-piper-joe@champion")
@@ -263,5 +267,6 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
 
 def test_no_graph_anywhere_is_reported_not_registered():
     selection = select_champion(rows_fixture(), SelectionSettings(), "teacher")
-    with pytest.raises(NoDeployableVariant, match=r"no eligible variant has an ONNX graph .*'int8_ort', 'original_onnx', 'teacher'"):
+    expected = r"no eligible variant has an ONNX graph .*'int8_ort', 'original_onnx', 'teacher'"
+    with pytest.raises(NoDeployableVariant, match=expected):
         deployable_choice(selection, {"teacher": {}, "pruned": {"onnx": Path("/nonexistent.onnx")}})
