@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compress.selection import SelectionSettings
+from export.settings import EngineSettings, ExportSettings
 from serve.settings import ServeSettings
 
 BASE_VARIANTS = ("original_onnx", "teacher")
@@ -110,9 +111,8 @@ class RunSettings:
     paths: PathSettings
     variants: tuple[str, ...] = field(default=BASE_VARIANTS)
     stages: dict = field(default_factory=dict)  # typed per stage by compress.stages.stage_settings
-    # Each is replaced by its owning module's settings dataclass as issues #4 and #5 fill them in.
-    export: dict = field(default_factory=dict)
-    engine: dict = field(default_factory=dict)
+    export: ExportSettings = field(default_factory=ExportSettings)  # export/settings.py
+    engine: EngineSettings = field(default_factory=EngineSettings)  # export/settings.py
     selection: SelectionSettings = field(default_factory=SelectionSettings)  # compress/selection.py
     serve: ServeSettings = field(default_factory=ServeSettings)  # serve/settings.py
 

@@ -17,32 +17,9 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from compress.settings import ConfigError
+from export.settings import OPTIMIZATION_LEVELS, OrtEngineSettings
 
 log = logging.getLogger(__name__)
-
-OPTIMIZATION_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-
-
-@dataclass(frozen=True)
-class OrtEngineSettings:
-    intra_op_threads: int = 2  # the project's CPU figures use 2 threads
-    inter_op_threads: int = 1  # one graph, run sequentially
-    graph_optimization_level: str = "all"  # disable | basic | extended | all
-    save_optimized: bool = True  # write the optimized model beside the graph (what ORT actually ran)
-
-    def __post_init__(self):
-        if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
-            raise ConfigError(f"engine.onnxruntime.graph_optimization_level={self.graph_optimization_level!r}: "
-                              f"use one of {sorted(OPTIMIZATION_LEVELS)}")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise ConfigError("engine.onnxruntime: thread counts must be >= 0 (0 lets onnxruntime choose)")
-
 
 @dataclass
 class OrtSession:

@@ -21,40 +21,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from compress.atomic_io import atomic_write
-from compress.settings import ConfigError
+from export.settings import TensorRTSettings, config_error
 
 EXIT_UNAVAILABLE = 2
-
-
-@dataclass(frozen=True)
-class TensorRTSettings:
-    workspace_mib: int = 4096
-    # Dim name (as the exporter names them: batch_size, phonemes, frames) -> [min, opt, max].
-    axis_ranges: dict = field(default_factory=lambda: {
-        "batch_size": [1, 4, 16],
-        "phonemes": [2, 64, 400],  # ids per sentence; the calibration set's longest is under 300
-        "frames": [2, 1024, 6400],  # phonemes x NoiseControl.max_frames_per_phoneme_id (16)
-    })
-    timing_cache: str | None = None  # path; created on first build
-    builder_optimization_level: int = 3  # TensorRT's default; 5 searches longest
-
-    def __post_init__(self):
-        if self.workspace_mib < 1:
-            raise ConfigError(f"engine.tensorrt.workspace_mib={self.workspace_mib}: must be >= 1")
-        if not 0 <= self.builder_optimization_level <= 5:
-            raise ConfigError(f"engine.tensorrt.builder_optimization_level={self.builder_optimization_level}: use 0-5")
-        for name, values in self.axis_ranges.items():
-            values = list(values)
-            if len(values) != 3 or any(not isinstance(v, int) or isinstance(v, bool) for v in values):
-                raise ConfigError(f"engine.tensorrt.axis_ranges.{name}={values}: give [min, opt, max] integers")
-            if not 1 <= values[0] <= values[1] <= values[2]:
-                raise ConfigError(f"engine.tensorrt.axis_ranges.{name}={values}: need 1 <= min <= opt <= max")
 
 
 @dataclass
@@ -83,7 +58,7 @@ def profile_shapes(model: onnx.ModelProto, axis_ranges: dict) -> dict[str, dict[
                     shape.append(dim.dim_value)
                 continue
             if not dim.dim_param or dim.dim_param not in axis_ranges:
-                raise ConfigError(f"input {graph_input.name!r} axis {axis} ({dim.dim_param or 'unnamed'}) is dynamic "
+                raise config_error(f"input {graph_input.name!r} axis {axis} ({dim.dim_param or 'unnamed'}) is dynamic "
                                   f"but engine.tensorrt.axis_ranges has no range for it; named: {sorted(axis_ranges)}")
             for level, value in zip(("min", "opt", "max"), axis_ranges[dim.dim_param]):
                 per_level[level].append(int(value))
