@@ -14,7 +14,7 @@ from export.settings import EngineSettings, ExportSettings
 from serve.settings import ServeSettings
 
 BASE_VARIANTS = ("original_onnx", "teacher")
-STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned")  # compress/stages.py builds these
+STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
 NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from compress import half_precision, int8_onnxruntime, prune
+from compress import half_precision, int8_modelopt, int8_onnxruntime, prune
 from compress.settings import ConfigError
 
 
@@ -27,6 +27,10 @@ STAGES = {
     "bf16": StageSpec("teacher", "bf16", half_precision.HalfPrecisionSettings, half_precision.build, False),
     "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
     "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build),
+    # Fake quantization in PyTorch: CPU timing would measure quantize-dequantize overhead, not INT8
+    # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
+    "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,
+                               False),
 }
 
 
