@@ -315,9 +315,10 @@ def target_checks(levels: list[LevelReport], stream: str, comparison: list[dict]
     return checks
 
 
-async def run_loadtest(client, sentences: list[str], concurrency_levels: list[int], max_requests: int,
+async def run_loadtest(make_client, sentences: list[str], concurrency_levels: list[int], max_requests: int,
                        max_seconds: float, warmup_requests: int, ready_timeout_s: float) -> list[LevelReport]:
-    """Wait for readiness, warm up, then run each level; closes ``client``."""
+    """Wait for readiness, warm up, then run each level with ``make_client()`` (made inside the loop)."""
+    client = make_client()
     try:
         ready_by = time.perf_counter() + ready_timeout_s
         while not await client.ready():
@@ -338,8 +339,8 @@ def print_table(report: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"load test: {report['url']} ({report['mode']}, stream={report['stream']})")
-    for column in ("concurrency", "ok/sent", "req/s", "p50 ms", "p95 ms", "p99 ms", "TTFA p50 ms", "errors"):
-        table.add_column(column, justify="right")
+    for column in ("conc", "ok/sent", "req/s", "p50 ms", "p95 ms", "p99 ms", "TTFA p50", "errors"):
+        table.add_column(column, justify="right", no_wrap=True)
 
     def ms(value):
         return "-" if value is None else f"{value:.1f}"
@@ -397,11 +398,13 @@ def main(argv: list[str] | None = None) -> dict:
     sentences = pick_sentences(args.min_words, args.max_words)
     started_unix_s = time.time()
     if args.triton:
-        client = TritonSpeechClient(args.url, args.triton_model, args.timeout_s)
+        def make_client():
+            return TritonSpeechClient(args.url, args.triton_model, args.timeout_s)
     else:
-        client = HttpSpeechClient(args.url, max(levels), args.model, args.voice, args.response_format,
-                                  args.stream, args.timeout_s)
-    reports = asyncio.run(run_loadtest(client, sentences, levels, args.requests, args.max_seconds,
+        def make_client():
+            return HttpSpeechClient(args.url, max(levels), args.model, args.voice, args.response_format,
+                                    args.stream, args.timeout_s)
+    reports = asyncio.run(run_loadtest(make_client, sentences, levels, args.requests, args.max_seconds,
                                        args.warmup, args.ready_timeout_s))
     comparison = compare(reports, json.loads(args.baseline.read_text(encoding="utf-8"))) if args.baseline else []
     report = {
