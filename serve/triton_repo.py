@@ -105,7 +105,7 @@ def model_config(name: str, platform: str, graph: onnx.ModelProto, batching: Bat
     ]
     if "sid" in graph_inputs:
         inputs.append(_tensor("sid", "TYPE_INT64", [], batch_only=True))  # (B,) speaker ids
-    config = {
+    return {
         "name": name,
         **({"backend": "onnxruntime"} if platform == "onnxruntime_onnx" else {"platform": platform}),
         "max_batch_size": batching.max_batch_size,
@@ -120,7 +120,6 @@ def model_config(name: str, platform: str, graph: onnx.ModelProto, batching: Bat
         },
         "instance_group": [{"count": batching.instances, "kind": INSTANCE_KINDS[batching.instance_kind]}],
     }
-    return config
 
 
 def to_pbtxt(message: dict, indent: int = 0) -> str:
@@ -202,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         preferred = tuple(int(size) for size in args.preferred_batch_sizes.split(","))
     except ValueError:
-        parser.error(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: give integers joined by commas, e.g. 4,8,16")
+        parser.error(f"--preferred-batch-sizes {args.preferred_batch_sizes!r}: "
+                     "give integers joined by commas, e.g. 4,8,16")
     batching = BatchingSettings(args.max_batch_size, preferred, args.max_queue_delay_us,
                                 args.instance_kind, args.instances)
     variant = load_variant_graph(args.manifest, args.variant, args.voice)

@@ -9,6 +9,7 @@ From the main environment, ``test_in_pytriton_venv`` runs this file in that venv
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import signal
 import socket
@@ -22,13 +23,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYTRITON_PYTHON = Path(os.environ.get("PYTRITON_PYTHON", REPO_ROOT / ".venv-pytriton" / "bin" / "python"))
-try:
-    import pytriton  # noqa: F401
-    import tritonclient.http.aio  # noqa: F401
-
-    IN_PYTRITON_ENV = True
-except ImportError:
-    IN_PYTRITON_ENV = False
+IN_PYTRITON_ENV = all(importlib.util.find_spec(name) is not None for name in ("pytriton", "tritonclient"))
 
 needs_pytriton = pytest.mark.skipif(not IN_PYTRITON_ENV, reason="runs inside .venv-pytriton (see the module docstring)")
 QUEUE_DELAY_US = 300_000  # long enough that requests sent together always meet in one batch
