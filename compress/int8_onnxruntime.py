@@ -375,12 +375,16 @@ def speed_check(fp32_voice: PiperOnnxRuntimeVoice, int8_voice: PiperOnnxRuntimeV
             "stage_check_speedup_vs_fp32": compute_s["fp32"] / compute_s["int8"]}
 
 
-def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Variant:
-    """The ``int8_ort`` variant of the ``original_onnx`` variant ``source``; reuses finished files in ctx.work_dir."""
-    if not isinstance(source.model, PiperOnnxRuntimeVoice) or source.model.graph_path != source.model.files.onnx_path:
+def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant_name: str = VARIANT_NAME) -> Variant:
+    """An INT8 variant of the onnxruntime variant ``source``; reuses finished files in ctx.work_dir.
+
+    ``source``: the voice's original graph (``original_onnx`` -> ``int8_ort``), or a graph exported
+    in the same contract (``lite_ort`` -> ``lite_int8``).
+    """
+    if not isinstance(source.model, PiperOnnxRuntimeVoice):
         raise ValueError(
-            f"int8_onnxruntime.build: source {source.name!r} is not a voice's original graph; "
-            "give the original_onnx variant (a PiperOnnxRuntimeVoice without graph_path)"
+            f"int8_onnxruntime.build: source {source.name!r} runs on {source.engine!r}; give an onnxruntime "
+            "variant (original_onnx, or lite_ort)"
         )
     if len(ctx.calibration_sequences) < max(settings.calibration_sentences, settings.sensitivity_sentences,
                                             settings.speed_check_sentences):
@@ -393,7 +397,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Vari
     work_dir = Path(ctx.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     voice_name = source.model.voice
-    graph_sha = _file_sha256(source.model.files.onnx_path)
+    graph_sha = _file_sha256(source.model.graph_path)
     calibration_texts = [s.text for s in ctx.calibration_sequences[: settings.calibration_sentences]]
     sensitivity_texts = [s.text for s in ctx.calibration_sequences[: settings.sensitivity_sentences]]
     calibration_key = _hash(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,
@@ -401,8 +405,8 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Vari
     sensitivity_key = _hash(calibration_key, settings.per_channel, settings.activation_symmetric,
                             sensitivity_texts, settings.exclude_blocks, settings.sensitivity_blocks)
     model_key = _hash(sensitivity_key, dataclasses.asdict(settings))
-    model_path = work_dir / f"{VARIANT_NAME}-{model_key}.onnx"
-    manifest_path = work_dir / f"{VARIANT_NAME}-{model_key}.json"
+    model_path = work_dir / f"{variant_name}-{model_key}.onnx"
+    manifest_path = work_dir / f"{variant_name}-{model_key}.json"
     sensitivity_json = work_dir / f"sensitivity-{sensitivity_key}.json"
     sensitivity_csv = work_dir / f"sensitivity-{sensitivity_key}.csv"
     artifacts = {"int8_onnx": model_path, "manifest": manifest_path,
@@ -415,7 +419,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext) -> Vari
         write_text_atomic(manifest_path, json.dumps(manifest, indent=1))
     int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
     return Variant(
-        name=VARIANT_NAME, model=int8_voice, engine="onnxruntime", device="cpu",
+        name=variant_name, model=int8_voice, engine="onnxruntime", device="cpu",
         params_m=source.params_m,  # quantization stores the same weights in fewer bits
         size_mb=file_size_mb(model_path),
         stage_metrics=manifest["stage_metrics"], stage_tags=manifest["stage_tags"], artifacts=artifacts,
@@ -427,7 +431,8 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
                     model_path: Path, sensitivity_json: Path, sensitivity_csv: Path) -> dict:
     """Calibrate (or reuse the ranges), measure blocks (or reuse the table), quantize; returns the manifest."""
     voice_name = source.model.voice
-    graph_path = _prepared_graph(source.model, work_dir, graph_sha)
+    original = source.model.graph_path == source.model.files.onnx_path
+    graph_path = _prepared_graph(source.model, work_dir, graph_sha) if original else source.model.graph_path
     graph = onnx.load(str(graph_path), load_external_data=False)
     blocks = quantizable_blocks(graph, settings.op_types)
     for name in ("exclude_blocks", "sensitivity_blocks"):

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from compress.atomic_io import write_text_atomic
+from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
 from compress.tracking import log_variant_run, start_parent_run
@@ -26,6 +27,9 @@ TABLE_COLUMNS = (
     "params_m", "size_mb", "rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
     "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim",
 )
+
+
+QUALITY_COLUMNS = ("params_m", "size_mb", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim")
 
 
 def load_gpu_results(path: str | None) -> dict:
@@ -79,20 +83,28 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     rows: dict[str, dict[str, float]] = {}
     built: dict[str, Variant] = {}
     reference: VariantEvaluation | None = None
-    evaluation_set = recognizer = calibration = None
+    evaluation_set = recognizer = None
+    calibration: list | None = None
+
+    def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
+        nonlocal calibration
+        if calibration is None:
+            calibration = [seq for sentence in load_sentences(settings.data.calibration_set)
+                           for seq in built[reference_name].model.text_to_sequences(sentence)]
+        return calibration
+
     with start_parent_run(settings.tracking.tracking_uri, settings.tracking.experiment_name,
                           f"compress:{'+'.join(settings.variants)}", resolved_config, config_path,
                           settings.paths.root):
         for name in ordered:
             if name in STAGES:
                 spec = STAGES[name]
-                if calibration is None:
-                    calibration = [seq for sentence in load_sentences(settings.data.calibration_set)
-                                   for seq in built[reference_name].model.text_to_sequences(sentence)]
-                context = StageContext(calibration, Path(settings.paths.output_dir) / "stages" / name,
-                                       settings.evaluate.cpu_threads, Path(settings.paths.cache_dir))
+                context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
+                                       settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
+                                       settings.model.voice)
                 context.work_dir.mkdir(parents=True, exist_ok=True)
-                variant = spec.build(built[spec.source], settings.stages[spec.settings_key], context)
+                stage_settings = settings.stages[spec.settings_key] if spec.settings_key else None
+                variant = spec.build(built[spec.source], stage_settings, context)
             else:
                 variant = build_variant(name, settings)
             built[name] = variant
@@ -104,16 +116,23 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                                       None if name == reference_name else reference, recognizer, timed)
             if name == reference_name:
                 reference = result
-            metrics = {**variant.stage_metrics, **result.metrics, **gpu.get("variants", {}).get(name, {})}
+            # Every variant's deployable graph, its checks and (torch variants) its parity; later
+            # stages (lite_ort) start from it.
+            graph_metrics, graph_tags, graph_artifacts = variant_graph(
+                variant, settings, calibration_sequences(), Path(settings.paths.output_dir) / "graphs" / name)
+            variant.artifacts.update(graph_artifacts)
+            metrics = {**variant.stage_metrics, **result.metrics, **graph_metrics,
+                       **gpu.get("variants", {}).get(name, {})}
             tags = {"engine": variant.engine, "device": variant.device,
                     "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
-                    "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags}
+                    "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
             if name in gpu.get("variants", {}):
                 tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
             log_variant_run(name, metrics, tags, result.waveforms,
                             [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
                             settings.evaluate.audio_samples, variant.artifacts)
             rows[name] = metrics
+        _log_engine_runs(gpu, rows)
         table = results_markdown(rows)
         write_text_atomic(run_dir / "results.md", table)
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
@@ -125,6 +144,28 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     _print_table(rows)
     print(selection_summary)
     return rows
+
+
+def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
+    """One nested run per (variant x engine) the GPU call measured (evaluate/gpu_engines.py).
+
+    Metric names are the variants' own, so the MLflow UI compares pairs and variants alike: the
+    engine's speed, and the quality the same weights scored in this run (an engine runs the
+    variant's weights; its output SNR against eager is logged beside, ``snr_db_vs_eager``).
+    """
+    from evaluate.gpu_results import PIPELINE_NAMES
+
+    for pair, figures in gpu.get("engines", {}).items():
+        engine_variant, engine = pair.split("/")
+        variant = PIPELINE_NAMES.get(engine_variant)
+        if variant not in rows or "error" in figures:
+            continue
+        quality = {k: rows[variant][k] for k in QUALITY_COLUMNS if k in rows[variant]}
+        speed = {k: float(v) for k, v in figures.items() if isinstance(v, (int, float))}
+        with mlflow.start_run(run_name=f"{engine_variant}@{engine}", nested=True):
+            mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
+                             "gpu_machine": gpu["machine"].get("gpu", "unknown")})
+            mlflow.log_metrics({**quality, **speed})
 
 
 def _recognizer(settings: RunSettings, texts: list[str]):

@@ -14,7 +14,7 @@ from export.settings import EngineSettings, ExportSettings
 from serve.settings import ServeSettings
 
 BASE_VARIANTS = ("original_onnx", "teacher")
-STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt")  # compress/stages.py builds these
+STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt", "lite", "lite_ort", "lite_int8")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
 NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")
@@ -124,6 +124,8 @@ class RunSettings:
             raise ConfigError(
                 f"evaluate.reference_variant={self.evaluate.reference_variant!r} is not among variants {list(self.variants)}"
             )
+        if "lite_ort" in self.variants and not self.export.enabled:
+            raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")
 
 
 def _build(cls, values: Any, where: str):

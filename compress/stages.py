@@ -7,17 +7,18 @@ and are checked at start, before any work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
-from compress import half_precision, int8_modelopt, int8_onnxruntime, prune
+from compress import distil, half_precision, int8_modelopt, int8_onnxruntime, onnxruntime_variant, prune
 from compress.settings import ConfigError
 
 
 @dataclass(frozen=True)
 class StageSpec:
     source: str  # the variant the stage starts from
-    settings_key: str  # its settings: stages.<settings_key>
-    settings_class: type
+    settings_key: str | None  # its settings: stages.<settings_key>; None for a stage with no settings
+    settings_class: type | None
     build: Callable
     timed_on_cpu: bool = True  # False for GPU-only precisions: CPU fp16 kernels are not what ships
 
@@ -27,6 +28,11 @@ STAGES = {
     "bf16": StageSpec("teacher", "bf16", half_precision.HalfPrecisionSettings, half_precision.build, False),
     "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
     "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build),
+    "lite": StageSpec("teacher", "distil", distil.DistilSettings, distil.build),
+    # The Lite student's exported graph in onnxruntime, then that graph in INT8 (same settings as int8_ort).
+    "lite_ort": StageSpec("lite", None, None, onnxruntime_variant.build),
+    "lite_int8": StageSpec("lite_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
+                           partial(int8_onnxruntime.build, variant_name="lite_int8")),
     # Fake quantization in PyTorch: CPU timing would measure quantize-dequantize overhead, not INT8
     # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
     "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,
@@ -43,6 +49,8 @@ def stage_settings(variants: tuple[str, ...], raw: dict) -> dict[str, object]:
             continue
         if spec.source not in variants:
             raise ConfigError(f"variant {name!r} is built from {spec.source!r}: list {spec.source!r} in variants too")
+        if spec.settings_key is None:
+            continue
         values = raw.get(spec.settings_key)
         if not isinstance(values, dict):
             raise ConfigError(f"variant {name!r} needs settings under stages.{spec.settings_key}")

@@ -39,6 +39,7 @@ class StageContext:
     work_dir: Path  # the stage's artifacts; a finished artifact found here is reused (resume)
     cpu_threads: int
     cache_dir: Path
+    voice: str = "bundled:joe"  # the run's voice (model.voice): its frontend and config, for graph variants
 
 
 def build_variant(name: str, settings: RunSettings) -> Variant:

@@ -87,6 +87,7 @@ PARITY_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 class ExportSettings:
     """conf/export/default.yaml: what export_variant does for each torch variant."""
 
+    enabled: bool = True  # false: torch variants get no graph (the debug preset: export costs 20-35 s each)
     opset: int = 18  # torch 2.13's dynamo exporter emits 18 whatever is asked
     simplify: bool = True  # try onnxsim and onnxslim, keep the smallest graph that still matches
     simplify_tolerance_of_peak: float = 1e-5  # a simplified graph may move outputs this much, relative to peak

@@ -1,0 +1,99 @@
+"""HiFi-GAN's adversarial terms for the Lite student: multi-period and multi-scale discriminators.
+
+Spectral losses alone leave a student's audio slightly buzzy and smeared (DNSMOS 3.28 against the
+teacher's 3.94 on 12 eval sentences after 9,300 steps); a short adversarial fine-tune is the
+standard cure. The teacher's audio is the "real" side, so the student learns the teacher's sound.
+
+    discriminator = HifiGanDiscriminator()
+    d_loss = discriminator_loss(discriminator(real.detach()), discriminator(fake.detach()))
+    adv, fm = generator_losses(discriminator(real), discriminator(fake))
+
+Shapes follow HiFi-GAN (periods 2, 3, 5, 7, 11; three scales) with half its channel counts:
+the student is small and the fine-tune is short.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+SLOPE = 0.1
+
+
+class PeriodDiscriminator(nn.Module):
+    """Folds (B, 1, T) into (B, 1, T / p, p) and convolves along time only, so each column is one phase."""
+
+    def __init__(self, period: int, channels: tuple[int, ...] = (16, 64, 256, 512, 512)):
+        super().__init__()
+        self.period = period
+        layers, previous = [], 1
+        for i, ch in enumerate(channels):
+            stride = 3 if i < len(channels) - 1 else 1
+            layers.append(nn.utils.parametrizations.weight_norm(nn.Conv2d(previous, ch, (5, 1), (stride, 1), (2, 0))))
+            previous = ch
+        self.convs = nn.ModuleList(layers)
+        self.post = nn.utils.parametrizations.weight_norm(nn.Conv2d(previous, 1, (3, 1), 1, (1, 0)))
+
+    def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        batch, _, length = audio.shape
+        pad = (-length) % self.period
+        x = F.pad(audio, (0, pad), mode="reflect").view(batch, 1, (length + pad) // self.period, self.period)
+        features = []
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), SLOPE)
+            features.append(x)
+        x = self.post(x)
+        features.append(x)
+        return x.flatten(1), features
+
+
+class ScaleDiscriminator(nn.Module):
+    """Grouped 1-D convolutions over the waveform at one (average-pooled) scale."""
+
+    def __init__(self):
+        super().__init__()
+        specs = [(1, 64, 15, 1, 1), (64, 64, 41, 4, 4), (64, 128, 41, 4, 16), (128, 256, 41, 4, 16),
+                 (256, 512, 41, 4, 16), (512, 512, 5, 1, 1)]  # (in, out, kernel, stride, groups)
+        self.convs = nn.ModuleList(
+            nn.utils.parametrizations.weight_norm(nn.Conv1d(i, o, k, s, groups=g, padding=k // 2))
+            for i, o, k, s, g in specs
+        )
+        self.post = nn.utils.parametrizations.weight_norm(nn.Conv1d(512, 1, 3, 1, padding=1))
+
+    def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x, features = audio, []
+        for conv in self.convs:
+            x = F.leaky_relu(conv(x), SLOPE)
+            features.append(x)
+        x = self.post(x)
+        features.append(x)
+        return x.flatten(1), features
+
+
+class HifiGanDiscriminator(nn.Module):
+    """All sub-discriminators: (B, T) waveform -> list of (score, feature maps)."""
+
+    def __init__(self, periods: tuple[int, ...] = (2, 3, 5, 7, 11), scales: int = 3):
+        super().__init__()
+        self.period_discriminators = nn.ModuleList(PeriodDiscriminator(p) for p in periods)
+        self.scale_discriminators = nn.ModuleList(ScaleDiscriminator() for _ in range(scales))
+
+    def forward(self, audio: torch.Tensor) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        x = audio.unsqueeze(1)  # (B, 1, T)
+        outputs = [d(x) for d in self.period_discriminators]
+        for i, d in enumerate(self.scale_discriminators):
+            outputs.append(d(x if i == 0 else F.avg_pool1d(x, 4 * i, 2 * i, padding=2 * i)))
+        return outputs
+
+
+def discriminator_loss(real: list, fake: list) -> torch.Tensor:
+    """Least-squares GAN: real scores toward 1, fake toward 0."""
+    return sum(torch.mean((1 - r) ** 2) + torch.mean(f**2) for (r, _), (f, _) in zip(real, fake))
+
+
+def generator_losses(real: list, fake: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """(adversarial, feature matching): fake scores toward 1; L1 between feature maps (real detached)."""
+    adversarial = sum(torch.mean((1 - f) ** 2) for f, _ in fake)
+    matching = sum(F.l1_loss(fm, rm.detach()) for (_, r_maps), (_, f_maps) in zip(real, fake)
+                   for rm, fm in zip(r_maps, f_maps))
+    return adversarial, matching
