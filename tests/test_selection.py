@@ -270,3 +270,14 @@ def test_no_graph_anywhere_is_reported_not_registered():
     expected = r"no eligible variant has an ONNX graph .*'int8_ort', 'original_onnx', 'teacher'"
     with pytest.raises(NoDeployableVariant, match=expected):
         deployable_choice(selection, {"teacher": {}, "pruned": {"onnx": Path("/nonexistent.onnx")}})
+
+
+def test_cpu_selection_preset_ranks_on_the_cpu_rtf_only(debug_config):
+    """selection=cpu: the run's own figures (docs/results/full_2026-11-30_harvard50.json) pick the CPU champion."""
+    settings = settings_from_config(debug_config("selection=cpu"))
+    assert (settings.selection.objective.metric, tuple(settings.selection.objective.fallbacks)) == ("rtf_cpu_b1", ())
+    rows = json.loads((Path(__file__).parent.parent / "docs/results/full_2026-11-30_harvard50.json").read_text())
+    selection = select_champion(rows, settings.selection, "teacher")
+    # GPU-only variants drop out for want of a CPU figure; the Lite variants fail DNSMOS.
+    assert selection.champion == "int8_ort"
+    assert selection.ranking == ("int8_ort", "original_onnx", "teacher")
