@@ -283,6 +283,8 @@ def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, ca
 
 def build(teacher, settings: DistilSettings, ctx):
     """The ``lite`` variant: the teacher's encoder and duration predictor + the Lite flow and decoder."""
+    # Imported here: the GPU machine runs this module's `train` command with torch alone, and
+    # these pull in the voice loader and the evaluation stack.
     from compress.variants import Variant
     from evaluate.memory import parameter_count, state_dict_size_mb
     from models.piper.voice import PiperVoice
