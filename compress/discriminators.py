@@ -20,6 +20,17 @@ from torch.nn import functional as F
 SLOPE = 0.1
 
 
+def _score(convs: nn.ModuleList, post: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(flattened scores, every layer's feature map) of a conv stack; the maps feed feature matching."""
+    features = []
+    for conv in convs:
+        x = F.leaky_relu(conv(x), SLOPE)
+        features.append(x)
+    x = post(x)
+    features.append(x)
+    return x.flatten(1), features
+
+
 class PeriodDiscriminator(nn.Module):
     """Folds (B, 1, T) into (B, 1, T / p, p) and convolves along time only, so each column is one phase."""
 
@@ -38,13 +49,7 @@ class PeriodDiscriminator(nn.Module):
         batch, _, length = audio.shape
         pad = (-length) % self.period
         x = F.pad(audio, (0, pad), mode="reflect").view(batch, 1, (length + pad) // self.period, self.period)
-        features = []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), SLOPE)
-            features.append(x)
-        x = self.post(x)
-        features.append(x)
-        return x.flatten(1), features
+        return _score(self.convs, self.post, x)
 
 
 class ScaleDiscriminator(nn.Module):
@@ -61,13 +66,7 @@ class ScaleDiscriminator(nn.Module):
         self.post = nn.utils.parametrizations.weight_norm(nn.Conv1d(512, 1, 3, 1, padding=1))
 
     def forward(self, audio: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        x, features = audio, []
-        for conv in self.convs:
-            x = F.leaky_relu(conv(x), SLOPE)
-            features.append(x)
-        x = self.post(x)
-        features.append(x)
-        return x.flatten(1), features
+        return _score(self.convs, self.post, audio)
 
 
 class HifiGanDiscriminator(nn.Module):

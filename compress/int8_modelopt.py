@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import dataclasses
 import fnmatch
 import hashlib
@@ -66,8 +65,9 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from compress.atomic_io import atomic_write, write_text_atomic
+from compress.atomic_io import atomic_write
 from compress.int8_onnxruntime import block_of
+from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from compress.settings import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
@@ -284,8 +284,6 @@ def _degradation(voice: PiperVoice, sequences: list[PhonemeSequence], noises: li
             "snr_db": float(np.mean(snrs_db)) if snrs_db else None, "duration_changes": duration_changes}
 
 
-def _hash(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _weights_digest(module: nn.Module) -> str:
@@ -337,21 +335,6 @@ def _fp32_reason(row: dict, modules: dict[str, nn.Module], settings: Int8Modelop
     return ""
 
 
-def _write_sensitivity(rows: list[dict], key: str, json_path: Path, csv_path: Path) -> None:
-    write_text_atomic(json_path, json.dumps({"key": key, "blocks": rows}, indent=1))
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(csv_path, text.getvalue())
-
-
-def _read_keyed_json(path: Path, key: str) -> dict | None:
-    """The JSON at ``path`` if it was written for ``key`` (same inputs), else None."""
-    if not path.is_file():
-        return None
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    return payload if payload.get("key") == key else None
 
 
 def qdq_summary(graph_path: Path) -> dict:
@@ -407,11 +390,11 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
     fp32 = teacher.model if teacher.device == "cpu" else copy.deepcopy(voice)  # the reference, same device
     calibration = ctx.calibration_sequences[: settings.calibration_sentences]
     sensitivity = ctx.calibration_sequences[: settings.sensitivity_sentences]
-    calibration_key = _hash(_weights_digest(voice), modelopt.__version__, torch.__version__, settings.calibrator,
+    calibration_key = inputs_key(_weights_digest(voice), modelopt.__version__, torch.__version__, settings.calibrator,
                             settings.percentile, settings.per_channel_weights, [s.text for s in calibration])
-    sensitivity_key = _hash(calibration_key, settings.parts, settings.keep_higher_precision,
+    sensitivity_key = inputs_key(calibration_key, settings.parts, settings.keep_higher_precision,
                             settings.sensitivity_blocks, [s.text for s in sensitivity])
-    model_key = _hash(sensitivity_key, dataclasses.asdict(settings))
+    model_key = inputs_key(sensitivity_key, dataclasses.asdict(settings))
     sensitivity_json = work_dir / f"sensitivity-{sensitivity_key}.json"
     sensitivity_csv = work_dir / f"sensitivity-{sensitivity_key}.csv"
 
@@ -438,7 +421,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
                          f"parts {list(settings.parts)} have {list(blocks)}")
     noises = _noises(len(sensitivity))
     references = synthesize_each(fp32, sensitivity, noises)
-    table = _read_keyed_json(sensitivity_json, sensitivity_key)
+    table = read_keyed_json(sensitivity_json, sensitivity_key)
     start = time.perf_counter()
     if table is None:
         rows = _sensitivity(voice, blocks, settings, sensitivity, references)
@@ -448,7 +431,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
     sensitivity_s = time.perf_counter() - start
     for row in rows:
         row["fp32_reason"] = _fp32_reason(row, blocks[row["block"]], settings)
-    _write_sensitivity(rows, sensitivity_key, sensitivity_json, sensitivity_csv)
+    write_sensitivity_table(rows, sensitivity_key, sensitivity_json, sensitivity_csv)
     int8_blocks = [row["block"] for row in rows if not row["fp32_reason"]]
     fp32_blocks = [row["block"] for row in rows if row["fp32_reason"]]
     if not int8_blocks:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import hashlib
 import io
@@ -69,6 +68,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
 from compress.atomic_io import write_text_atomic
+from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
@@ -200,8 +200,6 @@ def sentence_requests(sequences: list[PhonemeSequence]) -> list[SynthesisRequest
             for i, sequence in enumerate(sequences)]
 
 
-def _hash(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _file_sha256(path: Path) -> str:
@@ -212,12 +210,6 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _read_keyed_json(path: Path, key: str) -> dict | None:
-    """The JSON at ``path`` if it was written for ``key`` (same settings), else None."""
-    if not path.is_file():
-        return None
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    return payload if payload.get("key") == key else None
 
 
 @contextlib.contextmanager
@@ -337,13 +329,6 @@ def _fp32_reason(row: dict, settings: Int8OrtSettings) -> str:
     return ""
 
 
-def _write_sensitivity(rows: list[dict], key: str, json_path: Path, csv_path: Path) -> None:
-    write_text_atomic(json_path, json.dumps({"key": key, "blocks": rows}, indent=1))
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(csv_path, text.getvalue())
 
 
 def graph_quantization_counts(graph_path: Path, op_types: list[str]) -> tuple[int, int]:
@@ -400,11 +385,11 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
     graph_sha = _file_sha256(source.model.graph_path)
     calibration_texts = [s.text for s in ctx.calibration_sequences[: settings.calibration_sentences]]
     sensitivity_texts = [s.text for s in ctx.calibration_sequences[: settings.sensitivity_sentences]]
-    calibration_key = _hash(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,
+    calibration_key = inputs_key(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,
                             calibration_texts)
-    sensitivity_key = _hash(calibration_key, settings.per_channel, settings.activation_symmetric,
+    sensitivity_key = inputs_key(calibration_key, settings.per_channel, settings.activation_symmetric,
                             sensitivity_texts, settings.exclude_blocks, settings.sensitivity_blocks)
-    model_key = _hash(sensitivity_key, dataclasses.asdict(settings))
+    model_key = inputs_key(sensitivity_key, dataclasses.asdict(settings))
     model_path = work_dir / f"{variant_name}-{model_key}.onnx"
     manifest_path = work_dir / f"{variant_name}-{model_key}.json"
     sensitivity_json = work_dir / f"sensitivity-{sensitivity_key}.json"
@@ -412,7 +397,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
     artifacts = {"int8_onnx": model_path, "manifest": manifest_path,
                  "sensitivity_json": sensitivity_json, "sensitivity_csv": sensitivity_csv}
 
-    manifest = _read_keyed_json(manifest_path, model_key) if model_path.is_file() else None
+    manifest = read_keyed_json(manifest_path, model_key) if model_path.is_file() else None
     if manifest is None:
         manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, calibration_key, sensitivity_key,
                                    model_key, model_path, sensitivity_json, sensitivity_csv)
@@ -451,7 +436,7 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
         calibration_s = _calibrate(graph_path, fp32_voice, calibration_requests, settings, calibration_cache)
 
     sensitivity_requests = sentence_requests(ctx.calibration_sequences[: settings.sensitivity_sentences])
-    table = _read_keyed_json(sensitivity_json, sensitivity_key)
+    table = read_keyed_json(sensitivity_json, sensitivity_key)
     start = time.perf_counter()
     if table is None:
         rows = _sensitivity(graph_path, blocks, settings, calibration_cache, fp32_voice, voice_name,
@@ -462,7 +447,7 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
     sensitivity_s = time.perf_counter() - start
     for row in rows:
         row["fp32_reason"] = _fp32_reason(row, settings)
-    _write_sensitivity(rows, sensitivity_key, sensitivity_json, sensitivity_csv)
+    write_sensitivity_table(rows, sensitivity_key, sensitivity_json, sensitivity_csv)
 
     fp32_blocks = [row["block"] for row in rows if row["fp32_reason"]]
     nodes_to_quantize = [node.name for row in rows if not row["fp32_reason"] for node in blocks[row["block"]]]

@@ -188,7 +188,7 @@ def main() -> None:
     sequences = [PhonemeSequence(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
     noises = [NoiseControl(seed=inputs["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = bundle["sample_rate_hz"]
-    half = lambda model: to_half_precision(copy.deepcopy(model), torch.float16, keep_fp32=("encoder", "duration"))
+    half = lambda model: to_half_precision(model, torch.float16, keep_fp32=("encoder", "duration"))  # a copy
 
     candidates = [  # (variant, engine, model factory, engine factory)
         ("teacher", "eager", lambda: teacher, EagerEngine),
