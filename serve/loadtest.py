@@ -4,6 +4,8 @@
         --max-seconds 60 --stream audio --out outputs/loadtest/batched.json
     python -m serve.loadtest --url http://127.0.0.1:8000 --concurrency 1,4,16 --requests 200 \
         --max-seconds 60 --baseline outputs/loadtest/unbatched.json --out outputs/loadtest/batched.json
+    python -m serve.loadtest --url http://127.0.0.1:8000 --concurrency 16,64,128 --requests 20000 \
+        --max-seconds 60 --processes 8 --out outputs/loadtest/h200.json
     .venv-pytriton/bin/python -m serve.loadtest --triton --url http://127.0.0.1:8010 --triton-model tts \
         --concurrency 1,4,16 --requests 200 --max-seconds 60 --out outputs/loadtest/pytriton.json
 
@@ -19,6 +21,17 @@ byte after the WAV header (``audio``, or the whole body when not streaming), the
 stream). Non-2xx answers are counted by status, transport failures by exception name.
 The report (JSON, written atomically) holds every level and the issue's targets; a table is printed.
 Only loopback hosts are accepted: this tool is not for loading other people's servers.
+
+One asyncio process can itself cap throughput at hundreds of requests/s, so ``--processes N``
+runs each level from N client processes (spawned once, kept across levels): process k gets the
+concurrency slots [lo_k, hi_k) of an even split (sizes differ by at most one; levels below N use
+only as many processes as slots) and the request indices i with i % concurrency in its slots, so
+every index keeps its sentence and seed and each process's share matches its concurrency. They
+start together behind a barrier, each honours ``--max-seconds`` from that start, and their
+outcomes are summarized as one level whose wall time is the longest process's. Every level
+reports ``client_cpu_utilisation``: the busiest client process's CPU seconds over its wall
+seconds (near 1.0, that process used a whole core and may be what limits the figures; with
+``--processes 1`` the process also holds anything else running in it).
 """
 from __future__ import annotations
 
@@ -27,11 +40,12 @@ import asyncio
 import base64
 import ipaddress
 import json
+import multiprocessing
 import socket
 import subprocess
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -50,6 +64,9 @@ TARGETS = {
     "ttfa_c1_streaming_ms_max": 20.0,
     "two_core_batching_throughput_ratio_min": 2.0,
 }
+
+
+CLIENT_CPU_WARN = 0.9  # a client process this busy may be the bottleneck, not the server
 
 
 class LoopbackOnlyError(ValueError):
@@ -122,6 +139,11 @@ class LevelReport:
     audio_bytes_total: int
     stopped_by: str  # "requests" or "time"
     observed_batch_size: dict[str, float | None] = field(default_factory=dict)
+    # The busiest client process's CPU seconds / its wall seconds: near 1.0 the client may be the limit.
+    client_cpu_utilisation: float | None = None
+    # One entry per client process that ran this level: concurrency, requests_sent, wall_s, cpu_s,
+    # cpu_utilisation.
+    client_processes: list[dict] = field(default_factory=list)
 
 
 def summarize(concurrency: int, outcomes: list[Outcome], wall_s: float, stopped_by: str) -> LevelReport:
@@ -248,27 +270,81 @@ class TritonSpeechClient:
         await self.client.close()
 
 
-async def run_level(client, sentences: list[str], concurrency: int, max_requests: int,
-                    max_seconds: float, first_seed: int = 0) -> LevelReport:
-    """``concurrency`` workers share at most ``max_requests`` requests; none starts after ``max_seconds``."""
+@dataclass
+class ShareResult:
+    """What one client process did in one level."""
+
+    outcomes: list[Outcome]
+    wall_s: float
+    cpu_s: float
+    stopped_by: str
+    concurrency: int
+
+    def process_row(self) -> dict:
+        return {"concurrency": self.concurrency, "requests_sent": len(self.outcomes), "wall_s": self.wall_s,
+                "cpu_s": self.cpu_s, "cpu_utilisation": self.cpu_s / self.wall_s if self.wall_s > 0 else None}
+
+
+async def run_share(client, sentences: list[str], concurrency: int, indices, max_seconds: float,
+                    first_seed: int = 0) -> ShareResult:
+    """``concurrency`` workers send the requests ``indices`` (in order); none starts after ``max_seconds``.
+
+    Request ``index`` speaks ``sentences[index % len(sentences)]`` with seed ``first_seed + index``.
+    """
     outcomes: list[Outcome] = []
     issued = 0
+    cpu_start = time.process_time()
     start = time.perf_counter()
     deadline = start + max_seconds
     stopped_by = "requests"
 
     async def worker():
         nonlocal issued, stopped_by
-        while issued < max_requests:
+        while issued < len(indices):
             if time.perf_counter() >= deadline:
                 stopped_by = "time"
                 return
-            index = issued
+            index = indices[issued]
             issued += 1
             outcomes.append(await client.speak(sentences[index % len(sentences)], first_seed + index))
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return summarize(concurrency, outcomes, time.perf_counter() - start, stopped_by)
+    wall_s = time.perf_counter() - start
+    return ShareResult(outcomes, wall_s, time.process_time() - cpu_start, stopped_by, concurrency)
+
+
+def merge_shares(concurrency: int, shares: list[ShareResult]) -> LevelReport:
+    """One level from the client processes' shares: summarize() over all outcomes, wall = the longest."""
+    level = summarize(concurrency, [outcome for share in shares for outcome in share.outcomes],
+                      max(share.wall_s for share in shares),
+                      "time" if any(share.stopped_by == "time" for share in shares) else "requests")
+    level.client_processes = [share.process_row() for share in shares]
+    utilisations = [row["cpu_utilisation"] for row in level.client_processes if row["cpu_utilisation"] is not None]
+    level.client_cpu_utilisation = max(utilisations) if utilisations else None
+    return level
+
+
+async def run_level(client, sentences: list[str], concurrency: int, max_requests: int,
+                    max_seconds: float, first_seed: int = 0) -> LevelReport:
+    """``concurrency`` workers share at most ``max_requests`` requests; none starts after ``max_seconds``."""
+    share = await run_share(client, sentences, concurrency, range(max_requests), max_seconds, first_seed)
+    return merge_shares(concurrency, [share])
+
+
+def split_level(concurrency: int, processes: int, max_requests: int) -> list[tuple[int, list[int]]]:
+    """(concurrency, request indices) per client process for one level; processes without a slot are left out.
+
+    The ``concurrency`` slots are split evenly (sizes differ by at most one, summing to ``concurrency``);
+    request i belongs to the process holding slot ``i % concurrency``, so the indices partition
+    ``range(max_requests)`` in proportion to each process's concurrency.
+    """
+    used = min(processes, concurrency)
+    sizes = [concurrency // used + (1 if k < concurrency % used else 0) for k in range(used)]
+    owner = [k for k, size in enumerate(sizes) for _ in range(size)]  # slot -> process
+    indices: list[list[int]] = [[] for _ in range(used)]
+    for index in range(max_requests):
+        indices[owner[index % concurrency]].append(index)
+    return list(zip(sizes, indices))
 
 
 def git_revision() -> str:
@@ -315,17 +391,21 @@ def target_checks(levels: list[LevelReport], stream: str, comparison: list[dict]
     return checks
 
 
+async def wait_ready(client, ready_timeout_s: float) -> None:
+    ready_by = time.perf_counter() + ready_timeout_s
+    while not await client.ready():
+        if time.perf_counter() > ready_by:
+            raise TimeoutError(f"server not ready after {ready_timeout_s:.0f} s (GET /readyz or Triton "
+                               "model readiness): is it running at --url?")
+        await asyncio.sleep(0.5)
+
+
 async def run_loadtest(make_client, sentences: list[str], concurrency_levels: list[int], max_requests: int,
                        max_seconds: float, warmup_requests: int, ready_timeout_s: float) -> list[LevelReport]:
     """Wait for readiness, warm up, then run each level with ``make_client()`` (made inside the loop)."""
     client = make_client()
     try:
-        ready_by = time.perf_counter() + ready_timeout_s
-        while not await client.ready():
-            if time.perf_counter() > ready_by:
-                raise TimeoutError(f"server not ready after {ready_timeout_s:.0f} s (GET /readyz or Triton "
-                                   "model readiness): is it running at --url?")
-            await asyncio.sleep(0.5)
+        await wait_ready(client, ready_timeout_s)
         for index in range(warmup_requests):
             await client.speak(sentences[index % len(sentences)], index)
         return [await run_level(client, sentences, concurrency, max_requests, max_seconds)
@@ -334,24 +414,147 @@ async def run_loadtest(make_client, sentences: list[str], concurrency_levels: li
         await client.close()
 
 
+def make_client(config: dict, concurrency: int):
+    """A client from a picklable description (``config``), so spawned processes can build their own."""
+    if config["mode"] == "triton":
+        return TritonSpeechClient(config["url"], config["triton_model"], config["timeout_s"])
+    return HttpSpeechClient(config["url"], concurrency, config["model"], config["voice"],
+                            config["response_format"], config["stream"], config["timeout_s"])
+
+
+def _client_process(conn, barrier, config: dict, concurrency: int, sentences: list[str],
+                    ready_timeout_s: float, barrier_timeout_s: float) -> None:
+    """A spawned client process: build a client, say "ready", then run each level's share it is sent."""
+    try:
+        asyncio.run(_client_process_loop(conn, barrier, config, concurrency, sentences, ready_timeout_s,
+                                         barrier_timeout_s))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which stops the run
+        try:
+            conn.send(("error", f"{type(error).__name__}: {error}"))
+        except (OSError, ValueError):
+            pass
+    finally:
+        conn.close()
+
+
+async def _client_process_loop(conn, barrier, config, concurrency, sentences, ready_timeout_s,
+                               barrier_timeout_s) -> None:
+    client = make_client(config, concurrency)
+    try:
+        await wait_ready(client, ready_timeout_s)  # also opens this process's first connection
+        conn.send(("ready", None))
+        while (job := conn.recv()) is not None:
+            share_concurrency, indices, max_seconds = job
+            barrier.wait(barrier_timeout_s)  # every process starts the level together
+            if not share_concurrency:
+                conn.send(("share", None))
+                continue
+            share = await run_share(client, sentences, share_concurrency, indices, max_seconds)
+            share.outcomes = [astuple(outcome) for outcome in share.outcomes]  # plain tuples travel lighter
+            conn.send(("share", asdict(share)))
+    finally:
+        await client.close()
+
+
+def _receive(conn, process, timeout_s: float, expect: str):
+    """The next message from a client process; RuntimeError when it failed, died or went silent."""
+    waited_until = time.monotonic() + timeout_s
+    while not conn.poll(0.2):
+        if not process.is_alive() and not conn.poll(0):
+            raise RuntimeError(f"{process.name} exited (code {process.exitcode}) without answering")
+        if time.monotonic() > waited_until:
+            raise RuntimeError(f"{process.name} sent nothing for {timeout_s:.0f} s")
+    try:
+        kind, payload = conn.recv()
+    except EOFError as error:
+        raise RuntimeError(f"{process.name} closed its pipe (code {process.exitcode})") from error
+    if kind == "error":
+        raise RuntimeError(f"{process.name} failed: {payload}")
+    if kind != expect:
+        raise RuntimeError(f"{process.name} sent {kind!r}, expected {expect!r}")
+    return payload
+
+
+def run_loadtest_processes(config: dict, sentences: list[str], concurrency_levels: list[int], max_requests: int,
+                           max_seconds: float, warmup_requests: int, ready_timeout_s: float,
+                           processes: int) -> list[LevelReport]:
+    """run_loadtest() with each level split over ``processes`` spawned client processes (see the docstring).
+
+    This process waits for readiness and sends the warm-up requests; the client processes, spawned
+    once, run every level and send back their outcomes, which are merged as one process's would be.
+    """
+    splits = {concurrency: split_level(concurrency, processes, max_requests) for concurrency in concurrency_levels}
+    used = max(len(split) for split in splits.values())
+    slots = [max((split[k][0] for split in splits.values() if k < len(split)), default=1) for k in range(used)]
+    context = multiprocessing.get_context("spawn")
+    barrier_timeout_s = ready_timeout_s + 120.0
+    barrier = context.Barrier(used)
+    workers, conns = [], []
+    try:
+        for k in range(used):
+            parent_end, child_end = context.Pipe()
+            worker = context.Process(target=_client_process, name=f"loadtest-client-{k}", daemon=True,
+                                     args=(child_end, barrier, config, slots[k], sentences, ready_timeout_s,
+                                           barrier_timeout_s))
+            worker.start()
+            child_end.close()
+            workers.append(worker)
+            conns.append(parent_end)
+        # Readiness and warm-up from here while the client processes start.
+        asyncio.run(run_loadtest(lambda: make_client(config, 1), sentences, [], max_requests, max_seconds,
+                                 warmup_requests, ready_timeout_s))
+        for conn, worker in zip(conns, workers):
+            _receive(conn, worker, ready_timeout_s + 120.0, "ready")
+        reports = []
+        for concurrency in concurrency_levels:
+            split = splits[concurrency]
+            for k, conn in enumerate(conns):
+                conn.send(split[k] + (max_seconds,) if k < len(split) else (0, [], max_seconds))
+            level_timeout_s = max_seconds + config["timeout_s"] + barrier_timeout_s + 60.0
+            shares = [_receive(conn, worker, level_timeout_s, "share") for conn, worker in zip(conns, workers)]
+            reports.append(merge_shares(concurrency, [
+                ShareResult(**{**share, "outcomes": [Outcome(*row) for row in share["outcomes"]]})
+                for share in shares if share is not None]))
+        for conn in conns:
+            conn.send(None)
+        for worker in workers:
+            worker.join(timeout=30)
+        return reports
+    finally:
+        for worker in workers:
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(timeout=10)
+        for conn in conns:
+            conn.close()
+
+
 def print_table(report: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"load test: {report['url']} ({report['mode']}, stream={report['stream']})")
-    for column in ("conc", "ok/sent", "req/s", "p50 ms", "p95 ms", "p99 ms", "TTFA p50", "errors"):
+    for column in ("conc", "ok/sent", "req/s", "p50 ms", "p95 ms", "p99 ms", "TTFA p50", "cpu", "errors"):
         table.add_column(column, justify="right", no_wrap=True)
 
     def ms(value):
         return "-" if value is None else f"{value:.1f}"
 
+    def percent(value):
+        return "-" if value is None else f"{100 * value:.0f}%"
+
     for level in report["levels"]:
         table.add_row(str(level["concurrency"]), f"{level['requests_ok']}/{level['requests_sent']}",
                       f"{level['throughput_rps']:.1f}", ms(level["latency_ms"]["p50"]),
                       ms(level["latency_ms"]["p95"]), ms(level["latency_ms"]["p99"]),
-                      ms(level["ttfa_ms"]["p50"]),
+                      ms(level["ttfa_ms"]["p50"]), percent(level.get("client_cpu_utilisation")),
                       ", ".join(f"{k}: {v}" for k, v in level["errors_by_status"].items()) or "-")
     Console().print(table)
+    busy = [level["concurrency"] for level in report["levels"]
+            if (level.get("client_cpu_utilisation") or 0.0) >= CLIENT_CPU_WARN]
+    if busy:
+        Console().print(f"[yellow]a client process used >= {100 * CLIENT_CPU_WARN:.0f} % of a core at concurrency "
+                        f"{', '.join(map(str, busy))}: the client may limit these figures; try more --processes")
 
 
 def parse_levels(text: str) -> list[int]:
@@ -377,6 +580,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--triton", action="store_true", help="drive a PyTriton model with tritonclient")
     parser.add_argument("--triton-model", default="tts", help="the Triton model name (serve/pytriton_server.py)")
     parser.add_argument("--warmup", type=int, default=4, help="requests sent and discarded before measuring")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="client processes per level (spawned); more when one process cannot keep up")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per request")
     parser.add_argument("--ready-timeout-s", type=float, default=60.0)
     parser.add_argument("--min-words", type=int, default=8)
@@ -393,19 +598,21 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(str(error))
     if args.requests < 1 or args.max_seconds <= 0:
         parser.error("--requests must be >= 1 and --max-seconds > 0")
+    if args.processes < 1:
+        parser.error("--processes must be >= 1")
     if args.triton and args.stream != "none":
         parser.error("--triton does not stream: leave --stream at none")
     sentences = pick_sentences(args.min_words, args.max_words)
     started_unix_s = time.time()
-    if args.triton:
-        def make_client():
-            return TritonSpeechClient(args.url, args.triton_model, args.timeout_s)
+    config = {"mode": "triton" if args.triton else "http", "url": args.url, "triton_model": args.triton_model,
+              "model": args.model, "voice": args.voice, "response_format": args.response_format,
+              "stream": args.stream, "timeout_s": args.timeout_s}
+    if args.processes == 1:
+        reports = asyncio.run(run_loadtest(lambda: make_client(config, max(levels)), sentences, levels,
+                                           args.requests, args.max_seconds, args.warmup, args.ready_timeout_s))
     else:
-        def make_client():
-            return HttpSpeechClient(args.url, max(levels), args.model, args.voice, args.response_format,
-                                    args.stream, args.timeout_s)
-    reports = asyncio.run(run_loadtest(make_client, sentences, levels, args.requests, args.max_seconds,
-                                       args.warmup, args.ready_timeout_s))
+        reports = run_loadtest_processes(config, sentences, levels, args.requests, args.max_seconds, args.warmup,
+                                         args.ready_timeout_s, args.processes)
     comparison = compare(reports, json.loads(args.baseline.read_text(encoding="utf-8"))) if args.baseline else []
     report = {
         "tool": "serve.loadtest", "label": args.label, "url": args.url,

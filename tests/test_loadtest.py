@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from serve.loadtest import (LoopbackOnlyError, Outcome, check_loopback, compare, main, percentiles_ms,
-                            pick_sentences, summarize)
+                            pick_sentences, split_level, summarize)
 
 DELAY_S = (0.05, 0.10, 0.15)  # the stub answers seed s after DELAY_S[s % 3]
 REJECTED_SEED_MOD = 7  # seeds s with s % 7 == 6 get 503 + Retry-After, as under backpressure
@@ -142,3 +142,47 @@ def test_baseline_comparison():
 def test_sentences_are_short_eval_sentences():
     sentences = pick_sentences(8, 12)
     assert len(sentences) > 50 and all(8 <= len(s.split()) <= 12 for s in sentences)
+
+
+def test_split_level_partitions_slots_and_requests():
+    for concurrency, processes, requests in [(3, 2, 14), (16, 4, 200), (1, 4, 5), (5, 3, 2), (7, 7, 7)]:
+        split = split_level(concurrency, processes, requests)
+        sizes = [size for size, _ in split]
+        assert len(split) == min(concurrency, processes) and sum(sizes) == concurrency
+        assert max(sizes) - min(sizes) <= 1
+        assert sorted(i for _, indices in split for i in indices) == list(range(requests))
+        assert all(indices == sorted(indices) for _, indices in split)
+    assert split_level(3, 2, 14) == [(2, [0, 1, 3, 4, 6, 7, 9, 10, 12, 13]), (1, [2, 5, 8, 11])]
+
+
+def test_two_client_processes_merge_into_one_level(stub_url, tmp_path):
+    report = main(["--url", stub_url, "--concurrency", "1,3", "--processes", "2", "--requests", "14",
+                   "--max-seconds", "30", "--warmup", "1", "--stream", "audio", "--out", str(tmp_path / "r.json"),
+                   "--no-table"])
+    assert report["settings"]["processes"] == "2"
+    single, split = report["levels"]
+    for level in (single, split):
+        assert level["requests_sent"] == 14 == level["requests_ok"] + sum(level["errors_by_status"].values())
+        assert level["stopped_by"] == "requests"
+        assert level["errors_by_status"] == {"503": 2}  # seeds 6 and 13, each sent once, whoever sent them
+        assert level["audio_bytes_total"] == 12 * 1644
+        assert level["throughput_rps"] == pytest.approx(12 / level["wall_s"])
+        rows = level["client_processes"]
+        assert sum(row["concurrency"] for row in rows) == level["concurrency"]
+        assert sum(row["requests_sent"] for row in rows) == 14
+        assert level["wall_s"] == max(row["wall_s"] for row in rows)
+        assert 0.0 <= level["client_cpu_utilisation"] == max(row["cpu_utilisation"] for row in rows)
+    assert [row["concurrency"] for row in single["client_processes"]] == [1]  # one slot, one process
+    assert [(row["concurrency"], row["requests_sent"]) for row in split["client_processes"]] == [(2, 10), (1, 4)]
+    assert split["ttfa_ms"]["p50"] >= 100.0  # the stub's p50 delay, first byte after the header
+    serial_s = sum(DELAY_S[seed % 3] for seed in range(14) if seed % 7 != 6)
+    assert split["wall_s"] < 0.9 * serial_s  # three at a time from two processes
+
+
+def test_client_processes_share_the_deadline(stub_url, tmp_path):
+    report = main(["--url", stub_url, "--concurrency", "2", "--processes", "2", "--requests", "1000",
+                   "--max-seconds", "0.3", "--warmup", "0", "--out", str(tmp_path / "r.json"), "--no-table"])
+    (level,) = report["levels"]
+    assert level["stopped_by"] == "time"
+    assert 2 <= level["requests_sent"] <= 12  # 0.3 s of 50-150 ms requests, one at a time in each of two
+    assert level["wall_s"] < 0.3 + 1.0  # the last ones start before 0.3 s and take at most 150 ms
