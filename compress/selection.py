@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
+if TYPE_CHECKING:  # matplotlib loads in pareto_figure: the server imports this module (via compress.settings)
+    from matplotlib.figure import Figure
 
 DIRECTIONS = ("minimize", "maximize")
 BOUND_SLACK = 1e-9  # bounds are inclusive; float rounding of `reference + offset` must not flip a boundary
@@ -287,6 +289,8 @@ def pareto_figure(rows: dict[str, dict[str, float]], x: str = "rtf_cpu_b1", y: s
     A variant without ``size`` is drawn hollow and smaller than any measured one. Save with ``fig.savefig(path)``;
     no pyplot state is touched, so it works on servers (Agg) and inline in notebooks.
     """
+    from matplotlib.figure import Figure  # lazy: a serving machine has no matplotlib
+
     front = pareto_front(rows, x, y, x_direction, y_direction)
     plotted = {n: m for n, m in rows.items() if _finite(m, x) is not None and _finite(m, y) is not None}
     sizes = {n: _finite(m, size) for n, m in plotted.items()} if size else {}

@@ -155,7 +155,10 @@ def settings_from_config(resolved: dict) -> RunSettings:
     """``resolved``: the run's config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``)."""
     resolved = {k: v for k, v in resolved.items() if k != "hydra"}
     settings = _build(RunSettings, resolved, "")
-    # Imported here: the stage modules import this module for ConfigError.
+    if not set(settings.variants) - set(BASE_VARIANTS):  # no stage runs: nothing to type (python -m serve)
+        return dataclasses.replace(settings, stages={})
+    # Imported here: the stage modules import this module for ConfigError, and they import the whole
+    # pipeline (librosa, mlflow, ...), which a serving machine does not carry.
     from compress.stages import stage_settings
 
     typed = stage_settings(settings.variants, settings.stages)

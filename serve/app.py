@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import numpy as np
 from fastapi import Depends, FastAPI, File, Form, Request, UploadFile
@@ -34,7 +34,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from evaluate.speaker import speaker_embedding
 from models.interface import NoiseControl
 from models.text.espeak_frontend import UnspeakableTextError
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
@@ -56,6 +55,7 @@ ZERO_SHOT_FAMILIES: tuple[str, ...] = ()  # families whose models take a referen
 EXPRESSIVE_FAMILIES: tuple[str, ...] = ()  # families that take emotion / prompt; none served yet
 UPLOAD_ID_PREFIX = "voice_"
 ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 500, 503, 504)}
+VOICE_UPLOAD_PACKAGES = "Resemblyzer and librosa"  # what POST /v1/voices needs beyond the serving wheels
 
 
 class RequestTimeout(Exception):
@@ -78,6 +78,15 @@ def _looks_like_path(value: str) -> bool:
     """A file path or URL (``/x``, ``..\\x``, ``~/x``, ``C:x``, ``file:x``, ``s3://x``): never opened, refused."""
     return (any(mark in value for mark in ("/", "\\", "..", "~")) or value.startswith(".")
             or re.match(r"^[A-Za-z]:", value) is not None or value.lower().startswith("file:"))
+
+
+def _speaker_encoder() -> Callable[..., np.ndarray]:
+    """``evaluate.speaker.speaker_embedding``, imported on the first upload (about 2 s, off the event loop)."""
+    # Lazy: resemblyzer (with librosa, scipy, webrtcvad) and torchmetrics are too heavy for a serving machine,
+    # which then answers POST /v1/voices 501 and serves speech as usual.
+    import librosa  # noqa: F401  decode_reference resamples with it
+    from evaluate.speaker import speaker_embedding
+    return speaker_embedding
 
 
 # espeak-ng, under every Piper frontend, keeps global state: one phonemization at a time per process.
@@ -363,7 +372,8 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
         return VoiceList(data=[builtin_voice(), *state.uploaded_voices.values()])
 
     @app.post("/v1/voices", response_model=VoiceObject, status_code=201, dependencies=[Depends(require_api_key)],
-              responses=ERROR_RESPONSES, summary="Upload a reference clip (zero-shot voice)")
+              responses={**ERROR_RESPONSES, 501: {"model": ErrorBody}},
+              summary="Upload a reference clip (zero-shot voice)")
     async def upload_voice(request: Request,
                            file: UploadFile = File(..., description=(
                                "The clip's bytes as a multipart file (WAV, FLAC or OGG; 1-30 s of speech, "
@@ -371,11 +381,18 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
                            name: str = Form("", max_length=200, description="A label for the voice.")) -> VoiceObject:
         """Decode and check the clip, compute its speaker embedding (resemblyzer, cached by sha256 of the
         bytes) and store it as ``voice_<hash>``. The piper family has no zero-shot voice: the voice is stored
-        and listed with ``usable: false``, and speech with it answers 400 ``zero_shot_unsupported``."""
+        and listed with ``usable: false``, and speech with it answers 400 ``zero_shot_unsupported``. A server
+        without resemblyzer and librosa answers 501 ``voice_upload_unavailable``."""
         declared_bytes = int(request.headers.get("content-length") or 0)
         if declared_bytes > settings.max_upload_bytes + 64_000:  # room for the multipart framing
             raise ApiError(413, f"the upload is {declared_bytes} bytes; the limit is {settings.max_upload_bytes}",
                            "upload_too_large")
+        try:
+            speaker_embedding = await asyncio.to_thread(_speaker_encoder)
+        except ModuleNotFoundError as error:
+            raise ApiError(501, f"voice uploads need the Python package {error.name!r}, which this server lacks: "
+                                f"install {VOICE_UPLOAD_PACKAGES} to take reference clips",
+                           "voice_upload_unavailable", "server_error") from error
         data = await file.read(settings.max_upload_bytes + 1)
         try:
             clip = await asyncio.to_thread(decode_reference, data, limits)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 
-import librosa
 import numpy as np
 import soundfile
 
@@ -83,5 +82,7 @@ def decode_reference(data: bytes, limits: UploadLimits) -> ReferenceClip:
         raise UploadRejected(f"{clipped_fraction:.1%} of the samples are clipped at full scale: "
                              "record with less gain", "clipped_audio")
     if sample_rate_hz != TARGET_SAMPLE_RATE_HZ:
+        import librosa  # lazy: heavy, and only uploads need it; the server imports this module at start
+
         waveform = librosa.resample(waveform, orig_sr=sample_rate_hz, target_sr=TARGET_SAMPLE_RATE_HZ)
     return ReferenceClip(waveform.astype(np.float32), sample_rate_hz, duration_s)
