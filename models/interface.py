@@ -36,8 +36,9 @@ class NoiseControl:
     """Everything random about synthesis, made explicit so two variants compare sample for sample.
 
     ``draw`` gives the standard-normal tensors a model scales and consumes: from a seed (a CPU
-    generator, identical on every device and engine), from explicit tensors, or from the
-    global RNG when ``seed`` is None. Scales of 0 make synthesis deterministic.
+    generator by default, identical on every device and engine; ``device=`` draws on that
+    device's generator instead, identical across engines on that device), from explicit
+    tensors, or from the global RNG when ``seed`` is None. Scales of 0 make synthesis deterministic.
     """
 
     noise_scale: float = 0.667  # prior noise; Piper's default
@@ -50,14 +51,20 @@ class NoiseControl:
     # because the frame count is only known after duration prediction.
     max_frames_per_phoneme_id: int = 16
 
-    def draw(self, batch: int, text_length: int, latent_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(duration_noise (B, 2, T_text), prior_noise (B, C_latent, T_frames_cap))."""
+    def draw(self, batch: int, text_length: int, latent_channels: int,
+             device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """(duration_noise (B, 2, T_text), prior_noise (B, C_latent, T_frames_cap)) on ``device``.
+
+        Why a device: the prior noise is ~16 frames x 192 channels per phoneme, millions of draws
+        for a batch; on a GPU engine drawing them on the host costs more than synthesis itself.
+        Explicit tensors are moved to ``device`` as given.
+        """
         if self.duration_noise is not None and self.prior_noise is not None:
-            return self.duration_noise, self.prior_noise
-        generator = None if self.seed is None else torch.Generator().manual_seed(self.seed)
+            return self.duration_noise.to(device), self.prior_noise.to(device)
+        generator = None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
         frames_cap = int(math.ceil(text_length * self.max_frames_per_phoneme_id * max(1.0, self.length_scale)))
-        duration_noise = torch.randn((batch, 2, text_length), generator=generator)
-        prior_noise = torch.randn((batch, latent_channels, frames_cap), generator=generator)
+        duration_noise = torch.randn((batch, 2, text_length), generator=generator, device=device)
+        prior_noise = torch.randn((batch, latent_channels, frames_cap), generator=generator, device=device)
         return duration_noise, prior_noise
 
 

@@ -94,11 +94,17 @@ _FRONTEND_LOCK = threading.Lock()
 
 
 def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[SentenceJob]]:
-    """One full batch per length bucket, each sentence exactly as long as the bucket's bound."""
+    """One full batch per length bucket, each sentence exactly as long as the bucket's bound.
+
+    A bucketed engine (torch_cuda_graphs, torch_aoti) captures one graph per batch size too, so
+    it gets a batch of every power of two up to the maximum as well."""
     with _FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids
-    return [[SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), bound)))] * settings.max_batch_size
-            for bound in settings.length_buckets]
+    sizes = [settings.max_batch_size]
+    if served.engine.startswith("torch_"):
+        sizes = list(settings.batch_buckets)
+    return [[SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), bound)))] * size
+            for bound in settings.length_buckets for size in sizes]
 
 
 def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
@@ -114,7 +120,7 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
                     served.model_id, served.engine)
 
     def run_batch(jobs: list[SentenceJob]) -> list[np.ndarray]:
-        return synthesize_jobs(served.model, jobs, served.latent_channels)
+        return synthesize_jobs(served.model, jobs, served.latent_channels, served.noise_device)
 
     def warm_up() -> None:
         for batch in warmup_batches(served, settings):

@@ -51,28 +51,31 @@ class SentenceJob:
     speaker_id: int | None = None
 
 
-def sentence_noise(job: SentenceJob, latent_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+def sentence_noise(job: SentenceJob, latent_channels: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(duration_noise (1, 2, T_text), prior_noise (1, C_lat, T_frames_cap)) of ``job`` alone.
 
     The same draw as an unbatched ``SynthesisRequest`` of this one sentence with
-    ``NoiseControl(seed=job.seed, ...)``, so batching cannot change the sentence's noise.
+    ``NoiseControl(seed=job.seed, ...)`` on ``device``, so batching cannot change the sentence's noise.
     """
     noise = NoiseControl(length_scale=job.scales.length_scale, seed=job.seed)
-    return noise.draw(1, len(job.phoneme_ids), latent_channels)
+    return noise.draw(1, len(job.phoneme_ids), latent_channels, device)
 
 
-def batch_request(jobs: list[SentenceJob], latent_channels: int) -> SynthesisRequest:
-    """One padded request for ``jobs`` (same scales), each with its own noise padded in."""
+def batch_request(jobs: list[SentenceJob], latent_channels: int, device: str = "cpu") -> SynthesisRequest:
+    """One padded request for ``jobs`` (same scales), each with its own noise padded in.
+
+    ``device``: where the noise is drawn and padded (a GPU engine's: host draws would cost more
+    than its synthesis)."""
     scales = {job.scales for job in jobs}
     if len(scales) != 1:
         raise ValueError(f"a batch shares one set of noise scales, got {sorted(map(str, scales))}")
     if len({job.speaker_id is None for job in jobs}) != 1:
         raise ValueError("a batch needs a speaker_id on every sentence or on none")
-    noises = [sentence_noise(job, latent_channels) for job in jobs]
+    noises = [sentence_noise(job, latent_channels, device) for job in jobs]
     text_length = max(len(job.phoneme_ids) for job in jobs)
     frames_cap = max(prior.shape[-1] for _, prior in noises)
-    duration_noise = torch.zeros(len(jobs), 2, text_length)  # (B, 2, T_text)
-    prior_noise = torch.zeros(len(jobs), latent_channels, frames_cap)  # (B, C_lat, T_frames_cap)
+    duration_noise = torch.zeros(len(jobs), 2, text_length, device=device)  # (B, 2, T_text)
+    prior_noise = torch.zeros(len(jobs), latent_channels, frames_cap, device=device)  # (B, C_lat, T_frames_cap)
     phoneme_ids = torch.zeros(len(jobs), text_length, dtype=torch.long)  # (B, T_text)
     for row, (job, (duration, prior)) in enumerate(zip(jobs, noises)):
         duration_noise[row, :, : duration.shape[-1]] = duration[0]
@@ -90,9 +93,10 @@ def batch_request(jobs: list[SentenceJob], latent_channels: int) -> SynthesisReq
     )
 
 
-def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], latent_channels: int) -> list[np.ndarray]:
+def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], latent_channels: int,
+                    noise_device: str = "cpu") -> list[np.ndarray]:
     """One batched ``synthesize`` for ``jobs``; each sentence's waveform (T_i,) float32, trimmed."""
-    result = model.synthesize(batch_request(jobs, latent_channels))
+    result = model.synthesize(batch_request(jobs, latent_channels, noise_device))
     return [waveform.numpy().astype(np.float32, copy=False) for waveform in result.waveforms()]
 
 

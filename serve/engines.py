@@ -27,10 +27,11 @@ class ServedModel:
     model: TTSModel
     model_id: str  # the variant name clients pass as `model`
     family: str  # decides which request fields apply ("piper": no emotion, prompt or zero-shot voice)
-    engine: str  # "onnxruntime" or "torch"
+    engine: str  # "onnxruntime", "torch" (eager), "torch_cuda_graphs" or "torch_aoti"
     voice: str
     latent_channels: int  # width of the prior noise each request draws (serve/batching.py)
     note: str = ""  # how the model was chosen, for logs and GET /v1/models-style listings
+    noise_device: str = "cpu"  # where request noise is drawn: the device of a bucketed GPU engine
 
     @property
     def decoder_streaming(self) -> bool:
@@ -47,8 +48,21 @@ class ServedModel:
         return parts[1] if len(parts) == 3 else stem  # Piper names voices <lang>-<name>-<quality>
 
 
-def load_variant(variant: str, voice: str, threads: int, device: str) -> ServedModel:
-    """``original_onnx`` (the voice's own graph in onnxruntime) or ``teacher`` (the PyTorch port)."""
+def _bucketed(voice, settings: ServeSettings):
+    """The voice behind export.torch_engines' bucketed engine: CUDA graphs, or AOTInductor packages."""
+    from export.torch_engines import BucketedEngine, EngineVoice, StageBackend
+
+    kind = "aoti" if settings.torch_engine == "aoti" else "eager"
+    engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=settings.device.startswith("cuda"),
+                            backend=StageBackend(kind, package_dir=settings.aoti_package_dir or None),
+                            batch_buckets=settings.batch_buckets)
+    return EngineVoice(voice, engine)
+
+
+def load_variant(variant: str, voice: str, threads: int, device: str,
+                 settings: ServeSettings | None = None) -> ServedModel:
+    """``original_onnx`` (the voice's own graph in onnxruntime) or ``teacher`` (the PyTorch port;
+    eager, or on the bucketed engine ``settings.torch_engine`` names)."""
     if variant == "original_onnx":
         from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
 
@@ -58,13 +72,17 @@ def load_variant(variant: str, voice: str, threads: int, device: str) -> ServedM
         from models.piper.voice import PiperVoice
 
         model = PiperVoice.load(voice).to(device)
-        return ServedModel(model, variant, "piper", "torch", voice, model.model.hp.latent_channels)
+        latent_channels = model.model.hp.latent_channels
+        if settings is None or settings.torch_engine == "eager":
+            return ServedModel(model, variant, "piper", "torch", voice, latent_channels)
+        return ServedModel(_bucketed(model, settings), variant, "piper", f"torch_{settings.torch_engine}", voice,
+                           latent_channels, noise_device=device)
     raise ValueError(f"variant {variant!r} cannot be served without a manifest: use original_onnx or teacher")
 
 
 def load_served_model(settings: ServeSettings) -> ServedModel:
     if settings.source != "champion":
-        return load_variant(settings.source, settings.voice, settings.threads, settings.device)
+        return load_variant(settings.source, settings.voice, settings.threads, settings.device, settings)
     manifest_path = Path(settings.manifest_path)
     if not manifest_path.exists():
         note = f"no champion manifest at {manifest_path}: serving {settings.fallback_variant}"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 SERVABLE_VARIANTS = ("original_onnx", "teacher")
 STREAMING_MODES = ("sentence", "decoder_chunks")
+TORCH_ENGINES = ("eager", "cuda_graphs", "aoti")  # export/torch_engines.py
 
 
 class ServeConfigError(ValueError):
@@ -28,6 +29,8 @@ class ServeSettings:
     voice: str = "bundled:joe"  # for variant sources; a manifest names its own voice
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
+    torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | aoti
+    aoti_package_dir: str = ""  # where the aoti engine writes its packages
     # Dynamic batching
     max_batch_size: int = 8
     max_wait_ms: float = 10.0
@@ -59,6 +62,11 @@ class ServeSettings:
     model_aliases: tuple[str, ...] = ()
     voice_aliases: tuple[str, ...] = ()
 
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        """Batch sizes a bucketed engine pads to: powers of two below max_batch_size, and it."""
+        return tuple(sorted({min(2**k, self.max_batch_size) for k in range(self.max_batch_size.bit_length() + 1)}))
+
     def __post_init__(self):
         def fail(key: str, accepted: str):
             raise ServeConfigError(f"serve.{key}={getattr(self, key)!r}: {accepted}")
@@ -71,6 +79,12 @@ class ServeSettings:
             fail("manifest_path", "give the champion's manifest.json path when source is 'champion'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             fail("device", "use 'cpu' or 'cuda[:N]'")
+        if self.torch_engine not in TORCH_ENGINES:
+            fail("torch_engine", f"use one of {list(TORCH_ENGINES)}")
+        if self.torch_engine == "cuda_graphs" and not self.device.startswith("cuda"):
+            fail("torch_engine", "cuda_graphs needs serve.device=cuda")
+        if self.torch_engine == "aoti" and not self.aoti_package_dir:
+            fail("aoti_package_dir", "give the folder the aoti engine writes its packages to")
         if not 0 <= self.port <= 65535:
             fail("port", "use 0..65535 (0 picks a free port)")
         for key in ("threads", "max_batch_size", "queue_capacity", "decoder_chunk_frames", "max_input_chars",

@@ -1,0 +1,115 @@
+"""export/torch_engines.py: the bucketed engine computes what the model's own forward computes.
+
+CUDA graphs need a GPU (evaluate/gpu_engines.py measures them on the H200); here the same
+stages run without graphs, with per-request scales and batch padding, and as AOTInductor packages.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from export.torch_engines import BucketedEngine, EagerEngine, EngineVoice, StageBackend, text_bucket
+from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
+from models.piper.vits import PiperVits, VitsHyperParams
+from models.piper.voice import PiperVoice
+from serve.settings import ServeConfigError, ServeSettings
+
+SENTENCES = ("The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+             "It's easy to tell the depth of a well.")
+
+
+@pytest.fixture(scope="module")
+def voice() -> PiperVoice:
+    return PiperVoice.load("bundled:joe")
+
+
+@pytest.fixture(scope="module")
+def sequences(voice) -> list[PhonemeSequence]:
+    return [voice.text_to_sequences(text)[0] for text in SENTENCES]
+
+
+def _max_error(reference, candidate) -> float:
+    errors = []
+    for row in range(reference.audio.shape[0]):
+        n = int(reference.audio_lengths[row])
+        errors.append(float((reference.audio[row, :n] - candidate.audio[row, :n]).abs().max()))
+    return max(errors)
+
+
+def test_bucketed_engine_matches_eager_forward(voice, sequences):
+    eager = EagerEngine(voice.model, voice.sample_rate_hz)
+    bucketed = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=False)
+    for seed, sequence in enumerate(sequences):
+        request = SynthesisRequest.from_sequences([sequence], noise=NoiseControl(seed=seed))
+        reference, candidate = eager.synthesize(request), bucketed.synthesize(request)
+        assert torch.equal(reference.durations, candidate.durations)
+        assert torch.equal(reference.audio_lengths, candidate.audio_lengths)
+        # Only the decoder's receptive field past the last real frame differs (bucket padding).
+        assert _max_error(reference, candidate) < 2e-3
+
+
+def test_scales_are_per_request_inputs(voice, sequences):
+    eager = EagerEngine(voice.model, voice.sample_rate_hz)
+    bucketed = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=False)
+    slow = NoiseControl(length_scale=1.5, noise_scale=0.3, noise_scale_w=0.5, seed=3)
+    request = SynthesisRequest.from_sequences(sequences[:1], noise=slow)
+    reference, candidate = eager.synthesize(request), bucketed.synthesize(request)
+    assert torch.equal(reference.durations, candidate.durations)
+    assert _max_error(reference, candidate) < 2e-3
+    default = bucketed.synthesize(SynthesisRequest.from_sequences(sequences[:1], noise=NoiseControl(seed=3)))
+    assert int(candidate.audio_lengths[0]) > 1.3 * int(default.audio_lengths[0])
+
+
+def test_batch_buckets_pad_rows_without_changing_outputs(voice, sequences):
+    exact = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=False)
+    padded = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=False, batch_buckets=(1, 4))
+    request = SynthesisRequest.from_sequences(sequences, noise=NoiseControl(seed=7))  # 3 rows -> bucket 4
+    reference, candidate = exact.synthesize(request), padded.synthesize(request)
+    assert candidate.audio.shape[0] == 3
+    assert torch.equal(reference.durations, candidate.durations)
+    assert _max_error(reference, candidate) < 1e-4
+    too_many = SynthesisRequest.from_sequences(sequences * 2, noise=NoiseControl(seed=7))
+    with pytest.raises(ValueError, match="largest batch bucket 4"):
+        padded.synthesize(too_many)
+
+
+def test_engine_voice_serves_the_voice_frontend(voice, sequences):
+    served = EngineVoice(voice, BucketedEngine(voice.model, voice.sample_rate_hz, graphs=False))
+    assert served.text_to_sequences(SENTENCES[0])[0].phoneme_ids == sequences[0].phoneme_ids
+    result = served.synthesize(SynthesisRequest.from_sequences(sequences[:1], noise=NoiseControl(seed=0)))
+    assert result.sample_rate_hz == voice.sample_rate_hz == 22050
+    assert result.audio.abs().max() > 0.05  # speech, not silence
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="largest text bucket"):
+        text_bucket(10_000)
+    with pytest.raises(ValueError, match="unknown stage backend 'tensorrt'"):
+        StageBackend("tensorrt")
+    with pytest.raises(ValueError, match="package_dir"):
+        StageBackend("aoti")
+    with pytest.raises(ServeConfigError, match="cuda_graphs needs serve.device=cuda"):
+        ServeSettings(source="teacher", torch_engine="cuda_graphs", device="cpu")
+    with pytest.raises(ServeConfigError, match="torch_engine"):
+        ServeSettings(source="teacher", torch_engine="tensorrt")
+
+
+def test_aoti_packages_compute_the_eager_stages(tmp_path):
+    """AOTInductor export + compile of a small VITS (dynamic batch, text and frame axes) on the CPU."""
+    torch.manual_seed(0)
+    hp = VitsHyperParams(num_symbols=30, hidden_channels=16, filter_channels=32, n_layers=1, latent_channels=8,
+                         flow_layers=1, flow_wn_layers=1, dp_filter_channels=16, upsample_initial_channel=16,
+                         upsample_rates=(4, 2), upsample_kernel_sizes=(8, 4), resblock_kernel_sizes=(3,),
+                         resblock_dilations=((1, 2),))
+    model = PiperVits(hp).eval()
+    eager = BucketedEngine(model, 22050, graphs=False)
+    compiled = BucketedEngine(model, 22050, graphs=False, backend=StageBackend("aoti", package_dir=str(tmp_path)))
+    assert sorted(path.name for path in tmp_path.glob("*.pt2")) == ["acoustic_stage.pt2", "text_stage.pt2"]
+    assert compiled.compile_s > 0
+    generator = torch.Generator().manual_seed(1)
+    for batch, length in ((1, 20), (3, 70)):  # two text buckets and two batch sizes: the axes are dynamic
+        ids = torch.randint(1, hp.num_symbols, (batch, length), generator=generator)
+        request = SynthesisRequest(ids, torch.full((batch,), length), noise=NoiseControl(seed=batch))
+        reference, candidate = eager.synthesize(request), compiled.synthesize(request)
+        assert torch.equal(reference.durations, candidate.durations)
+        assert torch.allclose(reference.audio, candidate.audio, atol=1e-4)
