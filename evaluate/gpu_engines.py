@@ -10,8 +10,8 @@ compile time and speed-up over the eager FP32 teacher. Torch + numpy + safetenso
         --package-dir /tmp/aoti --out $OUT/engines.json
 
 Each (variant, backend) builds one engine and is measured twice where it makes sense: the
-backend alone (``compile``, ``aoti``) and the backend replayed through CUDA graphs
-(``*_cuda_graphs``). Every engine draws the same noise on the GPU, so outputs compare with the
+backend alone (``compile``) and the backend replayed through CUDA graphs (``*_cuda_graphs``);
+AOTInductor packages run without graphs (their runner cannot be captured). Every engine draws the same noise on the GPU, so outputs compare with the
 variant's eager run (durations equal, SNR). Past ``--deadline-s`` no new engine starts; the JSON
 is rewritten after each engine, so a stopped call keeps what it measured.
 """
@@ -138,7 +138,9 @@ def main() -> None:
                     kind, package_dir=os.path.join(args.package_dir, variant)))
             build_s = time.perf_counter() - built
             # graphs: the bucketed engine without graphs is eager with padding, so only the graphed run counts.
-            modes = {"eager": [False], "graphs": [True]}.get(backend, [False, True])
+            # aoti: the AOTInductor runner is not capturable (torch 2.11: "operation not permitted when
+            # stream is capturing"), and a failed capture poisons the CUDA context for every later engine.
+            modes = {"eager": [False], "graphs": [True], "aoti": [False]}.get(backend, [False, True])
             for graphs in modes:
                 key = f"{variant}/cuda_graphs" if backend == "graphs" else \
                     f"{variant}/{backend}" + ("_cuda_graphs" if graphs else "")

@@ -53,7 +53,9 @@ def _bucketed(voice, settings: ServeSettings):
     from export.torch_engines import BucketedEngine, EngineVoice, StageBackend
 
     kind = "aoti" if settings.torch_engine == "aoti" else "eager"
-    engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=settings.device.startswith("cuda"),
+    # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
+    graphs = settings.device.startswith("cuda") and kind != "aoti"
+    engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=graphs,
                             backend=StageBackend(kind, package_dir=settings.aoti_package_dir or None),
                             batch_buckets=settings.batch_buckets)
     return EngineVoice(voice, engine)

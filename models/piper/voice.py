@@ -5,12 +5,20 @@
 
 The first load converts the ONNX graph (a few seconds); later loads read the cached
 safetensors file, keyed by the voice file's content hash.
+
+A converted voice travels without its ONNX graph (half the bytes in float16, for a GPU machine
+that gets files by the megabyte): ``<name>.safetensors`` with ``<name>.onnx.json`` beside it.
+
+    python -m models.piper.voice --voice bundled:joe --dtype float16 --out .device/voice16/en_US-joe-medium.safetensors
+    PiperVoice.load(".device/voice16/en_US-joe-medium.safetensors")
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -63,6 +71,43 @@ def load_converted_weights(files: PiperVoiceFiles, cache_dir: Path = DEFAULT_CAC
     return hp, state
 
 
+def _config_beside(weights_path: Path) -> Path:
+    return weights_path.with_name(weights_path.name.removesuffix(".safetensors") + ".onnx.json")
+
+
+def load_converted_voice(weights_path: Path) -> tuple[VitsHyperParams, dict[str, torch.Tensor], dict]:
+    """(hyperparams, float32 state dict, Piper config) of a voice written by ``save_converted_voice``."""
+    config_path = _config_beside(weights_path)
+    for path in (weights_path, config_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"converted voice file {path} not found: a .safetensors voice needs "
+                                    f"{config_path.name} beside it (python -m models.piper.voice writes both)")
+    with open(weights_path, "rb") as handle:  # safetensors header: 8-byte length, then JSON
+        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
+    if "hyperparams" not in header.get("__metadata__", {}):
+        raise ValueError(f"{weights_path} has no 'hyperparams' metadata: not a converted Piper voice")
+    state = {name: tensor.float() for name, tensor in load_file(weights_path).items()}
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    return _hyperparams_from_json(header["__metadata__"]["hyperparams"]), state, config
+
+
+def save_converted_voice(voice: str | Path, out_path: Path, dtype: torch.dtype = torch.float16,
+                         cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """Write ``voice``'s PyTorch weights in ``dtype`` (with their hyperparameters) and its Piper
+    config beside them, atomically; returns the weights' path."""
+    files = PiperVoiceFiles.resolve(voice)
+    hp, state = load_converted_weights(files, cache_dir)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_path.parent, suffix=".tmp")
+    os.close(fd)
+    save_file({name: tensor.to(dtype).contiguous() for name, tensor in state.items()}, tmp,
+              metadata={"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path), "dtype": str(dtype)})
+    shutil.copyfile(files.config_path, _config_beside(out_path))
+    os.replace(tmp, out_path)
+    return out_path
+
+
 class PiperVoice(nn.Module):
     """Piper VITS voice: frontend + PyTorch synthesizer."""
 
@@ -74,9 +119,13 @@ class PiperVoice(nn.Module):
 
     @classmethod
     def load(cls, voice: str | Path = "bundled:joe", cache_dir: Path = DEFAULT_CACHE_DIR) -> "PiperVoice":
-        files = PiperVoiceFiles.resolve(voice)
-        config = files.config()
-        hp, state = load_converted_weights(files, cache_dir)
+        """``bundled:joe``, a Piper ``.onnx`` voice, or a converted ``.safetensors`` voice (module docstring)."""
+        if str(voice).endswith(".safetensors"):
+            hp, state, config = load_converted_voice(Path(voice))
+        else:
+            files = PiperVoiceFiles.resolve(voice)
+            config = files.config()
+            hp, state = load_converted_weights(files, cache_dir)
         model = PiperVits(hp)
         model.load_state_dict(state, strict=True)
         model.eval()
@@ -134,3 +183,19 @@ class PiperVoice(nn.Module):
         """The decoder's input for a request (same noise as ``synthesize``), on the voice's device."""
         args, kwargs = self._model_inputs(request)
         return self.model.infer_latent(*args, **kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write a converted voice (.safetensors + .onnx.json).")
+    parser.add_argument("--voice", default="bundled:joe", help="bundled:joe or a Piper .onnx voice")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"))
+    parser.add_argument("--out", required=True, help="<name>.safetensors")
+    args = parser.parse_args()
+    if not args.out.endswith(".safetensors"):
+        parser.error(f"--out {args.out!r}: the name must end in .safetensors")
+    path = save_converted_voice(args.voice, Path(args.out), getattr(torch, args.dtype))
+    print(f"{path} ({path.stat().st_size / 2**20:.1f} MiB) and {_config_beside(path).name}")
+
+
+if __name__ == "__main__":
+    main()
