@@ -32,6 +32,7 @@ def main(cfg: DictConfig) -> None:
     served = load_served_model(settings)
     app = create_app(settings, served)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                            access_log=settings.access_log,
                             timeout_graceful_shutdown=int(settings.shutdown_grace_s))
     uvicorn.Server(config).run()
 

@@ -40,7 +40,7 @@ from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
 from serve.batching import DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
 from serve.engines import ServedModel
 from serve.errors import ApiError, install_error_handlers
-from serve.metrics import ServeMetrics
+from serve.metrics import RequestMetricsMiddleware, ServeMetrics
 from serve.schemas import ErrorBody, SpeechRequest, VoiceList, VoiceObject
 from serve.settings import ServeSettings
 from serve.speaker_cache import SpeakerCache, content_key, make_speaker_cache
@@ -187,15 +187,7 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
             raise ApiError(401, "missing or wrong bearer token: send `Authorization: Bearer <serve.api_key>`",
                            "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next):
-        started_s = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        route_path = route.path if route is not None else "unmatched"
-        metrics.requests.labels(route_path, request.method, str(response.status_code)).inc()
-        metrics.request_latency_s.labels(route_path).observe(time.perf_counter() - started_s)
-        return response
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
 
     def refuse(reason: str, message: str) -> ApiError:
         metrics.rejected.labels(reason).inc()

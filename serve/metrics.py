@@ -4,6 +4,8 @@ A registry per app keeps two servers in one process (the tests) from colliding.
 """
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -33,3 +35,31 @@ class ServeMetrics:
                                 registry=self.registry)
         self.speaker_cache = Counter("tts_speaker_cache_lookups", "Speaker-embedding cache lookups", ["result"],
                                      registry=self.registry)
+
+
+class RequestMetricsMiddleware:
+    """Counts HTTP requests by route, method and status, and times each to its response headers.
+
+    Plain ASGI rather than ``@app.middleware("http")``: Starlette's BaseHTTPMiddleware passes every
+    body chunk of a streamed response through a memory stream of its own, about 8 % of the
+    server's CPU under load (py-spy, stub model, 2026-11-30).
+    """
+
+    def __init__(self, app, metrics: ServeMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started_s = time.perf_counter()
+
+        async def send_counted(message):
+            if message["type"] == "http.response.start":
+                route = scope.get("route")  # set by the router on this same scope before the endpoint runs
+                route_path = route.path if route is not None else "unmatched"
+                self.metrics.requests.labels(route_path, scope["method"], str(message["status"])).inc()
+                self.metrics.request_latency_s.labels(route_path).observe(time.perf_counter() - started_s)
+            await send(message)
+
+        await self.app(scope, receive, send_counted)

@@ -58,6 +58,7 @@ class ServeSettings:
     # Access and lifecycle
     api_key: str | None = None
     warmup: bool = True
+    access_log: bool = True
     shutdown_grace_s: float = 30.0
     model_aliases: tuple[str, ...] = ()
     voice_aliases: tuple[str, ...] = ()
