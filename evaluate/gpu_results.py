@@ -5,6 +5,11 @@
         --engines docs/results/h200_engines.json --out docs/results/h200_merged.json
     python -m compress +experiment=full evaluate.gpu_results=$PWD/docs/results/h200_merged.json
 
+Several engines calls merge in order, a later call's row replacing an earlier one's; ``--drop``
+removes rows known to be wrong, ``2:lite/compile`` from the second call only (say why in
+docs/benchmarks.md). Each row keeps the speed-up its
+own call measured against that call's eager teacher.
+
 Speeds come from the engines call (every engine side by side in one call): a variant's
 ``rtf_cuda_b1``/``rtf_cuda_b16`` are its eager figures, ``rtf_cuda_b1_<engine>`` the others'; a
 variant that call did not run (bf16) keeps the benchmark call's speeds.
@@ -23,6 +28,30 @@ SPEED_KEYS = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
 VRAM_KEYS = ("vram_peak_mib", "vram_peak_mib_b16", "vram_weights_mib")
 # Engine-run variants that are the pipeline's variants under another name.
 PIPELINE_NAMES = {"teacher": "teacher", "fp16": "fp16", "lite": "lite", "lite_fp16": "lite"}
+
+
+def combine_engine_calls(calls: list[dict], drop: tuple[str, ...] = ()) -> dict:
+    """One engines report from several calls: rows in call order (later wins).
+
+    ``drop``: ``<n>:<variant>/<engine>`` leaves that row of the n-th call (1-based) out before
+    merging; a bare ``<variant>/<engine>`` leaves it out of every call.
+    """
+    if not calls:
+        raise ValueError("give at least one engines report")
+    utterances = {call["utterances"] for call in calls}
+    if len(utterances) != 1:
+        raise ValueError(f"engines calls timed different sentence counts {sorted(utterances)}: not comparable")
+    rows: dict[str, dict] = {}
+    unused = set(drop)
+    for number, call in enumerate(calls, start=1):
+        for pair, row in call["engines"].items():
+            dropped = {f"{number}:{pair}", pair} & set(drop)
+            unused -= dropped
+            if not dropped:
+                rows[pair] = row
+    if unused:
+        raise ValueError(f"--drop names rows no call has: {sorted(unused)}")
+    return {**calls[-1], "engines": rows}
 
 
 def merge(benchmark: dict, engines: dict) -> dict:
@@ -47,10 +76,13 @@ def merge(benchmark: dict, engines: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--benchmark", required=True)
-    parser.add_argument("--engines", required=True)
+    parser.add_argument("--engines", required=True, nargs="+", help="engines reports, oldest first")
+    parser.add_argument("--drop", default="", help="comma-separated [n:]variant/engine rows to leave out")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    merged = merge(json.loads(Path(args.benchmark).read_text()), json.loads(Path(args.engines).read_text()))
+    calls = [json.loads(Path(path).read_text()) for path in args.engines]
+    drop = tuple(pair for pair in args.drop.split(",") if pair)
+    merged = merge(json.loads(Path(args.benchmark).read_text()), combine_engine_calls(calls, drop))
     write_text_atomic(Path(args.out), json.dumps(merged, indent=2))
     print(f"wrote {args.out}: {sorted(merged['variants'])}")
 

@@ -1,0 +1,38 @@
+"""evaluate/gpu_results.py: several H200 engines calls merge into one report, wrong rows dropped by name."""
+from __future__ import annotations
+
+import pytest
+
+from evaluate.gpu_results import combine_engine_calls, merge
+
+
+def _call(rows: dict, utterances: int = 100) -> dict:
+    return {"machine": {"gpu": "NVIDIA H200"}, "utterances": utterances, "eval_set": "harvard", "engines": rows}
+
+
+def _row(rtf_b1: float) -> dict:
+    return {"rtf_cuda_b1": rtf_b1, "rtf_cuda_b16": rtf_b1 / 8, "latency_first_audio_ms_cuda": 1000 * rtf_b1}
+
+
+def test_later_calls_win_and_drops_apply_per_call():
+    first = _call({"teacher/eager": _row(0.010), "lite/compile": _row(0.006)})
+    second = _call({"teacher/eager": _row(0.008), "lite/compile": _row(0.003),
+                    "lite/aoti": {"error": "UserError"}})
+    combined = combine_engine_calls([first, second], drop=("2:lite/compile",))
+    assert combined["engines"]["teacher/eager"] == _row(0.008)  # the later call
+    assert combined["engines"]["lite/compile"] == _row(0.006)  # the second call's row was dropped
+    assert "lite/compile" not in combine_engine_calls([first, second], drop=("lite/compile",))["engines"]
+    merged = merge({"variants": {"teacher": {"vram_peak_mib": 140.0}}}, combined)
+    assert merged["variants"]["lite"]["rtf_cuda_b1_compile"] == 0.006
+    assert merged["variants"]["teacher"]["vram_peak_mib"] == 140.0
+    assert merged["variants"]["teacher"]["rtf_cuda_b1"] == merged["variants"]["teacher"]["rtf_cuda_b1_eager"] == 0.008
+    assert "rtf_cuda_b1_aoti" not in merged["variants"]["lite"]  # error rows carry no figures
+
+
+def test_bad_merges_are_refused():
+    with pytest.raises(ValueError, match="no call has"):
+        combine_engine_calls([_call({"teacher/eager": {}})], drop=("3:teacher/eager",))
+    with pytest.raises(ValueError, match="different sentence counts"):
+        combine_engine_calls([_call({}, 100), _call({}, 50)])
+    with pytest.raises(ValueError, match="at least one"):
+        combine_engine_calls([])
