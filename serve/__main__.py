@@ -2,16 +2,23 @@
 
     python -m serve                                   # the champion's manifest, else original_onnx
     python -m serve serve.source=teacher serve.streaming=decoder_chunks serve.port=8001
+    python -m serve serve.source=teacher serve.device=cuda serve.torch_engine=cuda_graphs serve.workers=4
     TTS_SERVE_API_KEY=... python -m serve             # require `Authorization: Bearer ...` on /v1/*
 
 The root config (conf/config.yaml) composes as for `python -m compress`; the `serve` group
 (conf/serve/default.yaml) holds every knob. The model loads (and a broken manifest fails)
 before the port opens; /readyz answers 200 once every length bucket has run once.
 SIGTERM or Ctrl-C stops taking connections and lets in-flight requests finish.
+
+With ``serve.workers`` > 1, uvicorn starts that many processes on the one port (the kernel spreads
+connections); each loads the model and warms up on its own (serve/worker.py). Why: one Python
+process tops out on parsing, phonemizing and encoding long before a GPU engine does. Each worker
+keeps its own batcher, queue and /metrics; share uploaded voices through ``serve.redis_url``.
 """
 from __future__ import annotations
 
 import logging
+import os
 
 import hydra
 import uvicorn
@@ -29,12 +36,16 @@ def main(cfg: DictConfig) -> None:
         OmegaConf.set_struct(cfg, False)
     settings = settings_from_config(OmegaConf.to_container(cfg, resolve=True)).serve  # fails on a bad key
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = dict(host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log,
+                   timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    if settings.workers > 1:
+        from serve.worker import SETTINGS_ENV
+
+        os.environ[SETTINGS_ENV] = settings.to_json()  # the workers' only input: spawned processes inherit it
+        uvicorn.run("serve.worker:create_worker_app", factory=True, workers=settings.workers, **options)
+        return
     served = load_served_model(settings)
-    app = create_app(settings, served)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
-                            access_log=settings.access_log,
-                            timeout_graceful_shutdown=int(settings.shutdown_grace_s))
-    uvicorn.Server(config).run()
+    uvicorn.Server(uvicorn.Config(create_app(settings, served), **options)).run()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ REQUESTS=${REQUESTS:-3000}           # per level; MAX_SECONDS stops a level firs
 MAX_SECONDS=${MAX_SECONDS:-45}
 PROCESSES=${PROCESSES:-4}            # client processes: one Python client tops out below the server
 MAX_BATCH=${MAX_BATCH:-32}
+WORKERS=${WORKERS:-4}                # server processes on the port, each with its own engine and batcher
 MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is free; load fills the next one
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
@@ -42,7 +43,7 @@ fi
 rm -f "$OUT/import_error.txt"
 
 python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVICE" serve.port="$PORT" \
-  serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti \
+  serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.queue_capacity=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
@@ -56,7 +57,7 @@ for _ in $(seq 300); do  # the model loads and warms up before /readyz answers 2
     2>/dev/null && break
   sleep 1
 done
-LABEL="$SOURCE-$ENGINE-$DEVICE"
+LABEL="$SOURCE-$ENGINE-$DEVICE-w$WORKERS"
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"

@@ -5,6 +5,8 @@ stops `python -m serve` (and `python -m compress`) at start, naming the key.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
@@ -59,9 +61,19 @@ class ServeSettings:
     api_key: str | None = None
     warmup: bool = True
     access_log: bool = True
+    workers: int = 1  # server processes sharing the port, each with its own model and batcher
     shutdown_grace_s: float = 30.0
     model_aliases: tuple[str, ...] = ()
     voice_aliases: tuple[str, ...] = ()
+
+    def to_json(self) -> str:
+        """The settings as JSON, for worker processes (``from_json`` reads them back)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ServeSettings":
+        fields = json.loads(text)
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in fields.items()})
 
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -88,7 +100,9 @@ class ServeSettings:
             fail("aoti_package_dir", "give the folder the aoti engine writes its packages to")
         if not 0 <= self.port <= 65535:
             fail("port", "use 0..65535 (0 picks a free port)")
-        for key in ("threads", "max_batch_size", "queue_capacity", "decoder_chunk_frames", "max_input_chars",
+        if self.workers > 1 and self.port == 0:
+            fail("port", "several workers share one port: give a fixed port, not 0")
+        for key in ("workers", "threads", "max_batch_size", "queue_capacity", "decoder_chunk_frames", "max_input_chars",
                     "max_sentence_chars", "max_upload_bytes", "speaker_cache_entries", "min_upload_sample_rate_hz"):
             if getattr(self, key) < 1:
                 fail(key, "must be >= 1")
