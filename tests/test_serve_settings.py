@@ -18,7 +18,9 @@ from serve_support import serve_settings
 
 
 @pytest.mark.parametrize("override, error, message", [
-    ("+serve.workers=4", ConfigError, r"serve: unknown keys \['workers'\]"),
+    ("+serve.gpus=4", ConfigError, r"serve: unknown keys \['gpus'\]"),
+    ("serve.workers=0", ValueError, "serve.workers=0"),
+    ("serve.torch_engine=tensorrt", ValueError, "serve.torch_engine='tensorrt'"),
     ("serve.source=int8_ort", ValueError, "serve.source='int8_ort'"),
     ("serve.length_buckets=[128,64]", ValueError, "serve.length_buckets"),
     ("serve.max_batch_size=0", ValueError, "serve.max_batch_size=0"),
