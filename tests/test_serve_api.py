@@ -134,6 +134,19 @@ def test_bad_uploads_get_json_4xx(client, make, status, code):
     _error(_upload(client, make()), status, code)
 
 
+def test_uploads_without_the_speaker_encoder_answer_501_and_speech_still_works(client, monkeypatch):
+    """A serving machine without resemblyzer/librosa (the GPU image): uploads say what is missing."""
+    import serve.app
+
+    def missing():
+        raise ModuleNotFoundError("No module named 'librosa'", name="librosa")
+
+    monkeypatch.setattr(serve.app, "_speaker_encoder", missing)
+    error = _error(_upload(client, _wav(_speechlike(2, 16000), 16000)), 501, "voice_upload_unavailable")
+    assert "'librosa'" in error["message"]
+    assert client.post("/v1/audio/speech", json=SPEECH).status_code == 200
+
+
 def test_acceptable_rate_is_resampled(client):
     response = _upload(client, _wav(_speechlike(2, 44100), 44100))
     assert response.status_code == 201, response.text
