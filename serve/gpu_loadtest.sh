@@ -31,6 +31,10 @@ MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
+if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
+  echo "SOURCE=original_onnx runs the voice's ONNX graph: set VOICE to a Piper .onnx (or bundled:joe)" >&2
+  exit 2
+fi
 mkdir -p "$OUT" "$SITE"
 if compgen -G "$WHEELS/*.whl" >/dev/null; then
   python -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
