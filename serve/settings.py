@@ -92,6 +92,11 @@ class ServeSettings:
             fail("manifest_path", "give the champion's manifest.json path when source is 'champion'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             fail("device", "use 'cpu' or 'cuda[:N]'")
+        serves_original = self.source == "original_onnx" or (self.source == "champion"
+                                                              and self.fallback_variant == "original_onnx")
+        if self.voice.endswith(".safetensors") and serves_original:
+            fail("voice", "a converted .safetensors voice has no ONNX graph for original_onnx: give a .onnx voice "
+                          "or serve the teacher (and set fallback_variant=teacher)")
         if self.torch_engine not in TORCH_ENGINES:
             fail("torch_engine", f"use one of {list(TORCH_ENGINES)}")
         if self.torch_engine == "cuda_graphs" and not self.device.startswith("cuda"):

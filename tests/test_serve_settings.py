@@ -20,6 +20,7 @@ from serve_support import serve_settings
 @pytest.mark.parametrize("override, error, message", [
     ("+serve.gpus=4", ConfigError, r"serve: unknown keys \['gpus'\]"),
     ("serve.workers=0", ValueError, "serve.workers=0"),
+    ("serve.voice=/voices/joe.safetensors", ValueError, "has no ONNX graph for original_onnx"),
     ("serve.torch_engine=tensorrt", ValueError, "serve.torch_engine='tensorrt'"),
     ("serve.source=int8_ort", ValueError, "serve.source='int8_ort'"),
     ("serve.length_buckets=[128,64]", ValueError, "serve.length_buckets"),
