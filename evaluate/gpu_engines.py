@@ -38,7 +38,7 @@ MIB = 1024 * 1024
 # (variant, backend) in the order they run: the eager references first (every later engine's SNR
 # is against its variant's eager run), then the issue's candidates (Lite FP16, teacher), then the rest.
 PLAN = (("teacher", "eager"), ("lite_fp16", "eager"), ("lite", "eager"), ("fp16", "eager"),
-        ("teacher", "graphs"), ("lite_fp16", "graphs"), ("lite", "graphs"), ("fp16", "graphs"),
+        ("teacher", "cuda_graphs"), ("lite_fp16", "cuda_graphs"), ("lite", "cuda_graphs"), ("fp16", "cuda_graphs"),
         ("lite_fp16", "compile"), ("lite_fp16", "aoti"), ("teacher", "compile"), ("teacher", "aoti"),
         ("lite", "compile"), ("lite", "aoti"), ("fp16", "compile"), ("fp16", "aoti"))
 
@@ -86,7 +86,8 @@ def main() -> None:
     parser.add_argument("--utterances", type=int, default=100)
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--deadline-s", type=float, default=540, help="start no engine past this many seconds")
-    parser.add_argument("--only", default="", help="comma-separated variant/backend keys of PLAN to run (all if empty)")
+    parser.add_argument("--only", default="", help="comma-separated variant/backend pairs of PLAN to run, e.g. "
+                        "teacher/eager,lite/compile (all if empty)")
     parser.add_argument("--package-dir", default="/tmp/aoti_packages", help="where AOTInductor packages go")
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda")
@@ -118,57 +119,70 @@ def main() -> None:
     only = {key for key in args.only.split(",") if key}
     plan = [(variant, backend) for variant, backend in PLAN if not only or f"{variant}/{backend}" in only]
 
+    unknown = only - {f"{variant}/{backend}" for variant, backend in PLAN}
+    if unknown:
+        parser.error(f"--only names pairs not in the plan: {sorted(unknown)}")
+
     results: dict[str, dict] = {}
     eager_outputs: dict[str, list[SynthesisResult]] = {}
     for variant, backend in plan:
         if time.perf_counter() - started > args.deadline_s:
             results[f"{variant}/{backend}"] = {"error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
-            continue
-        try:
-            model = models[variant]().to(args.device)
-            # torch.compile caches per code object: the stage classes are shared by every variant,
-            # so without a reset later variants hit the recompile limit and silently run eager.
-            torch._dynamo.reset()
-            built = time.perf_counter()
-            if backend == "eager":
-                engine = EagerEngine(model, sample_rate_hz)
-            else:
-                kind = "eager" if backend == "graphs" else backend
-                engine = BucketedEngine(model, sample_rate_hz, graphs=False, backend=StageBackend(
-                    kind, package_dir=os.path.join(args.package_dir, variant)))
-            build_s = time.perf_counter() - built
-            # graphs: the bucketed engine without graphs is eager with padding, so only the graphed run counts.
-            # aoti: the AOTInductor runner is not capturable (torch 2.11: "operation not permitted when
-            # stream is capturing"), and a failed capture poisons the CUDA context for every later engine.
-            modes = {"eager": [False], "graphs": [True], "aoti": [False]}.get(backend, [False, True])
-            for graphs in modes:
-                key = f"{variant}/cuda_graphs" if backend == "graphs" else \
-                    f"{variant}/{backend}" + ("_cuda_graphs" if graphs else "")
-                try:
-                    if backend != "eager":
-                        engine.use_graphs(graphs)
-                    first_pass_s = _first_pass(engine, sequences, noises)
-                    row, outputs = _measure(engine, sequences, noises, args.warm_runs, args.device)
-                    row.update({"build_s": build_s, "first_pass_s": first_pass_s,
-                                "compile_s": getattr(engine, "compile_s", 0.0)})
-                    if backend == "eager":
-                        eager_outputs[variant] = outputs
-                    elif variant in eager_outputs:
-                        row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)
-                        row["durations_equal_vs_eager"] = float(all(
-                            torch.equal(a.durations, b.durations) for a, b in zip(eager_outputs[variant], outputs)))
-                    results[key] = row
-                except Exception as error:  # one engine failing must not lose the others' figures
-                    results[key] = {"error": f"{type(error).__name__}: {error}"[:500]}
-                print(key, json.dumps(results[key]), flush=True)
-                _write_report(args, results, len(sequences), inputs["eval_set"])
-            del engine, model
-        except Exception as error:
-            results[f"{variant}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
-            print(f"{variant}/{backend}", "failed:", results[f"{variant}/{backend}"]["error"], flush=True)
+        else:
+            _run_engines(variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
+                         eager_outputs, report=lambda: _write_report(args, results, len(sequences), inputs["eval_set"]))
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
         _write_report(args, results, len(sequences), inputs["eval_set"])  # after each engine: a timeout keeps the rest
+
+
+def _run_engines(variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
+                 args: argparse.Namespace, results: dict, eager_outputs: dict, report) -> None:
+    """Build one (variant, backend) engine; measure it alone and, where it applies, through CUDA graphs.
+
+    Rows go into ``results`` (an error row when a measurement fails), eager outputs into ``eager_outputs``.
+    """
+    try:
+        model = make_model().to(args.device)
+        # torch.compile caches per code object: the stage classes are shared by every variant,
+        # so without a reset later variants hit the recompile limit and silently run eager.
+        torch._dynamo.reset()
+        built = time.perf_counter()
+        if backend == "eager":
+            engine = EagerEngine(model, sample_rate_hz)
+        else:
+            kind = "eager" if backend == "cuda_graphs" else backend
+            engine = BucketedEngine(model, sample_rate_hz, graphs=False, backend=StageBackend(
+                kind, package_dir=os.path.join(args.package_dir, variant)))
+        build_s = time.perf_counter() - built
+    except Exception as error:
+        results[f"{variant}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+        print(f"{variant}/{backend}", "failed:", results[f"{variant}/{backend}"]["error"], flush=True)
+        return
+    # cuda_graphs: the bucketed engine without graphs is eager with padding, so only the graphed run counts.
+    # aoti: the AOTInductor runner is not capturable (torch 2.11: "operation not permitted when
+    # stream is capturing"), and a failed capture poisons the CUDA context for every later engine.
+    modes = {"eager": [False], "cuda_graphs": [True], "aoti": [False]}.get(backend, [False, True])
+    for graphs in modes:
+        key = f"{variant}/{backend}" + ("_cuda_graphs" if graphs and backend != "cuda_graphs" else "")
+        try:
+            if backend != "eager":
+                engine.use_graphs(graphs)
+            first_pass_s = _first_pass(engine, sequences, noises)
+            row, outputs = _measure(engine, sequences, noises, args.warm_runs, args.device)
+            row.update({"build_s": build_s, "first_pass_s": first_pass_s,
+                        "compile_s": getattr(engine, "compile_s", 0.0)})
+            if backend == "eager":
+                eager_outputs[variant] = outputs
+            elif variant in eager_outputs:
+                row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)
+                row["durations_equal_vs_eager"] = float(all(
+                    torch.equal(a.durations, b.durations) for a, b in zip(eager_outputs[variant], outputs)))
+            results[key] = row
+        except Exception as error:  # one engine failing must not lose the others' figures
+            results[key] = {"error": f"{type(error).__name__}: {error}"[:500]}
+        print(key, json.dumps(results[key]), flush=True)
+        report()
 
 
 def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances: int, eval_set: str) -> None:
