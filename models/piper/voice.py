@@ -25,6 +25,7 @@ from pathlib import Path
 
 import onnx
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -58,9 +59,7 @@ def load_converted_weights(files: PiperVoiceFiles, cache_dir: Path = DEFAULT_CAC
     cache_path = Path(cache_dir) / f"{files.onnx_path.stem}-{_file_digest(files.onnx_path)}.safetensors"
     if cache_path.is_file():
         state = load_file(cache_path)
-        with open(cache_path, "rb") as handle:  # safetensors header: 8-byte length, then JSON
-            header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-        return _hyperparams_from_json(header["__metadata__"]["hyperparams"]), state
+        return _hyperparams_from_json(_metadata(cache_path)["hyperparams"]), state
     hp, state = onnx_to_state_dict(onnx.load(str(files.onnx_path)))
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     # Write beside the target, then rename: a crash never leaves a half-written cache file.
@@ -69,6 +68,12 @@ def load_converted_weights(files: PiperVoiceFiles, cache_dir: Path = DEFAULT_CAC
     save_file(state, tmp, metadata={"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path)})
     os.replace(tmp, cache_path)
     return hp, state
+
+
+def _metadata(weights_path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file (the converted voices keep their hyperparameters there)."""
+    with safe_open(str(weights_path), framework="pt") as handle:
+        return handle.metadata() or {}
 
 
 def _config_beside(weights_path: Path) -> Path:
@@ -82,14 +87,13 @@ def load_converted_voice(weights_path: Path) -> tuple[VitsHyperParams, dict[str,
         if not path.is_file():
             raise FileNotFoundError(f"converted voice file {path} not found: a .safetensors voice needs "
                                     f"{config_path.name} beside it (python -m models.piper.voice writes both)")
-    with open(weights_path, "rb") as handle:  # safetensors header: 8-byte length, then JSON
-        header = json.loads(handle.read(int.from_bytes(handle.read(8), "little")))
-    if "hyperparams" not in header.get("__metadata__", {}):
+    metadata = _metadata(weights_path)
+    if "hyperparams" not in metadata:
         raise ValueError(f"{weights_path} has no 'hyperparams' metadata: not a converted Piper voice")
     state = {name: tensor.float() for name, tensor in load_file(weights_path).items()}
     with open(config_path, encoding="utf-8") as handle:
         config = json.load(handle)
-    return _hyperparams_from_json(header["__metadata__"]["hyperparams"]), state, config
+    return _hyperparams_from_json(metadata["hyperparams"]), state, config
 
 
 def save_converted_voice(voice: str | Path, out_path: Path, dtype: torch.dtype = torch.float16,
