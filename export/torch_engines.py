@@ -279,7 +279,7 @@ class BucketedEngine:
 
 class EngineVoice:
     """A Piper voice (frontend, sample rate) whose synthesis runs on a BucketedEngine: what
-    ``python -m serve serve.torch_engine=cuda_graphs|aoti`` serves. Same TTSModel calls as the voice."""
+    ``python -m serve serve.torch_engine=cuda_graphs|compile|aoti`` serves. Same TTSModel calls as the voice."""
 
     def __init__(self, voice, engine: BucketedEngine):
         self.voice, self.engine = voice, engine

@@ -96,7 +96,7 @@ _FRONTEND_LOCK = threading.Lock()
 def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[SentenceJob]]:
     """One full batch per length bucket, each sentence exactly as long as the bucket's bound.
 
-    A bucketed engine (torch_cuda_graphs, torch_aoti) captures one graph per batch size too, so
+    A bucketed engine (torch_cuda_graphs, torch_compile, torch_aoti) captures one graph per batch size too, so
     it gets a batch of every power of two up to the maximum as well."""
     with _FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids

@@ -27,7 +27,7 @@ class ServedModel:
     model: TTSModel
     model_id: str  # the variant name clients pass as `model`
     family: str  # decides which request fields apply ("piper": no emotion, prompt or zero-shot voice)
-    engine: str  # "onnxruntime", "torch" (eager), "torch_cuda_graphs" or "torch_aoti"
+    engine: str  # "onnxruntime", "torch" (eager), "torch_cuda_graphs", "torch_compile" or "torch_aoti"
     voice: str
     latent_channels: int  # width of the prior noise each request draws (serve/batching.py)
     note: str = ""  # how the model was chosen, for logs and GET /v1/models-style listings
@@ -49,10 +49,12 @@ class ServedModel:
 
 
 def _bucketed(voice, settings: ServeSettings):
-    """The voice behind export.torch_engines' bucketed engine: CUDA graphs, or AOTInductor packages."""
+    """The voice behind export.torch_engines' bucketed engine: eager stages replayed as CUDA graphs
+    (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on a GPU too), or
+    AOTInductor packages (aoti)."""
     from export.torch_engines import BucketedEngine, EngineVoice, StageBackend
 
-    kind = "aoti" if settings.torch_engine == "aoti" else "eager"
+    kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
     engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=graphs,

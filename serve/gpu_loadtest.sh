@@ -9,6 +9,7 @@
 # converted float16 voice (python -m models.piper.voice ... --out .device/voice16/...), half the ONNX's bytes:
 #   OUT=$OUT bash serve/gpu_loadtest.sh
 #   OUT=$OUT ENGINE=eager bash serve/gpu_loadtest.sh           # the eager PyTorch teacher, for comparison
+#   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
 # Settings (environment, defaults after ':-'); the issue's H200 target is >= 500 req/s at P95 <= 100 ms
 # and, streaming, a first audio chunk within 20 ms at concurrency 1.
 set -euo pipefail
@@ -19,7 +20,7 @@ SITE=${SITE:-/tmp/serve_site}
 VOICE=${VOICE:-.device/voice16/en_US-joe-medium.safetensors}  # or a Piper .onnx, or bundled:joe where installed
 SOURCE=${SOURCE:-teacher}            # teacher: the PyTorch port (CUDA); original_onnx: onnxruntime on the host CPU
 DEVICE=${DEVICE:-cuda}
-ENGINE=${ENGINE:-cuda_graphs}        # the teacher's engine: eager | cuda_graphs | aoti (export/torch_engines.py)
+ENGINE=${ENGINE:-cuda_graphs}        # the teacher's engine: eager | cuda_graphs | compile | aoti (export/torch_engines.py)
 PORT=${PORT:-8000}
 CONCURRENCY=${CONCURRENCY:-1,16,64,128}  # Little's law: 500 req/s at ~100 ms needs ~50 in flight
 REQUESTS=${REQUESTS:-3000}           # per level; MAX_SECONDS stops a level first on a slow engine
@@ -29,6 +30,7 @@ MAX_BATCH=${MAX_BATCH:-32}
 WORKERS=${WORKERS:-4}                # server processes on the port, each with its own engine and batcher
 MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is free; load fills the next one
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
+PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
 if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
@@ -36,10 +38,11 @@ if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
   exit 2
 fi
 mkdir -p "$OUT" "$SITE"
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  python -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl
+if compgen -G "$WHEELS/*.whl" >/dev/null && [ ! -e "$SITE/.installed" ]; then  # once per machine, not per run
+  python -m pip install -q --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl && touch "$SITE/.installed"
 fi
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"  # py-spy's binary
 if ! python -c "import serve.__main__, serve.app, serve.loadtest, httpx" 2>"$OUT/import_error.txt"; then
   echo "the runtime does not import here; see $OUT/import_error.txt and serve/gpu_wheels.txt" >&2
   exit 3
@@ -52,7 +55,12 @@ python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVIC
   serve.queue_capacity=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
-trap 'kill -TERM $SERVER_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
+GPU_LOG_PID=
+if command -v nvidia-smi >/dev/null; then  # GPU busy % every 200 ms: says whether the GPU or the server is the limit
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 200 >"$OUT/gpu_utilisation.csv" &
+  GPU_LOG_PID=$!
+fi
+trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
 
 URL=http://127.0.0.1:$PORT
 for _ in $(seq 300); do  # the model loads and warms up before /readyz answers 200
@@ -65,8 +73,19 @@ LABEL="$SOURCE-$ENGINE-$DEVICE-w$WORKERS"
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
+PROFILER_PID=
+if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers are its children), idle included
+  py-spy record --pid "$SERVER_PID" --subprocesses --idle --rate 250 --format raw --nonblocking \
+    --output "$OUT/server_profile_${LABEL}.txt" >"$OUT/py-spy.log" 2>&1 &
+  PROFILER_PID=$!
+fi
 python -m serve.loadtest --url "$URL" --concurrency "$CONCURRENCY" --requests "$REQUESTS" --processes "$PROCESSES" \
   --max-seconds "$MAX_SECONDS" --warmup 16 --ready-timeout-s 300 --label "$LABEL" \
   --out "$OUT/loadtest_${LABEL}.json"
+if [ -n "$PROFILER_PID" ]; then kill -INT "$PROFILER_PID" 2>/dev/null || true; wait "$PROFILER_PID" || true; fi
+for worker in $(seq "$WORKERS"); do  # each worker answers its own /metrics (batch sizes); the kernel picks which
+  python -c "import urllib.request; print(urllib.request.urlopen('$URL/metrics', timeout=5).read().decode())" \
+    >"$OUT/metrics_${LABEL}_$worker.txt" 2>&1 || true
+done
 python -m serve.loadtest --url "$URL" --concurrency 1 --requests 200 --max-seconds "$MAX_SECONDS" \
   --stream audio --warmup 4 --label "$LABEL-stream" --out "$OUT/loadtest_${LABEL}_stream.json"

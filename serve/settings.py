@@ -12,7 +12,7 @@ from dataclasses import dataclass
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 SERVABLE_VARIANTS = ("original_onnx", "teacher")
 STREAMING_MODES = ("sentence", "decoder_chunks")
-TORCH_ENGINES = ("eager", "cuda_graphs", "aoti")  # export/torch_engines.py
+TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # export/torch_engines.py
 
 
 class ServeConfigError(ValueError):
@@ -31,7 +31,7 @@ class ServeSettings:
     voice: str = "bundled:joe"  # for variant sources; a manifest names its own voice
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
-    torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | aoti
+    torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
     aoti_package_dir: str = ""  # where the aoti engine writes its packages
     # Dynamic batching
     max_batch_size: int = 8
