@@ -75,7 +75,7 @@ python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-sec
   --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
 PROFILER_PID=
 if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers are its children), idle included
-  py-spy record --pid "$SERVER_PID" --subprocesses --idle --rate 250 --format raw --nonblocking \
+  py-spy record --pid "$SERVER_PID" --subprocesses --idle --rate 100 --format raw --nonblocking \
     --output "$OUT/server_profile_${LABEL}.txt" >"$OUT/py-spy.log" 2>&1 &
   PROFILER_PID=$!
 fi
