@@ -32,6 +32,7 @@ the prior noise cost more than a graph replay.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,10 @@ class BucketedEngine:
             self.text_stage_fn, self.acoustic_stage_fn = text_stage, acoustic_stage
         self.captured: dict[tuple, tuple] = {}  # shape key -> (graph, static inputs, static outputs)
         self.pool = torch.cuda.graph_pool_handle() if graphs else None
+        # The stages' static buffers are shared by every caller: one batch at a time runs from the
+        # text stage to the read-back. Host-side preparation (noise, padding) stays outside, so a
+        # second thread prepares its batch while the device runs this one (serve.batches_in_flight).
+        self.device_lock = threading.Lock()
 
     def use_graphs(self, graphs: bool) -> None:
         """Switch CUDA-graph replay on or off (the same compiled stages either way)."""
@@ -226,7 +231,8 @@ class BucketedEngine:
                     fn(*static_inputs)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: a thread preparing the next batch may allocate while this one captures.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 static_outputs = fn(*static_inputs)
             self.captured[key] = (graph, static_inputs, static_outputs)
         graph, static_inputs, static_outputs = self.captured[key]
@@ -252,13 +258,21 @@ class BucketedEngine:
         bucket, rows = text_bucket(length), self._batch_bucket(batch)
         duration_noise, prior_noise = request.noise.draw(batch, length, self.model.hp.latent_channels, self.device)
         # Rows past ``batch`` are one-phoneme fillers: cheap, and never read back.
-        phoneme_ids = torch.zeros(rows, bucket, dtype=torch.long, device=self.device)  # (B_bucket, T_bucket)
-        phoneme_ids[:batch, :length] = request.phoneme_ids.to(self.device, non_blocking=True)
-        phoneme_lengths = torch.ones(rows, dtype=torch.long, device=self.device)
-        phoneme_lengths[:batch] = request.phoneme_lengths.to(self.device, non_blocking=True)
+        phoneme_ids = torch.zeros(rows, bucket, dtype=torch.long)  # (B_bucket, T_bucket)
+        phoneme_ids[:batch, :length] = request.phoneme_ids
+        phoneme_lengths = torch.ones(rows, dtype=torch.long)
+        phoneme_lengths[:batch] = request.phoneme_lengths
+        phoneme_ids, phoneme_lengths = phoneme_ids.to(self.device), phoneme_lengths.to(self.device)
         padded_duration_noise = torch.zeros(rows, 2, bucket, device=self.device)
         padded_duration_noise[:batch, :, :length] = duration_noise
         scales = scales_tensor(request.noise, self.device)
+        with self.device_lock:
+            return self._synthesize_prepared(batch, length, rows, bucket, phoneme_ids, phoneme_lengths,
+                                             padded_duration_noise, prior_noise, scales)
+
+    def _synthesize_prepared(self, batch: int, length: int, rows: int, bucket: int, phoneme_ids, phoneme_lengths,
+                             padded_duration_noise, prior_noise, scales) -> SynthesisResult:
+        """Both stages and the read-back of one prepared batch (under ``device_lock``)."""
         durations, prior_mean, prior_log_std = self._run(
             ("text", rows, bucket), self.text_stage_fn, (phoneme_ids, phoneme_lengths, padded_duration_noise, scales))
         frame_lengths = durations.sum(dim=1).clamp_min(1).long()  # (B_bucket,)

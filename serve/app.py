@@ -145,10 +145,11 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        state.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts-model")
+        state.executor = ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model")
         state.batcher = DynamicBatcher(run_batch, max_batch_size=settings.max_batch_size,
                                        max_wait_ms=settings.max_wait_ms, length_buckets=settings.length_buckets,
-                                       executor=state.executor, on_batch=metrics.batch_size.observe)
+                                       executor=state.executor, on_batch=metrics.batch_size.observe,
+                                       batches_in_flight=settings.batches_in_flight)
         await state.batcher.start()
         metrics.queue_depth.set_function(lambda: state.batcher.pending)
         metrics.admitted.set_function(lambda: state.admitted)

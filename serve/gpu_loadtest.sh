@@ -22,13 +22,15 @@ SOURCE=${SOURCE:-teacher}            # teacher: the PyTorch port (CUDA); origina
 DEVICE=${DEVICE:-cuda}
 ENGINE=${ENGINE:-cuda_graphs}        # the teacher's engine: eager | cuda_graphs | compile | aoti (export/torch_engines.py)
 PORT=${PORT:-8000}
-CONCURRENCY=${CONCURRENCY:-1,16,64,128}  # Little's law: 500 req/s at ~100 ms needs ~50 in flight
+CONCURRENCY=${CONCURRENCY:-1,16,32,48,64,128}  # Little's law: 500 req/s at ~100 ms needs ~50 in flight
 REQUESTS=${REQUESTS:-3000}           # per level; MAX_SECONDS stops a level first on a slow engine
 MAX_SECONDS=${MAX_SECONDS:-45}
 PROCESSES=${PROCESSES:-4}            # client processes: one Python client tops out below the server
 MAX_BATCH=${MAX_BATCH:-32}
 WORKERS=${WORKERS:-4}                # server processes on the port, each with its own engine and batcher
 MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is free; load fills the next one
+IN_FLIGHT=${IN_FLIGHT:-2}            # batches per worker at once: one prepared on the host while the GPU runs the other
+LENGTH_BUCKETS=${LENGTH_BUCKETS:-[64,128,256,512]}  # the batcher's phoneme-id groups (conf/serve/default.yaml)
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
@@ -52,6 +54,7 @@ rm -f "$OUT/import_error.txt"
 python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVICE" serve.port="$PORT" \
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
+  serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" \
   serve.queue_capacity=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
@@ -69,7 +72,7 @@ for _ in $(seq 300); do  # the model loads and warms up before /readyz answers 2
     2>/dev/null && break
   sleep 1
 done
-LABEL="$SOURCE-$ENGINE-$DEVICE-w$WORKERS"
+LABEL="$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"

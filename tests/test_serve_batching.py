@@ -125,6 +125,41 @@ def test_close_runs_what_is_waiting():
     assert asyncio.run(scenario()) == [0, 1, 2]
 
 
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_batches_in_flight_bounds_the_batches_running_at_once(in_flight):
+    """Batch 2 starts while batch 1 is still on the executor only when two may be in flight; a
+    sentence arriving while every slot is busy waits and joins the next batch."""
+    running, most, lock, release = [0], [0], threading.Lock(), threading.Event()
+
+    def run_batch(jobs):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        release.wait(5)
+        with lock:
+            running[0] -= 1
+        return [np.full(1, job.seed, np.float32) for job in jobs]
+
+    async def scenario():
+        batcher = DynamicBatcher(run_batch, max_batch_size=1, max_wait_ms=0, length_buckets=(10,),
+                                 executor=ThreadPoolExecutor(2), batches_in_flight=in_flight)
+        await batcher.start()
+        futures = [batcher.submit(_job(3, seed)) for seed in range(3)]
+        await asyncio.sleep(0.2)  # every free slot has taken a batch by now
+        started = most[0]
+        release.set()
+        results = [float((await f)[0]) for f in futures]
+        await batcher.close()
+        return started, results
+
+    started, results = asyncio.run(scenario())
+    assert started == in_flight
+    assert results == [0, 1, 2]
+    with pytest.raises(ValueError, match="batches_in_flight"):
+        DynamicBatcher(run_batch, max_batch_size=1, max_wait_ms=0, length_buckets=(10,),
+                       executor=ThreadPoolExecutor(1), batches_in_flight=0)
+
+
 def test_concurrent_http_requests_batch_and_match_sequential(tmp_path, onnx_served):
     # One bucket for all three texts, so that they can share a batch.
     settings = serve_settings(tmp_path, "serve.max_wait_ms=300", "serve.warmup=false", "serve.length_buckets=[512]")
