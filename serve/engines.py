@@ -52,9 +52,15 @@ def _bucketed(voice, settings: ServeSettings):
     """The voice behind export.torch_engines' bucketed engine: eager stages replayed as CUDA graphs
     (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on a GPU too), or
     AOTInductor packages (aoti)."""
+    import torch
+
     from export.torch_engines import BucketedEngine, EngineVoice, StageBackend
 
     kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
+    if settings.device.startswith("cuda"):
+        # Process-wide, and right here only: a bucketed engine has few shapes, all timed at warm-up,
+        # where the eager engine would re-time its convolutions for every new utterance length.
+        torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
     engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=graphs,

@@ -30,6 +30,7 @@ MAX_BATCH=${MAX_BATCH:-32}
 WORKERS=${WORKERS:-4}                # server processes on the port, each with its own engine and batcher
 MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is free; load fills the next one
 IN_FLIGHT=${IN_FLIGHT:-2}            # batches per worker at once: one prepared on the host while the GPU runs the other
+CUDNN_BENCHMARK=${CUDNN_BENCHMARK:-true}  # cuDNN times its convolution algorithms per shape at warm-up
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[64,128,256,512]}  # the batcher's phoneme-id groups (conf/serve/default.yaml)
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
@@ -54,7 +55,7 @@ rm -f "$OUT/import_error.txt"
 python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVICE" serve.port="$PORT" \
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
-  serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" \
+  serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
   serve.queue_capacity=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
