@@ -2,12 +2,13 @@
 
     python -m serve                                   # the champion's manifest, else original_onnx
     python -m serve serve.source=teacher serve.streaming=decoder_chunks serve.port=8001
-    python -m serve serve.source=teacher serve.device=cuda serve.torch_engine=cuda_graphs serve.workers=4
+    python -m serve serve.source=teacher serve.device=cuda serve.torch_engine=compile serve.workers=2 \
+        serve.batches_in_flight=2 serve.max_batch_size=32 serve.max_wait_ms=0   # the H200 load test's setup
     TTS_SERVE_API_KEY=... python -m serve             # require `Authorization: Bearer ...` on /v1/*
 
 The root config (conf/config.yaml) composes as for `python -m compress`; the `serve` group
 (conf/serve/default.yaml) holds every knob. The model loads (and a broken manifest fails)
-before the port opens; /readyz answers 200 once every length bucket has run once.
+before the port opens; /readyz answers 200 once warm-up has run every shape bucket (serve/app.py).
 SIGTERM or Ctrl-C stops taking connections and lets in-flight requests finish.
 
 With ``serve.workers`` > 1, uvicorn starts that many processes on the one port (the kernel spreads

@@ -93,18 +93,35 @@ def _speaker_encoder() -> Callable[..., np.ndarray]:
 _FRONTEND_LOCK = threading.Lock()
 
 
-def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[SentenceJob]]:
-    """One full batch per length bucket, each sentence exactly as long as the bucket's bound.
+# Bucketed engines: each text bucket also runs slower and faster than the voice's own pace, so the
+# frame buckets either side of its usual one are captured too.
+WARMUP_LENGTH_SCALES = (0.8, 1.0, 1.25)
 
-    A bucketed engine (torch_cuda_graphs, torch_compile, torch_aoti) captures one graph per batch size too, so
-    it gets a batch of every power of two up to the maximum as well."""
+
+def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[SentenceJob]]:
+    """The batches run before the server says ready: every shape it should not meet first under load.
+
+    onnxruntime and the eager engine: one full batch per length bucket, each sentence exactly as long
+    as the bucket's bound. A bucketed engine (torch_cuda_graphs, torch_compile, torch_aoti) captures one
+    graph per (batch bucket, text bucket, frame bucket), and a shape first met under load stalls its
+    batch while it is captured (P99 of 1.4-1.8 s in the H200 load test). So it gets a batch of every
+    batch bucket for every one of its own text buckets up to the longest length bucket, at each of
+    WARMUP_LENGTH_SCALES."""
     with _FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids
-    sizes = [settings.max_batch_size]
-    if served.engine.startswith("torch_"):
-        sizes = list(settings.batch_buckets)
-    return [[SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), bound)))] * size
-            for bound in settings.length_buckets for size in sizes]
+
+    def sentence(length: int, length_scale: float = 1.0) -> SentenceJob:
+        return SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), length)),
+                           NoiseScales(length_scale=length_scale))
+
+    if not served.engine.startswith("torch_"):
+        return [[sentence(bound)] * settings.max_batch_size for bound in settings.length_buckets]
+    from export.torch_engines import TEXT_BUCKETS
+
+    longest = settings.length_buckets[-1]
+    text_buckets = [bound for bound in TEXT_BUCKETS if bound <= longest] or [TEXT_BUCKETS[0]]
+    return [[sentence(bound, scale)] * size for bound in text_buckets for scale in WARMUP_LENGTH_SCALES
+            for size in settings.batch_buckets]
 
 
 def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:

@@ -58,8 +58,8 @@ def _bucketed(voice, settings: ServeSettings):
 
     kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
     if settings.device.startswith("cuda"):
-        # Process-wide, and right here only: a bucketed engine has few shapes, all timed at warm-up,
-        # where the eager engine would re-time its convolutions for every new utterance length.
+        # Process-wide, and right here only: the eager engine would re-time its convolutions for every
+        # new utterance length. Off by default: frame buckets first met under load stall while timed.
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"

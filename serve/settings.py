@@ -33,7 +33,7 @@ class ServeSettings:
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
     aoti_package_dir: str = ""  # where the aoti engine writes its packages
-    cudnn_benchmark: bool = True  # CUDA: cuDNN times its convolution algorithms per shape once, at warm-up
+    cudnn_benchmark: bool = False  # bucketed engines on CUDA: cuDNN times its convolutions per new shape
     # Dynamic batching
     max_batch_size: int = 8
     max_wait_ms: float = 10.0
