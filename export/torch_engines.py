@@ -56,10 +56,21 @@ def text_bucket(length: int) -> int:
                      "split the text into sentences first")
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` (on the host) on ``device``, without waiting for the device's queued work.
+
+    A copy from pageable host memory waits for everything queued on the stream first: the other
+    batch's graph replays, when a server prepares one batch while the GPU runs another. A pinned
+    copy is queued like a kernel instead."""
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def scales_tensor(noise: NoiseControl, device: torch.device) -> torch.Tensor:
     """(3,) float32 [noise_scale, length_scale, noise_scale_w]: an input of both stages, so one
     captured graph or compiled package serves every speed and noise setting."""
-    return torch.tensor([noise.noise_scale, noise.length_scale, noise.noise_scale_w], device=device)
+    return host_to_device(torch.tensor([noise.noise_scale, noise.length_scale, noise.noise_scale_w]), device)
 
 
 class TextStage(nn.Module):
@@ -262,7 +273,8 @@ class BucketedEngine:
         phoneme_ids[:batch, :length] = request.phoneme_ids
         phoneme_lengths = torch.ones(rows, dtype=torch.long)
         phoneme_lengths[:batch] = request.phoneme_lengths
-        phoneme_ids, phoneme_lengths = phoneme_ids.to(self.device), phoneme_lengths.to(self.device)
+        phoneme_ids = host_to_device(phoneme_ids, self.device)  # queued: the other batch may be on the GPU
+        phoneme_lengths = host_to_device(phoneme_lengths, self.device)
         padded_duration_noise = torch.zeros(rows, 2, bucket, device=self.device)
         padded_duration_noise[:batch, :, :length] = duration_noise
         scales = scales_tensor(request.noise, self.device)
