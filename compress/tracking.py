@@ -6,7 +6,6 @@ are the resolved config, a metrics JSON, and a few WAVs with spectrogram PNGs pe
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import mlflow  # noqa: E402
 import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 import torch  # noqa: E402
+
+from compress.revision import git_revision  # noqa: E402
 
 MLFLOW_PARAM_MAX_CHARS = 6000  # mlflow rejects longer param values
 
@@ -31,15 +32,6 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = str(value)[:MLFLOW_PARAM_MAX_CHARS]
     return flat
-
-
-def git_revision(root: str) -> str:
-    try:
-        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return revision.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def start_parent_run(tracking_uri: str, experiment_name: str, run_name: str, resolved: dict, config_path: Path,

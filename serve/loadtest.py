@@ -42,7 +42,6 @@ import ipaddress
 import json
 import multiprocessing
 import socket
-import subprocess
 import time
 from collections import Counter
 from dataclasses import asdict, astuple, dataclass, field
@@ -52,6 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from compress.atomic_io import write_text_atomic
+from compress.revision import git_revision
 from texts import load_sentences
 
 WAV_HEADER_BYTES = 44  # a streamed 16-bit PCM WAV's RIFF header before the first sample
@@ -347,14 +347,6 @@ def split_level(concurrency: int, processes: int, max_requests: int) -> list[tup
     return list(zip(sizes, indices))
 
 
-def git_revision() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def compare(levels: list[LevelReport], baseline: dict) -> list[dict]:
     """Per concurrency found in both: throughput ratio (this / baseline) and P95 change."""
     by_concurrency = {level["concurrency"]: level for level in baseline.get("levels", [])}
@@ -617,7 +609,7 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "tool": "serve.loadtest", "label": args.label, "url": args.url,
         "mode": "triton" if args.triton else "http", "stream": args.stream,
-        "response_format": args.response_format, "git_revision": git_revision(),
+        "response_format": args.response_format, "git_revision": git_revision(Path(__file__).resolve().parent),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
         "sentences": len(sentences),
         "levels": [asdict(level) for level in reports],
