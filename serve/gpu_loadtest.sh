@@ -10,6 +10,8 @@
 #   OUT=$OUT bash serve/gpu_loadtest.sh
 #   OUT=$OUT ENGINE=eager bash serve/gpu_loadtest.sh           # the eager PyTorch teacher, for comparison
 #   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
+# It writes a dozen files; the device tool returns at most 8, so write elsewhere and pack them:
+#   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
 # Settings (environment, defaults after ':-'; the defaults are the configuration of the measured run in
 # docs/benchmarks.md); the H200 target is >= 500 req/s at P95 <= 100 ms and, streaming, a first
 # audio chunk within 20 ms at concurrency 1.
