@@ -109,8 +109,9 @@ class ServeSettings:
             fail("port", "use 0..65535 (0 picks a free port)")
         if self.workers > 1 and self.port == 0:
             fail("port", "several workers share one port: give a fixed port, not 0")
-        for key in ("workers", "threads", "max_batch_size", "batches_in_flight", "queue_capacity", "decoder_chunk_frames", "max_input_chars",
-                    "max_sentence_chars", "max_upload_bytes", "speaker_cache_entries", "min_upload_sample_rate_hz"):
+        for key in ("workers", "threads", "max_batch_size", "batches_in_flight", "queue_capacity",
+                    "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
+                    "speaker_cache_entries", "min_upload_sample_rate_hz"):
             if getattr(self, key) < 1:
                 fail(key, "must be >= 1")
         for key in ("max_wait_ms", "decoder_context_frames"):

@@ -1,4 +1,5 @@
-"""serve/gpu_wheels.py: the device wheel list parses, and trimming espeak-ng dictionaries keeps a wheel pip can install."""
+"""serve/gpu_wheels.py: the device wheel list parses, and trimming espeak-ng dictionaries keeps a
+wheel pip can install."""
 from __future__ import annotations
 
 import zipfile
@@ -15,7 +16,8 @@ def _wheel(path, files: dict[str, bytes]):
     with zipfile.ZipFile(path, "w") as wheel:
         for name, data in files.items():
             wheel.writestr(name, data)
-        wheel.writestr("piper_phonemize_cross-1.2.1.dist-info/RECORD", record + "piper_phonemize_cross-1.2.1.dist-info/RECORD,,\n")
+        record_path = "piper_phonemize_cross-1.2.1.dist-info/RECORD"
+        wheel.writestr(record_path, record + f"{record_path},,\n")
     return path
 
 

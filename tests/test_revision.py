@@ -19,5 +19,6 @@ def test_clean_dirty_and_outside_a_checkout(tmp_path):
     _git(tmp_path, "commit", "-qm", "first")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert git_revision(tmp_path) == head
-    (tmp_path / "a.txt").write_text("two\n")  # files newer than the commit: what a copied tree with an old .git looks like
+    # Files newer than the commit: what a copied tree with an older .git looks like.
+    (tmp_path / "a.txt").write_text("two\n")
     assert git_revision(tmp_path) == head + "-dirty"
