@@ -102,12 +102,12 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     """The batches run before the server says ready: every shape it should not meet first under load.
 
     onnxruntime and the eager engine: one full batch per length bucket, each sentence exactly as long
-    as the bucket's bound. A bucketed engine (torch_cuda_graphs, torch_compile, torch_aoti) on a GPU
-    captures one graph per (batch bucket, text bucket, frame bucket), and a shape first met under
-    load stalls its batch while it is captured (P99 of 1.4-1.8 s in the H200 load test). So it gets
-    a batch of every batch bucket for every one of its own text buckets up to the longest length
-    bucket, at each of WARMUP_LENGTH_SCALES. On the CPU it captures nothing: every batch bucket at
-    every length bucket."""
+    as the bucket's bound. A bucketed engine that replays CUDA graphs (``captures_graphs``: cuda_graphs
+    and compile on a GPU) captures one per (batch bucket, text bucket, frame bucket), and a shape
+    first met under load stalls its batch while it is captured (P99 of 1.4-1.8 s in the H200 load
+    test). So it gets a batch of every batch bucket for every one of its own text buckets up to the
+    longest length bucket, at each of WARMUP_LENGTH_SCALES. Other bucketed engines (aoti, or any on
+    the CPU) capture nothing: every batch bucket at every length bucket."""
     with _FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids
 
@@ -117,7 +117,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
 
     if not served.engine.startswith("torch_"):
         return [[sentence(bound)] * settings.max_batch_size for bound in settings.length_buckets]
-    if not served.noise_device.startswith("cuda"):  # no graphs to capture: each batch size compiles once
+    if not served.captures_graphs:
         return [[sentence(bound)] * size for bound in settings.length_buckets for size in settings.batch_buckets]
     from export.torch_engines import TEXT_BUCKETS
 

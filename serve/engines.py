@@ -32,6 +32,7 @@ class ServedModel:
     latent_channels: int  # width of the prior noise each request draws (serve/batching.py)
     note: str = ""  # how the model was chosen, for logs and GET /v1/models-style listings
     noise_device: str = "cpu"  # where request noise is drawn: the device of a bucketed GPU engine
+    captures_graphs: bool = False  # a bucketed engine replaying CUDA graphs: each new shape is captured once
 
     @property
     def decoder_streaming(self) -> bool:
@@ -85,8 +86,9 @@ def load_variant(variant: str, voice: str, threads: int, device: str,
         latent_channels = model.model.hp.latent_channels
         if settings is None or settings.torch_engine == "eager":
             return ServedModel(model, variant, "piper", "torch", voice, latent_channels)
-        return ServedModel(_bucketed(model, settings), variant, "piper", f"torch_{settings.torch_engine}", voice,
-                           latent_channels, noise_device=device)
+        engine_voice = _bucketed(model, settings)
+        return ServedModel(engine_voice, variant, "piper", f"torch_{settings.torch_engine}", voice,
+                           latent_channels, noise_device=device, captures_graphs=engine_voice.engine.graphs)
     raise ValueError(f"variant {variant!r} cannot be served without a manifest: use original_onnx or teacher")
 
 

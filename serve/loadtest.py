@@ -608,7 +608,7 @@ def main(argv: list[str] | None = None) -> dict:
     comparison = compare(reports, json.loads(args.baseline.read_text(encoding="utf-8"))) if args.baseline else []
     report = {
         "tool": "serve.loadtest", "label": args.label, "url": args.url,
-        "mode": "triton" if args.triton else "http", "stream": args.stream,
+        "mode": config["mode"], "stream": args.stream,
         "response_format": args.response_format, "git_revision": git_revision(Path(__file__).resolve().parent),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
         "sentences": len(sentences),

@@ -219,13 +219,14 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8")
     onnx_batches = warmup_batches(onnx_served, settings)
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(8, 512)]
-    bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda")
+    bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
+                                   captures_graphs=True)
     shapes = {(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].scales.length_scale)
               for batch in warmup_batches(bucketed, settings)}
     assert shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
                       for scale in WARMUP_LENGTH_SCALES}
-    on_cpu = dataclasses.replace(onnx_served, engine="torch_aoti")  # no graphs: one pass per batch size
-    assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(on_cpu, settings)] == \
+    no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti")  # nothing captured: one pass per batch size
+    assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(no_graphs, settings)] == \
         [(1, 512), (2, 512), (4, 512), (8, 512)]
 
 

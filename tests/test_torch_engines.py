@@ -110,7 +110,7 @@ def test_serve_torch_engine_picks_the_backend(engine, backend, graphs):
     else:
         assert isinstance(served.model, EngineVoice)
         assert (served.model.engine.backend.kind, served.model.engine.graphs) == (backend, graphs)
-        assert served.noise_device == "cpu"
+        assert served.noise_device == "cpu" and served.captures_graphs is False
 
 
 def test_bad_inputs_are_named():
