@@ -234,23 +234,43 @@ class BucketedEngine:
         if not self.graphs:
             return fn(*inputs)
         if key not in self.captured:
-            static_inputs = tuple(t.clone() for t in inputs)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up outside the graph (cuDNN picks its kernels, compilers compile)
-                    fn(*static_inputs)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: a thread preparing the next batch may allocate while this one captures.
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-                static_outputs = fn(*static_inputs)
-            self.captured[key] = (graph, static_inputs, static_outputs)
+            self.captured[key] = self._capture(fn, inputs)
         graph, static_inputs, static_outputs = self.captured[key]
         for static, value in zip(static_inputs, inputs):
             static.copy_(value)
         graph.replay()
         return static_outputs
+
+    def _capture(self, fn, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        """One stage at one shape as a CUDA graph: (graph, static inputs, static outputs).
+
+        Every graph allocates from one shared pool, and only its temporaries live there: the stage's
+        outputs are copied into buffers allocated outside the pool. An output left in the pool stays
+        alive as long as its graph, pins the blocks around it, and the next capture needs fresh segments:
+        with a few hundred shapes captured that grew to 27 GiB of pool per server process on the H200
+        (2026-11-30). Temporaries die with the capture, so later captures reuse their blocks, and
+        replays never overlap (callers hold ``device_lock``)."""
+        static_inputs = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph (cuDNN picks its kernels, compilers compile)
+                sample = fn(*static_inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        single = isinstance(sample, torch.Tensor)
+        static_outputs = tuple(torch.empty_like(t) for t in ((sample,) if single else sample))
+        del sample
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: a thread preparing the next batch may allocate while this one captures.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            outputs = fn(*static_inputs)
+            for static, value in zip(static_outputs, (outputs,) if single else outputs):
+                static.copy_(value)
+            del outputs
+        # The uncaptured runs above left their activations in the allocator's cache (gigabytes for
+        # a full batch of long sentences); captures are rare, so hand them back now.
+        torch.cuda.empty_cache()
+        return graph, static_inputs, static_outputs[0] if single else static_outputs
 
     def _batch_bucket(self, batch: int) -> int:
         if self.batch_buckets is None:

@@ -38,7 +38,7 @@ from models.interface import NoiseControl
 from models.text.espeak_frontend import UnspeakableTextError
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
 from serve.batching import DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
-from serve.engines import ServedModel
+from serve.engines import ServedModel, device_memory_note, device_memory_reserved
 from serve.errors import ApiError, install_error_handlers
 from serve.metrics import RequestMetricsMiddleware, ServeMetrics
 from serve.schemas import ErrorBody, SpeechRequest, VoiceList, VoiceObject
@@ -123,11 +123,18 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
 
     longest = settings.length_buckets[-1]
     text_buckets = [bound for bound in TEXT_BUCKETS if bound <= longest] or [TEXT_BUCKETS[0]]
-    return [[sentence(bound, scale)] * size for bound in text_buckets for scale in WARMUP_LENGTH_SCALES
-            for size in settings.batch_buckets]
+    # Largest first: the first captures size the graphs' shared memory pool, and the smaller shapes
+    # after them fit in blocks already there instead of adding segments of their own.
+    return [[sentence(bound, scale)] * size for bound in reversed(text_buckets)
+            for scale in reversed(WARMUP_LENGTH_SCALES) for size in reversed(settings.batch_buckets)]
 
 
-def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
+def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serving: bool = False) -> FastAPI:
+    """The HTTP app over ``served``. It warms up in the background by default: /healthz answers and
+    /readyz says 503 until the model is warm. ``warm_up_before_serving``: warm up inside the lifespan's
+    start instead, so uvicorn accepts no connection before the model is warm. Workers sharing one
+    port (serve.workers > 1) need that: a client or probe cannot choose which worker answers, and a
+    worker still warming would take its share of requests only to refuse them with 503."""
     metrics = ServeMetrics()
     state = ServerState()
     limits = UploadLimits(settings.max_upload_bytes, settings.max_upload_s, settings.min_upload_s,
@@ -138,6 +145,9 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
     if settings.streaming == "decoder_chunks" and not served.decoder_streaming:
         log.warning("serve.streaming=decoder_chunks needs the torch engine; %s runs %s: streaming by sentence",
                     served.model_id, served.engine)
+
+    if served.noise_device.startswith("cuda"):
+        metrics.device_memory.set_function(lambda: device_memory_reserved(served.noise_device))
 
     def run_batch(jobs: list[SentenceJob]) -> list[np.ndarray]:
         return synthesize_jobs(served.model, jobs, served.latent_channels, served.noise_device)
@@ -160,8 +170,8 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
             state.warmup_error = f"warm-up failed: {type(error).__name__}: {error}"
             return
         state.ready = True
-        log.info("ready: %s (%s, %s) warmed up in %.1f s", served.model_id, served.engine, served.note or "named",
-                 time.perf_counter() - started_s)
+        log.info("ready: %s (%s, %s) warmed up in %.1f s%s", served.model_id, served.engine, served.note or "named",
+                 time.perf_counter() - started_s, device_memory_note(served.noise_device))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -176,6 +186,8 @@ def create_app(settings: ServeSettings, served: ServedModel) -> FastAPI:
         state.speaker_cache = make_speaker_cache(settings.speaker_cache_entries, settings.speaker_cache_ttl_s,
                                                  settings.redis_url)
         warm_up_task = asyncio.create_task(run_warm_up(), name="warm-up")
+        if warm_up_before_serving:
+            await warm_up_task
         try:
             yield
         finally:

@@ -49,6 +49,25 @@ class ServedModel:
         return parts[1] if len(parts) == 3 else stem  # Piper names voices <lang>-<name>-<quality>
 
 
+def device_memory_reserved(device: str) -> int:
+    """Bytes the CUDA caching allocator holds on ``device`` (graph pools included); 0 off CUDA."""
+    if not device.startswith("cuda"):
+        return 0
+    import torch
+
+    return torch.cuda.memory_reserved(device)
+
+
+def device_memory_note(device: str) -> str:
+    """", 3.2 GiB reserved on cuda (peak 5.1 GiB)" for the ready log line; "" off CUDA."""
+    if not device.startswith("cuda"):
+        return ""
+    import torch
+
+    return (f", {torch.cuda.memory_reserved(device) / 2**30:.1f} GiB reserved on {device} "
+            f"(peak {torch.cuda.max_memory_reserved(device) / 2**30:.1f} GiB)")
+
+
 def _bucketed(voice, settings: ServeSettings):
     """The voice behind export.torch_engines' bucketed engine: eager stages replayed as CUDA graphs
     (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on a GPU too), or

@@ -33,6 +33,9 @@ class ServeMetrics:
                                     registry=self.registry)
         self.rejected = Counter("tts_rejected_requests", "Speech requests refused, by reason", ["reason"],
                                 registry=self.registry)
+        self.device_memory = Gauge("tts_device_memory_reserved_bytes",
+                                   "GPU memory this process's allocator holds, CUDA graph pools included",
+                                   registry=self.registry)
         self.speaker_cache = Counter("tts_speaker_cache_lookups", "Speaker-embedding cache lookups", ["result"],
                                      registry=self.registry)
 

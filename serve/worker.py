@@ -23,4 +23,5 @@ def create_worker_app() -> FastAPI:
         raise RuntimeError(f"{SETTINGS_ENV} is not set: start workers with `python -m serve serve.workers=N`")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(process)d %(name)s: %(message)s")
     settings = ServeSettings.from_json(text)
-    return create_app(settings, load_served_model(settings))
+    # Warm before accepting: the kernel hands connections on the shared port only to workers that accept.
+    return create_app(settings, load_served_model(settings), warm_up_before_serving=True)

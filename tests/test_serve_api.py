@@ -210,6 +210,19 @@ def test_ready_only_after_warm_up(tmp_path, onnx_served):
     assert model.calls == 2  # one batch per length bucket ([32, 96])
 
 
+def test_worker_warms_up_before_it_accepts_requests(tmp_path, onnx_served):
+    """Workers sharing a port (serve.workers > 1) warm up inside start-up: the first request any
+    client gets through is served, and readiness holds from the start."""
+    served, model = gated(onnx_served)
+    settings = serve_settings(tmp_path, "serve.warmup=true")
+    threading.Timer(0.5, model.gate.set).start()  # start-up blocks on the gated warm-up until then
+    with TestClient(create_app(settings, served, warm_up_before_serving=True)) as client:
+        assert model.calls == 2  # both length buckets ([32, 96]) ran before the app took a request
+        ready = client.get("/readyz")
+        first = client.post("/v1/audio/speech", json=SPEECH)
+    assert ready.status_code == 200 and first.status_code == 200
+
+
 def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path, onnx_served):
     """A bucketed engine on a GPU captures per (batch, text, frame) bucket: its warm-up covers each of
     its own text buckets up to the longest length bucket, at every batch bucket, at three paces."""
@@ -221,9 +234,12 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(8, 512)]
     bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
                                    captures_graphs=True)
-    shapes = {(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].scales.length_scale)
-              for batch in warmup_batches(bucketed, settings)}
-    assert shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
+    ordered = [(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].scales.length_scale)
+               for batch in warmup_batches(bucketed, settings)]
+    # Largest first, so the first capture sizes the graphs' memory pool for all the others.
+    assert ordered[0] == (8, 512, max(WARMUP_LENGTH_SCALES)) and ordered[-1] == (1, 32, min(WARMUP_LENGTH_SCALES))
+    shapes = set(ordered)
+    assert len(shapes) == len(ordered) and shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
                       for scale in WARMUP_LENGTH_SCALES}
     no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti")  # nothing captured: one pass per batch size
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(no_graphs, settings)] == \

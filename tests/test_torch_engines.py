@@ -126,14 +126,42 @@ def test_bad_inputs_are_named():
         ServeSettings(source="teacher", torch_engine="tensorrt")
 
 
-def test_aoti_packages_compute_the_eager_stages(tmp_path):
-    """AOTInductor export + compile of a small VITS (dynamic batch, text and frame axes) on the CPU."""
+def _small_vits() -> PiperVits:
+    """A randomly initialised VITS a few layers deep: the engines' mechanics, in seconds."""
     torch.manual_seed(0)
     hp = VitsHyperParams(num_symbols=30, hidden_channels=16, filter_channels=32, n_layers=1, latent_channels=8,
                          flow_layers=1, flow_wn_layers=1, dp_filter_channels=16, upsample_initial_channel=16,
                          upsample_rates=(4, 2), upsample_kernel_sizes=(8, 4), resblock_kernel_sizes=(3,),
                          resblock_dilations=((1, 2),))
-    model = PiperVits(hp).eval()
+    return PiperVits(hp).eval()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200 via `device`)")
+def test_graph_replays_match_uncaptured_runs_across_later_captures():
+    """Every captured graph allocates from one shared pool. Replays of a graph captured early, after
+    other shapes were captured, still return what the uncaptured stages return: no capture reuses
+    memory another graph's outputs live in."""
+    model = _small_vits().cuda()
+    hp = model.hp
+    plain = BucketedEngine(model, 22050, graphs=False, batch_buckets=(1, 2, 4))
+    graphed = BucketedEngine(model, 22050, graphs=True, batch_buckets=(1, 2, 4))
+    # (batch, phonemes, pace): new shapes between repeats of earlier ones.
+    shapes = [(1, 20, 1.0), (3, 70, 1.5), (1, 20, 1.0), (2, 120, 0.8), (3, 70, 1.5), (1, 20, 1.0), (2, 120, 0.8)]
+    for index, (batch, length, pace) in enumerate(shapes):
+        generator = torch.Generator().manual_seed(index)  # each repeat a different request of the same shape
+        ids = torch.randint(1, hp.num_symbols, (batch, length), generator=generator)
+        request = SynthesisRequest(ids, torch.full((batch,), length), noise=NoiseControl(length_scale=pace, seed=index))
+        reference, candidate = plain.synthesize(request), graphed.synthesize(request)
+        assert torch.equal(reference.durations, candidate.durations), (index, batch, length, pace)
+        assert torch.equal(reference.audio_lengths, candidate.audio_lengths)
+        assert torch.allclose(reference.audio, candidate.audio, atol=1e-4), (index, batch, length, pace)
+    assert len({key for key in graphed.captured if key[0] == "text"}) == 3
+
+
+def test_aoti_packages_compute_the_eager_stages(tmp_path):
+    """AOTInductor export + compile of a small VITS (dynamic batch, text and frame axes) on the CPU."""
+    model = _small_vits()
+    hp = model.hp
     eager = BucketedEngine(model, 22050, graphs=False)
     compiled = BucketedEngine(model, 22050, graphs=False, backend=StageBackend("aoti", package_dir=str(tmp_path)))
     assert sorted(path.name for path in tmp_path.glob("*.pt2")) == ["acoustic_stage.pt2", "text_stage.pt2"]
