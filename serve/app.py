@@ -37,7 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from models.interface import NoiseControl
 from models.text.espeak_frontend import UnspeakableTextError
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
-from serve.batching import DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
+from serve.batching import BatchBudget, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
 from serve.errors import ApiError, install_error_handlers
 from serve.metrics import RequestMetricsMiddleware, ServeMetrics
@@ -101,8 +101,9 @@ WARMUP_LENGTH_SCALES = (0.8, 1.0, 1.25)
 def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[SentenceJob]]:
     """The batches run before the server says ready: every shape it should not meet first under load.
 
-    onnxruntime and the eager engine: one full batch per length bucket, each sentence exactly as long
-    as the bucket's bound. A bucketed engine that replays CUDA graphs (``captures_graphs``: cuda_graphs
+    Only batches the batcher could form: within ``serve.max_batch_phonemes`` (``batch_budget``).
+    onnxruntime and the eager engine: one batch per length bucket, as many rows as fit, each sentence
+    exactly as long as the bucket's bound. A bucketed engine that replays CUDA graphs (``captures_graphs``: cuda_graphs
     and compile on a GPU) captures one per (batch bucket, text bucket, frame bucket), and a shape
     first met under load stalls its batch while it is captured (P99 of 1.4-1.8 s in the H200 load
     test). So it gets a batch of every batch bucket for every one of its own text buckets up to the
@@ -115,18 +116,35 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
         return SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), length)),
                            NoiseScales(length_scale=length_scale))
 
+    budget = batch_budget(served, settings)
     if not served.engine.startswith("torch_"):
-        return [[sentence(bound)] * settings.max_batch_size for bound in settings.length_buckets]
+        largest = [max(rows for rows in range(1, settings.max_batch_size + 1) if budget.fits(rows, bound, 1.0))
+                   for bound in settings.length_buckets]
+        return [[sentence(bound)] * rows for bound, rows in zip(settings.length_buckets, largest)]
     if not served.captures_graphs:
-        return [[sentence(bound)] * size for bound in settings.length_buckets for size in settings.batch_buckets]
+        return [[sentence(bound)] * size for bound in settings.length_buckets for size in settings.batch_buckets
+                if budget.fits(size, bound, 1.0)]
     from export.torch_engines import TEXT_BUCKETS
 
     longest = settings.length_buckets[-1]
     text_buckets = [bound for bound in TEXT_BUCKETS if bound <= longest] or [TEXT_BUCKETS[0]]
-    # Largest first: the first captures size the graphs' shared memory pool, and the smaller shapes
-    # after them fit in blocks already there instead of adding segments of their own.
+    # Largest first: the first capture sizes the graphs' shared memory pool, and every smaller shape
+    # after it reuses those blocks (on the H200 the pool stayed at the first capture's 23.6 GiB
+    # through a dozen more; smallest first, each larger one would add segments of its own).
     return [[sentence(bound, scale)] * size for bound in reversed(text_buckets)
-            for scale in reversed(WARMUP_LENGTH_SCALES) for size in reversed(settings.batch_buckets)]
+            for scale in reversed(WARMUP_LENGTH_SCALES) for size in reversed(settings.batch_buckets)
+            if budget.fits(size, bound, scale)]
+
+
+def batch_budget(served: ServedModel, settings: ServeSettings) -> BatchBudget:
+    """``serve.max_batch_phonemes`` over the shapes the served engine really runs: a bucketed torch
+    engine pads rows to the batch buckets and phoneme ids to its text buckets; onnxruntime and the
+    eager engine run the batch as it is."""
+    if not served.engine.startswith("torch_"):
+        return BatchBudget(settings.max_batch_phonemes)
+    from export.torch_engines import TEXT_BUCKETS
+
+    return BatchBudget(settings.max_batch_phonemes, settings.batch_buckets, TEXT_BUCKETS)
 
 
 def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serving: bool = False) -> FastAPI:
@@ -179,7 +197,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
         state.batcher = DynamicBatcher(run_batch, max_batch_size=settings.max_batch_size,
                                        max_wait_ms=settings.max_wait_ms, length_buckets=settings.length_buckets,
                                        executor=state.executor, on_batch=metrics.batch_size.observe,
-                                       batches_in_flight=settings.batches_in_flight)
+                                       batches_in_flight=settings.batches_in_flight,
+                                       budget=batch_budget(served, settings))
         await state.batcher.start()
         metrics.queue_depth.set_function(lambda: state.batcher.pending)
         metrics.admitted.set_function(lambda: state.admitted)

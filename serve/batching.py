@@ -8,7 +8,8 @@
 
 A sentence waits at most ``max_wait_ms`` for others of its group: the same length bucket (so a
 short sentence is not padded to a long one) and the same noise scales (the model takes one set
-of scales per batch). A full group leaves at once. Up to ``batches_in_flight`` batches run at a
+of scales per batch). A full group leaves at once; ``BatchBudget`` can fill a batch before
+``max_batch_size`` when its sentences are long or slow (it bounds the activation memory). Up to ``batches_in_flight`` batches run at a
 time on ``executor`` (which needs as many threads); sentences that arrive meanwhile gather into
 the next batches. Two in flight let a GPU engine prepare one batch on the host (noise, padding)
 while the device runs the other: export/torch_engines.BucketedEngine serialises only its device
@@ -102,6 +103,34 @@ def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], latent_channels: i
     return [waveform.numpy().astype(np.float32, copy=False) for waveform in result.waveforms()]
 
 
+def _round_up(value: int, buckets: tuple[int, ...]) -> int:
+    """The first bucket >= ``value``; ``value`` itself when there are no buckets or it is past them."""
+    index = bisect.bisect_left(buckets, value)
+    return buckets[index] if index < len(buckets) else value
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """The most work one batch may hold, in phoneme ids x length_scale after the engine's padding.
+
+    A VITS batch's activation memory grows with rows x frames, and frames with phoneme ids x
+    length_scale (the pace). Without a cap, one batch of 32 sentences of 512 ids at pace 1.25 held
+    23.6 GiB of activations in the H200's CUDA graph pool (2026-11-30), in every server process.
+    ``row_buckets`` and ``length_buckets`` are the shapes a bucketed engine pads a batch to (empty
+    when it runs the exact shape), so the cost is what the engine really runs. A sentence that
+    alone exceeds the cap still runs, alone."""
+
+    max_phonemes: float
+    row_buckets: tuple[int, ...] = ()
+    length_buckets: tuple[int, ...] = ()
+
+    def cost(self, rows: int, longest: int, length_scale: float) -> float:
+        return _round_up(rows, self.row_buckets) * _round_up(longest, self.length_buckets) * length_scale
+
+    def fits(self, rows: int, longest: int, length_scale: float) -> bool:
+        return rows == 1 or self.cost(rows, longest, length_scale) <= self.max_phonemes
+
+
 class QueueFullError(RuntimeError):
     """The server holds as much work as it is configured to; the client should retry later."""
 
@@ -122,7 +151,8 @@ class DynamicBatcher:
 
     def __init__(self, run_batch: Callable[[list[SentenceJob]], list[np.ndarray]], *, max_batch_size: int,
                  max_wait_ms: float, length_buckets: tuple[int, ...], executor: Executor,
-                 on_batch: Callable[[int], None] | None = None, batches_in_flight: int = 1):
+                 on_batch: Callable[[int], None] | None = None, batches_in_flight: int = 1,
+                 budget: BatchBudget | None = None):
         if max_batch_size < 1 or max_wait_ms < 0 or batches_in_flight < 1:
             raise ValueError("max_batch_size and batches_in_flight must be >= 1 and max_wait_ms >= 0, got "
                              f"{max_batch_size}, {batches_in_flight}, {max_wait_ms}")
@@ -137,6 +167,7 @@ class DynamicBatcher:
         self._task: asyncio.Task | None = None
         self._closing = False
         self.batches_in_flight = batches_in_flight
+        self.budget = budget
         self._running: set[asyncio.Task] = set()  # batches on the executor now
 
     def bucket_of(self, length: int) -> int:
@@ -169,6 +200,18 @@ class DynamicBatcher:
         if self._task is not None:
             await self._task
 
+    def _batch_size(self, group: list[_Waiting]) -> int:
+        """How many of ``group``'s first sentences one batch takes: at most max_batch_size, within budget."""
+        size = min(len(group), self.max_batch_size)
+        if self.budget is None:
+            return size
+        longest = 0
+        for rows, waiting in enumerate(group[:size], start=1):
+            longest = max(longest, len(waiting.job.phoneme_ids))
+            if not self.budget.fits(rows, longest, waiting.job.scales.length_scale):
+                return rows - 1
+        return size
+
     def _next_batch(self, now_s: float) -> tuple[list[_Waiting], float | None]:
         """(a batch to run now or [], seconds until the next group is due or None)."""
         for key in list(self._groups):  # drop requests that gave up (timed out, disconnected)
@@ -178,7 +221,9 @@ class DynamicBatcher:
         if not self._groups:
             return [], None
         oldest_key = min(self._groups, key=lambda k: self._groups[k][0].enqueued_s)
-        full_keys = [k for k, group in self._groups.items() if len(group) >= self.max_batch_size]
+        # Full: the next batch of this group cannot grow (max_batch_size or the budget reached).
+        full_keys = [k for k, group in self._groups.items() if self._batch_size(group) < len(group)
+                     or len(group) >= self.max_batch_size]
         due_s = self._groups[oldest_key][0].enqueued_s + self.max_wait_s
         if full_keys:
             key = min(full_keys, key=lambda k: self._groups[k][0].enqueued_s)
@@ -186,7 +231,8 @@ class DynamicBatcher:
             key = oldest_key
         else:
             return [], due_s - now_s
-        batch, self._groups[key] = self._groups[key][: self.max_batch_size], self._groups[key][self.max_batch_size:]
+        size = self._batch_size(self._groups[key])
+        batch, self._groups[key] = self._groups[key][:size], self._groups[key][size:]
         if not self._groups[key]:
             del self._groups[key]
         return batch, None

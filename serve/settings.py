@@ -39,6 +39,7 @@ class ServeSettings:
     max_wait_ms: float = 10.0
     batches_in_flight: int = 1  # 2: a GPU engine prepares the next batch while the device runs this one
     length_buckets: tuple[int, ...] = (64, 128, 256, 512)  # upper bounds in phoneme ids
+    max_batch_phonemes: int = 8192  # rows x longest ids x length_scale per batch, padded (batching.BatchBudget)
     queue_capacity: int = 64  # speech requests admitted at once (waiting or running)
     request_timeout_s: float = 30.0
     # Streaming
@@ -109,7 +110,7 @@ class ServeSettings:
             fail("port", "use 0..65535 (0 picks a free port)")
         if self.workers > 1 and self.port == 0:
             fail("port", "several workers share one port: give a fixed port, not 0")
-        for key in ("workers", "threads", "max_batch_size", "batches_in_flight", "queue_capacity",
+        for key in ("workers", "threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
                     "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
                     "speaker_cache_entries", "min_upload_sample_rate_hz"):
             if getattr(self, key) < 1:

@@ -225,25 +225,29 @@ def test_worker_warms_up_before_it_accepts_requests(tmp_path, onnx_served):
 
 def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path, onnx_served):
     """A bucketed engine on a GPU captures per (batch, text, frame) bucket: its warm-up covers each of
-    its own text buckets up to the longest length bucket, at every batch bucket, at three paces."""
+    its own text buckets up to the longest length bucket, at every batch bucket, at three paces, but
+    only the batches serve.max_batch_phonemes lets the batcher form."""
     from export.torch_engines import TEXT_BUCKETS, text_bucket
     from serve.app import WARMUP_LENGTH_SCALES, warmup_batches
 
-    settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8")
+    settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8",
+                              "serve.max_batch_phonemes=2048")
     onnx_batches = warmup_batches(onnx_served, settings)
-    assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(8, 512)]
+    assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(4, 512)]  # 4 x 512 = 2048
     bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
                                    captures_graphs=True)
     ordered = [(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].scales.length_scale)
                for batch in warmup_batches(bucketed, settings)]
     # Largest first, so the first capture sizes the graphs' memory pool for all the others.
-    assert ordered[0] == (8, 512, max(WARMUP_LENGTH_SCALES)) and ordered[-1] == (1, 32, min(WARMUP_LENGTH_SCALES))
+    assert ordered[0] == (2, 512, max(WARMUP_LENGTH_SCALES)) and ordered[-1] == (1, 32, min(WARMUP_LENGTH_SCALES))
     shapes = set(ordered)
-    assert len(shapes) == len(ordered) and shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
-                      for scale in WARMUP_LENGTH_SCALES}
+    assert len(shapes) == len(ordered)
+    assert shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
+                      for scale in WARMUP_LENGTH_SCALES if size == 1 or size * bound * scale <= 2048}
+    assert (8, 256, 1.0) in shapes and (8, 256, 1.25) not in shapes
     no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti")  # nothing captured: one pass per batch size
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(no_graphs, settings)] == \
-        [(1, 512), (2, 512), (4, 512), (8, 512)]
+        [(1, 512), (2, 512), (4, 512)]
 
 
 def test_bearer_token(tmp_path, onnx_served, monkeypatch):

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from models.interface import NoiseControl, SynthesisRequest
 from serve.app import create_app
-from serve.batching import BatcherClosedError, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
+from serve.batching import BatchBudget, BatcherClosedError, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
 from serve_support import serve_settings, served_variant, wait_until
 
 TEXTS = ["Bring the red kite.", "Is it windy today over the hills and far away?", "Yes."]
@@ -86,6 +86,41 @@ def test_batcher_groups_by_bucket_and_scales():
 
     assert asyncio.run(scenario()) == [1, 2, 3, 4, 5]  # each request gets its own result back
     assert sorted(batches) == [[1, 3], [2], [4], [5]]  # same bucket and scales share a batch
+
+
+def test_batch_budget_counts_the_shape_the_engine_pads_to():
+    exact = BatchBudget(1000)
+    assert exact.cost(3, 100, 1.0) == 300 and exact.cost(3, 100, 2.0) == 600
+    bucketed = BatchBudget(1000, row_buckets=(1, 2, 4), length_buckets=(64, 128))
+    assert bucketed.cost(3, 100, 1.0) == 4 * 128  # rows pad to 4, ids to 128
+    assert bucketed.cost(5, 200, 1.0) == 5 * 200  # past the last buckets: as it is
+    assert not bucketed.fits(2, 100, 4.0)  # 2 x 128 x 4 = 1024
+    assert bucketed.fits(1, 5000, 4.0)  # one sentence always runs
+
+
+def test_batcher_keeps_each_batch_within_the_budget():
+    """Long or slow sentences fill a batch before max_batch_size; the rest wait for the next."""
+    batches: list[list[int]] = []
+
+    def run_batch(jobs):
+        batches.append([job.seed for job in jobs])
+        return [np.zeros(1, np.float32) for _ in jobs]
+
+    async def scenario():
+        batcher = DynamicBatcher(run_batch, max_batch_size=8, max_wait_ms=10_000, length_buckets=(200,),
+                                 executor=ThreadPoolExecutor(1), budget=BatchBudget(300))
+        await batcher.start()
+        slow = NoiseScales(length_scale=2.0)
+        futures = [batcher.submit(_job(100, seed)) for seed in range(7)]  # 3 x 100 fit, a 4th would not
+        futures += [batcher.submit(_job(100, seed, slow)) for seed in (10, 11)]  # 2 x 100 x 2.0 > 300
+        futures.append(batcher.submit(_job(190, 20, NoiseScales(length_scale=3.0))))  # over budget alone
+        # Batches the budget filled leave at once, without max_wait_ms; the rest run on close.
+        await asyncio.wait_for(asyncio.gather(*futures[:6], futures[7]), 5)
+        await batcher.close()
+        await asyncio.gather(*futures)
+
+    asyncio.run(scenario())
+    assert sorted(batches) == [[0, 1, 2], [3, 4, 5], [6], [10], [11], [20]]
 
 
 def test_batcher_waits_at_most_max_wait_and_drops_cancelled():
