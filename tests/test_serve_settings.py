@@ -25,6 +25,7 @@ from serve_support import serve_settings
     ("serve.source=int8_ort", ValueError, "serve.source='int8_ort'"),
     ("serve.length_buckets=[128,64]", ValueError, "serve.length_buckets"),
     ("serve.max_batch_size=0", ValueError, "serve.max_batch_size=0"),
+    ("serve.max_batch_phonemes=0", ValueError, "serve.max_batch_phonemes=0"),
     ("serve.streaming=tokens", ValueError, "serve.streaming='tokens'"),
     ("serve.api_key=short", ValueError, "serve.api_key: use null"),
     ("serve.max_sentence_chars=0", ValueError, "max_sentence_chars"),
