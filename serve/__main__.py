@@ -2,7 +2,7 @@
 
     python -m serve                                   # the champion's manifest, else original_onnx
     python -m serve serve.source=teacher serve.streaming=decoder_chunks serve.port=8001
-    python -m serve serve.source=teacher serve.device=cuda serve.torch_engine=compile serve.workers=2 \
+    python -m serve serve.source=teacher serve.device=cuda serve.torch_engine=compile serve.workers=3 \
         serve.batches_in_flight=2 serve.max_batch_size=32 serve.max_wait_ms=0   # the H200 load test's setup
     TTS_SERVE_API_KEY=... python -m serve             # require `Authorization: Bearer ...` on /v1/*
 
@@ -12,7 +12,7 @@ before the port opens; /readyz answers 200 once warm-up has run every shape buck
 SIGTERM or Ctrl-C stops taking connections and lets in-flight requests finish.
 
 With ``serve.workers`` > 1, uvicorn starts that many processes on the one port (the kernel spreads
-connections); each loads the model and warms up on its own (serve/worker.py). Why: one Python
+connections); each loads the model and warms up on its own before it accepts any (serve/worker.py). Why: one Python
 process tops out on parsing, phonemizing and encoding long before a GPU engine does. Each worker
 keeps its own batcher, queue and /metrics; share uploaded voices through ``serve.redis_url``.
 """
