@@ -8,12 +8,13 @@
 
 A sentence waits at most ``max_wait_ms`` for others of its group: the same length bucket (so a
 short sentence is not padded to a long one) and the same noise scales (the model takes one set
-of scales per batch). A full group leaves at once; ``BatchBudget`` can fill a batch before
-``max_batch_size`` when its sentences are long or slow (it bounds the activation memory). Up to ``batches_in_flight`` batches run at a
-time on ``executor`` (which needs as many threads); sentences that arrive meanwhile gather into
-the next batches. Two in flight let a GPU engine prepare one batch on the host (noise, padding)
-while the device runs the other: export/torch_engines.BucketedEngine serialises only its device
-section. One (the default) suits engines that already use every core.
+of scales per batch). A full group leaves at once; ``BatchBudget`` fills a batch before
+``max_batch_size`` when its sentences are long or slow (it bounds the activation memory). Up to
+``batches_in_flight`` batches run at a time on ``executor`` (which needs as many threads);
+sentences that arrive meanwhile gather into the next batches. Two in flight let a GPU engine
+prepare one batch on the host (noise, padding) while the device runs the other:
+export/torch_engines.BucketedEngine serialises only its device section. One (the default) suits
+engines that already use every core.
 
 Batching never changes a sentence's audio: each sentence draws its own noise from its own seed,
 exactly as an unbatched call would (``sentence_noise``), and the tensors are zero-padded into
