@@ -368,10 +368,14 @@ def compare(levels: list[LevelReport], baseline: dict) -> list[dict]:
 def target_checks(levels: list[LevelReport], stream: str, comparison: list[dict]) -> dict:
     """The issue's targets against these figures; which machine they apply to is the reader's call."""
     checks = {"targets": TARGETS}
-    best = max(levels, key=lambda level: level.throughput_rps, default=None)
-    if best is not None and best.latency_ms["p95"] is not None:
-        checks["h200_throughput_and_p95_met"] = (best.throughput_rps >= TARGETS["h200_throughput_rps_min"]
-                                                 and best.latency_ms["p95"] <= TARGETS["h200_latency_p95_ms_max"])
+    measured = [level for level in levels if level.latency_ms["p95"] is not None]
+    if measured:
+        # Any level counts: the highest throughput usually comes at a concurrency past the P95 bound.
+        meeting = [level.concurrency for level in measured
+                   if level.throughput_rps >= TARGETS["h200_throughput_rps_min"]
+                   and level.latency_ms["p95"] <= TARGETS["h200_latency_p95_ms_max"] and not level.errors_by_status]
+        checks["h200_throughput_and_p95_met"] = bool(meeting)
+        checks["h200_levels_meeting_throughput_and_p95"] = meeting
     single = next((level for level in levels if level.concurrency == 1), None)
     if stream != "none" and single is not None and single.ttfa_ms["p50"] is not None:
         checks["ttfa_c1_streaming_p50_ms"] = single.ttfa_ms["p50"]

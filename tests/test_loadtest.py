@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from serve.loadtest import (LoopbackOnlyError, Outcome, check_loopback, compare, main, percentiles_ms,
-                            pick_sentences, split_level, summarize)
+from serve.loadtest import (LevelReport, LoopbackOnlyError, Outcome, check_loopback, compare, main, percentiles_ms,
+                            pick_sentences, split_level, summarize, target_checks)
 
 DELAY_S = (0.05, 0.10, 0.15)  # the stub answers seed s after DELAY_S[s % 3]
 REJECTED_SEED_MOD = 7  # seeds s with s % 7 == 6 get 503 + Retry-After, as under backpressure
@@ -81,6 +81,18 @@ def test_summary_counts_errors_and_uses_only_successes():
     assert level.errors_by_status == {"503": 1, "error:ConnectError": 1}
     assert level.throughput_rps == pytest.approx(2.0)
     assert level.latency_ms["max"] == pytest.approx(40.0)  # the 5 s failure is not a latency
+
+
+def test_throughput_target_holds_at_any_level_without_errors():
+    def level(concurrency: int, rps: float, p95_ms: float, errors: dict | None = None) -> LevelReport:
+        return LevelReport(concurrency, 100, 100, errors or {}, 1.0, rps, {"p95": p95_ms}, {"p50": None}, 0, "requests")
+
+    # The busiest level misses the P95 bound; a lower one meets both.
+    checks = target_checks([level(1, 150, 8), level(48, 730, 76), level(64, 734, 112)], "none", [])
+    assert checks["h200_throughput_and_p95_met"] is True
+    assert checks["h200_levels_meeting_throughput_and_p95"] == [48]
+    checks = target_checks([level(32, 480, 84), level(48, 523, 112), level(40, 600, 90, {"503": 3})], "none", [])
+    assert checks["h200_throughput_and_p95_met"] is False  # too slow, too late, or refusing requests
 
 
 def test_stub_run_reports_known_delays_and_rejections(stub_url, tmp_path):
