@@ -1,10 +1,13 @@
-"""Execute notebooks/compare_variants.ipynb against an MLflow store and save it with its outputs.
+"""Execute a reviewer notebook and save it with its outputs.
 
     python -m notebooks.execute                                         # outputs/mlflow.db, latest parent run
     python -m notebooks.execute --tracking-uri sqlite:////abs/path/mlflow.db --run-id <parent run id>
+    python -m notebooks.execute --notebook notebooks/serving_loadtests.ipynb [--loadtest-dir docs/results]
 
-The notebook reads its parameters from environment variables (TTS_MLFLOW_URI, TTS_MLFLOW_EXPERIMENT,
-TTS_MLFLOW_RUN_ID), which this sets for the kernel; the kernel starts in notebooks/, as in Jupyter.
+The notebooks read their parameters from environment variables, which this sets for the kernel:
+compare_variants.ipynb TTS_MLFLOW_URI, TTS_MLFLOW_EXPERIMENT and TTS_MLFLOW_RUN_ID (an MLflow store);
+serving_loadtests.ipynb TTS_LOADTEST_DIR (a folder of serve.loadtest reports). The kernel starts in
+notebooks/, as in Jupyter.
 """
 from __future__ import annotations
 
@@ -17,17 +20,19 @@ from nbclient import NotebookClient
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parent
 COMPARE_VARIANTS = NOTEBOOKS_DIR / "compare_variants.ipynb"
+SERVING_LOADTESTS = NOTEBOOKS_DIR / "serving_loadtests.ipynb"
 
 
 def execute_notebook(path: Path = COMPARE_VARIANTS, tracking_uri: str | None = None, experiment: str | None = None,
                      run_id: str | None = None, output_path: Path | None = None,
-                     timeout_s: int = 600) -> nbformat.NotebookNode:
+                     timeout_s: int = 600, loadtest_dir: Path | None = None) -> nbformat.NotebookNode:
     """Run every cell (each within ``timeout_s``), write the executed notebook to ``output_path`` (default: in place).
 
     A failing cell raises ``nbclient.exceptions.CellExecutionError`` naming the cell; nothing is written then.
     """
     notebook = nbformat.read(path, as_version=4)
-    parameters = {"TTS_MLFLOW_URI": tracking_uri, "TTS_MLFLOW_EXPERIMENT": experiment, "TTS_MLFLOW_RUN_ID": run_id}
+    parameters = {"TTS_MLFLOW_URI": tracking_uri, "TTS_MLFLOW_EXPERIMENT": experiment, "TTS_MLFLOW_RUN_ID": run_id,
+                  "TTS_LOADTEST_DIR": None if loadtest_dir is None else str(Path(loadtest_dir).resolve())}
     env = {**os.environ, **{k: v for k, v in parameters.items() if v is not None}}
     client = NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
                             resources={"metadata": {"path": str(Path(path).resolve().parent)}})
@@ -43,9 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiment", help="default: $TTS_MLFLOW_EXPERIMENT, else tts-compress")
     parser.add_argument("--run-id", help="a parent run; default: the latest finished one")
     parser.add_argument("--output", type=Path, help="default: overwrite the notebook in place")
+    parser.add_argument("--loadtest-dir", type=Path, help="serving_loadtests: default docs/results")
     parser.add_argument("--timeout-s", type=int, default=600, help="per cell")
     args = parser.parse_args(argv)
-    execute_notebook(args.notebook, args.tracking_uri, args.experiment, args.run_id, args.output, args.timeout_s)
+    execute_notebook(args.notebook, args.tracking_uri, args.experiment, args.run_id, args.output, args.timeout_s,
+                     args.loadtest_dir)
     print(f"executed {args.notebook} -> {args.output or args.notebook}")
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from compress.pipeline import run
 from compress.settings import settings_from_config
-from notebooks.execute import COMPARE_VARIANTS, execute_notebook
+from notebooks.execute import COMPARE_VARIANTS, SERVING_LOADTESTS, execute_notebook
 
 DEBUG_VARIANTS = ["original_onnx", "teacher"]
 
@@ -59,3 +59,27 @@ def test_notebook_executes_against_the_store(debug_store, tmp_path):
     assert len(pngs) == 2  # Pareto plot and spectrograms; no int8 variant: a note instead of the bar chart
     notes = [o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
     assert any("No variant of this run logged a sensitivity table" in n for n in notes)
+
+
+def test_serving_notebook_reads_the_recorded_load_tests(tmp_path):
+    """Against the committed reports (docs/results): the H200 plot, the levels that meet the target,
+    the streaming table and the CPU comparison, with no cell failing."""
+    results = Path(__file__).resolve().parent.parent / "docs" / "results"
+    executed = execute_notebook(SERVING_LOADTESTS, loadtest_dir=results, output_path=tmp_path / "serving.ipynb",
+                                timeout_s=120)
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2  # H200 curves, CPU bars
+    notes = "".join(o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    assert "levels meet the target" in notes and "cpu_4_loadtest_unbatched_t2.json" in notes
+    html = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    # Session 5's last call met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
+    assert "h200_5d_loadtest_w3.json" in html and "729.9" in html
+
+
+def test_serving_notebook_names_a_folder_without_reports(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError, match="no serve.loadtest reports"):
+        execute_notebook(SERVING_LOADTESTS, loadtest_dir=tmp_path, output_path=tmp_path / "serving.ipynb",
+                         timeout_s=120)
