@@ -102,13 +102,14 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     """The batches run before the server says ready: every shape it should not meet first under load.
 
     Only batches the batcher could form: within ``serve.max_batch_phonemes`` (``batch_budget``).
-    onnxruntime and the eager engine: one batch per length bucket, as many rows as fit, each sentence
-    exactly as long as the bucket's bound. A bucketed engine that replays CUDA graphs (``captures_graphs``: cuda_graphs
-    and compile on a GPU) captures one per (batch bucket, text bucket, frame bucket), and a shape
-    first met under load stalls its batch while it is captured (P99 of 1.4-1.8 s in the H200 load
-    test). So it gets a batch of every batch bucket for every one of its own text buckets up to the
-    longest length bucket, at each of WARMUP_LENGTH_SCALES. Other bucketed engines (aoti, or any on
-    the CPU) capture nothing: every batch bucket at every length bucket."""
+    onnxruntime and the eager engine: one batch per length bucket, as many rows as fit, each
+    sentence exactly as long as the bucket's bound. A bucketed engine that replays CUDA graphs
+    (``captures_graphs``: cuda_graphs and compile on a GPU) captures one per (batch bucket, text
+    bucket, frame bucket), and a shape first met under load stalls its batch while it is captured
+    (P99 of 1.4-1.8 s in the H200 load test). So it gets a batch of every batch bucket for every one
+    of its own text buckets up to the longest length bucket, at each of WARMUP_LENGTH_SCALES. Other
+    bucketed engines (aoti, or any on the CPU) capture nothing: every batch bucket at every length
+    bucket."""
     with _FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids
 
@@ -130,7 +131,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     text_buckets = [bound for bound in TEXT_BUCKETS if bound <= longest] or [TEXT_BUCKETS[0]]
     # Largest first: the first capture sizes the graphs' shared memory pool, and every smaller shape
     # after it reuses those blocks (on the H200 the pool stayed at the first capture's 23.6 GiB
-    # through a dozen more; smallest first, each larger one would add segments of its own).
+    # through a dozen more). In the other order, each larger capture needs blocks the pool lacks.
     return [[sentence(bound, scale)] * size for bound in reversed(text_buckets)
             for scale in reversed(WARMUP_LENGTH_SCALES) for size in reversed(settings.batch_buckets)
             if budget.fits(size, bound, scale)]
