@@ -17,7 +17,7 @@ from pathlib import Path
 
 from export.manifest import load_manifest
 from models.interface import TTSModel
-from serve.settings import ServeSettings
+from serve.settings import HALF_PRECISION_VARIANTS, SERVABLE_VARIANTS, ServeSettings
 
 log = logging.getLogger(__name__)
 
@@ -91,24 +91,30 @@ def _bucketed(voice, settings: ServeSettings):
 
 def load_variant(variant: str, voice: str, threads: int, device: str,
                  settings: ServeSettings | None = None) -> ServedModel:
-    """``original_onnx`` (the voice's own graph in onnxruntime) or ``teacher`` (the PyTorch port;
-    eager, or on the bucketed engine ``settings.torch_engine`` names)."""
+    """``original_onnx`` (the voice's own graph in onnxruntime), ``teacher`` (the PyTorch port; eager,
+    or on the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with
+    every part but ``settings.half_keep_fp32`` in half precision, on the same engines)."""
     if variant == "original_onnx":
         from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
 
         model = PiperOnnxRuntimeVoice(voice, threads=threads)
         return ServedModel(model, variant, "piper", "onnxruntime", voice, model.latent_channels)
-    if variant == "teacher":
+    if variant == "teacher" or variant in HALF_PRECISION_VARIANTS:
         from models.piper.voice import PiperVoice
 
         model = PiperVoice.load(voice).to(device)
+        if variant in HALF_PRECISION_VARIANTS:
+            from models.precision import to_half_precision
+
+            keep_fp32 = settings.half_keep_fp32 if settings is not None else ServeSettings.half_keep_fp32
+            model = to_half_precision(model, HALF_PRECISION_VARIANTS[variant], keep_fp32=keep_fp32)
         latent_channels = model.model.hp.latent_channels
         if settings is None or settings.torch_engine == "eager":
             return ServedModel(model, variant, "piper", "torch", voice, latent_channels)
         engine_voice = _bucketed(model, settings)
         return ServedModel(engine_voice, variant, "piper", f"torch_{settings.torch_engine}", voice,
                            latent_channels, noise_device=device, captures_graphs=engine_voice.engine.graphs)
-    raise ValueError(f"variant {variant!r} cannot be served without a manifest: use original_onnx or teacher")
+    raise ValueError(f"variant {variant!r} cannot be served without a manifest: use one of {list(SERVABLE_VARIANTS)}")
 
 
 def load_served_model(settings: ServeSettings) -> ServedModel:

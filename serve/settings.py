@@ -10,7 +10,10 @@ import json
 from dataclasses import dataclass
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
-SERVABLE_VARIANTS = ("original_onnx", "teacher")
+# fp16 and bf16 are the teacher with its parts in half precision, built as compress/half_precision.py
+# builds them (models/precision.py), so they run on the torch engines like the teacher.
+SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16")
+HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
 TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # export/torch_engines.py
 
@@ -32,6 +35,7 @@ class ServeSettings:
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
+    half_keep_fp32: tuple[str, ...] = ("encoder", "duration")  # fp16/bf16 sources: parts left in float32
     aoti_package_dir: str = ""  # where the aoti engine writes its packages
     cudnn_benchmark: bool = False  # bucketed engines on CUDA: cuDNN times its convolutions per new shape
     # Dynamic batching

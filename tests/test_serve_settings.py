@@ -64,3 +64,31 @@ def test_no_manifest_falls_back_to_the_named_variant(tmp_path):
     served = load_served_model(serve_settings(tmp_path, "serve.source=champion",
                                               f"serve.manifest_path={tmp_path / 'none' / 'manifest.json'}"))
     assert served.model_id == "original_onnx" and "no champion manifest" in served.note
+
+
+def test_half_precision_source_serves_the_fp16_variant(tmp_path):
+    """serve.source=fp16 builds the variant the fp16 stage builds (the stage's keep_fp32), so the
+    champion of a run with GPU figures can be served on the torch engines."""
+    import torch
+
+    from models.interface import NoiseControl, SynthesisRequest
+    from models.piper.voice import PiperVoice
+    from models.precision import PrecisionIsland, waveform_snr_db
+
+    settings = serve_settings(tmp_path, "serve.source=fp16")
+    assert settings.half_keep_fp32 == ("encoder", "duration")  # conf/stages/default.yaml's fp16.keep_fp32
+    served = load_served_model(settings)
+    assert (served.model_id, served.engine) == ("fp16", "torch")
+    parts = served.model.parts()
+    assert isinstance(parts["decoder"], PrecisionIsland) and parts["decoder"].dtype == torch.float16
+    assert not isinstance(parts["encoder"], PrecisionIsland) and not isinstance(parts["duration"], PrecisionIsland)
+    sequences = served.model.text_to_sequences("Glue the sheet to the dark blue background.")
+    request = SynthesisRequest.from_sequences(sequences, noise=NoiseControl(seed=3))
+    half, full = served.model.synthesize(request), PiperVoice.load("bundled:joe").synthesize(request)
+    assert torch.equal(half.durations, full.durations)  # the parts that set durations stay float32
+    assert waveform_snr_db(half.waveforms()[0], full.waveforms()[0]) > 30.0  # 41.5 dB measured
+
+
+def test_half_precision_source_names_an_unknown_part(tmp_path):
+    with pytest.raises(ValueError, match=r"keep_fp32 names unknown parts \['vocoder'\]"):
+        load_served_model(serve_settings(tmp_path, "serve.source=bf16", "serve.half_keep_fp32=[vocoder]"))
