@@ -172,10 +172,11 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
         return synthesize_jobs(served.model, jobs, served.latent_channels, served.noise_device)
 
     def warm_up() -> None:
-        for batch in warmup_batches(served, settings):
+        batches = warmup_batches(served, settings)
+        for batch in batches:
             run_batch(batch)
         if use_decoder_chunks:
-            for _ in decoder_chunks(served.model, warmup_batches(served, settings)[0][0], served.latent_channels,
+            for _ in decoder_chunks(served.model, batches[0][0], served.latent_channels,
                                     settings.decoder_chunk_frames, settings.decoder_context_frames):
                 pass
 

@@ -223,8 +223,8 @@ class DynamicBatcher:
             return [], None
         oldest_key = min(self._groups, key=lambda k: self._groups[k][0].enqueued_s)
         # Full: the next batch of this group cannot grow (max_batch_size or the budget reached).
-        full_keys = [k for k, group in self._groups.items() if self._batch_size(group) < len(group)
-                     or len(group) >= self.max_batch_size]
+        full_keys = [k for k, group in self._groups.items()
+                     if self._batch_size(group) < len(group) or len(group) == self.max_batch_size]
         due_s = self._groups[oldest_key][0].enqueued_s + self.max_wait_s
         if full_keys:
             key = min(full_keys, key=lambda k: self._groups[k][0].enqueued_s)

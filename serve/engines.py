@@ -64,7 +64,7 @@ def device_memory_note(device: str) -> str:
         return ""
     import torch
 
-    return (f", {torch.cuda.memory_reserved(device) / 2**30:.1f} GiB reserved on {device} "
+    return (f", {device_memory_reserved(device) / 2**30:.1f} GiB reserved on {device} "
             f"(peak {torch.cuda.max_memory_reserved(device) / 2**30:.1f} GiB)")
 
 
