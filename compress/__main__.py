@@ -11,7 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from compress.pipeline import run
-from compress.settings import settings_from_config
+from compress.run_config import settings_from_config
 
 
 def resolve(cfg: DictConfig) -> dict:

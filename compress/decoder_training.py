@@ -36,10 +36,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from compress.atomic_io import atomic_write
+from core.atomic_io import atomic_write
 from compress.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss
 from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
-from models.piper.vits import HifiGanGenerator, VitsHyperParams
+from models.piper.vits import HifiGanGenerator, VitsHyperParams, hyperparams_from_dict
 
 if TYPE_CHECKING:  # the voice pulls in onnx and espeak, which the GPU machine does not need
     from models.piper.voice import PiperVoice
@@ -52,18 +52,6 @@ DISTILLATION_NOISE = NoiseControl(noise_scale=0.667, length_scale=1.0, noise_sca
 
 
 # ---------------------------------------------------------------- decoder configs (rebuild with shapes)
-
-
-def hyperparams_from_dict(fields: dict) -> VitsHyperParams:
-    known = {f.name for f in dataclasses.fields(VitsHyperParams)}
-    unknown = sorted(set(fields) - known)
-    if unknown:
-        raise ValueError(f"student config hyperparams: unknown keys {unknown}; accepted: {sorted(known)}")
-
-    def as_tuples(value):  # JSON lists back to the tuples VitsHyperParams holds
-        return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
-
-    return VitsHyperParams(**{name: as_tuples(value) for name, value in fields.items()})
 
 
 def _convolutions(module: nn.Module) -> dict[str, nn.Module]:

@@ -35,16 +35,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from compress.atomic_io import atomic_write, write_text_atomic
+from core.atomic_io import atomic_write, write_text_atomic
 from compress.decoder_training import DISTILLATION_NOISE, DistillationLoss, LossWeights, learning_rate
 from compress.discriminators import HifiGanDiscriminator, discriminator_loss, generator_losses
-from compress.settings import ConfigError
+from core.config import ConfigError
 from models.interface import NoiseControl
-from models.piper.lite import LiteStudentConfig, build_lite_parts
-from models.piper.vits import PiperVits, VitsHyperParams
+from models.piper.lite import STUDENT_PARTS, LiteStudent, LiteStudentConfig, build_lite_parts, load_student, slice_segments
+from models.piper.vits import PiperVits, hyperparams_from_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STUDENT_PARTS = ("flow", "decoder")  # the parts the Lite student replaces; weights keyed "<part>.<param>"
 
 
 @dataclass(frozen=True)
@@ -98,28 +97,6 @@ class PriorTap(nn.Module):
     def reverse(self, z: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
         self.z_prior, self.mask = z, mask  # (B, C_lat, T_frames), (B, 1, T_frames)
         return self.flow.reverse(z, mask, g)
-
-
-class LiteStudent(nn.Module):
-    """The trainable parts: prior sample -> flow -> latent segment -> decoder -> audio segment."""
-
-    def __init__(self, flow: nn.Module, decoder: nn.Module):
-        super().__init__()
-        self.flow = flow
-        self.decoder = decoder
-
-    def forward(self, z_prior: torch.Tensor, mask: torch.Tensor, starts: torch.Tensor,
-                segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.flow.reverse(z_prior, mask) * mask  # (B, C_lat, T_frames)
-        segments = slice_segments(z, starts, segment_frames)  # (B, C_lat, S)
-        return z, self.decoder(segments)[:, 0]  # (B, S * hop)
-
-
-def slice_segments(z: torch.Tensor, starts: torch.Tensor, frames: int) -> torch.Tensor:
-    """(B, C, T) -> (B, C, frames) starting at ``starts`` (B,); zero past the end."""
-    padded = nn.functional.pad(z, (0, frames))
-    index = (starts.view(-1, 1) + torch.arange(frames, device=z.device)).unsqueeze(1)  # (B, 1, S)
-    return torch.gather(padded, 2, index.expand(-1, z.shape[1], -1))
 
 
 class TeacherTargets:
@@ -264,18 +241,6 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
 # ---------------------------------------------------------------- the stage
 
 
-def load_student(teacher_hp: VitsHyperParams, weights_path: Path) -> tuple[dict[str, nn.Module], LiteStudentConfig]:
-    """The Lite parts from a safetensors file whose metadata holds their LiteStudentConfig."""
-    from safetensors import safe_open
-
-    with safe_open(str(weights_path), framework="pt") as handle:
-        config = LiteStudentConfig.from_dict(json.loads(handle.metadata()["lite_student_config"]))
-    parts = build_lite_parts(teacher_hp, config)
-    student = LiteStudent(parts["flow"], parts["decoder"])
-    student.load_state_dict(load_file(str(weights_path)), strict=True)
-    return {"flow": student.flow.eval(), "decoder": student.decoder.eval()}, config
-
-
 def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, card: dict) -> None:
     metadata = {"lite_student_config": json.dumps(config.to_dict()), "training": json.dumps(card)}
     atomic_write(Path(path), lambda tmp: save_file(student_state(student), tmp, metadata=metadata))
@@ -355,7 +320,6 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from compress.decoder_training import hyperparams_from_dict
 
     bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
     hp = hyperparams_from_dict(bundle["hyperparams"])

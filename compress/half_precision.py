@@ -30,8 +30,8 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from compress.atomic_io import write_text_atomic
-from compress.settings import ConfigError
+from core.atomic_io import write_text_atomic
+from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb

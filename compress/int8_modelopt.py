@@ -65,10 +65,10 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from compress.atomic_io import atomic_write
+from core.atomic_io import atomic_write
 from compress.int8_onnxruntime import block_of
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
-from compress.settings import ConfigError
+from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb

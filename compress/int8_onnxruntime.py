@@ -67,7 +67,7 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion

@@ -52,7 +52,7 @@ from compress.decoder_training import (
     DistillationLoss, LatentDataset, SegmentSampler, atomic_write, convolution_channels, hyperparams_from_dict,
     learning_rate, load_decoder, resize_convolutions, save_decoder, save_module, train_decoder,
 )
-from compress.settings import ConfigError
+from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.interface import PhonemeSequence, SynthesisRequest

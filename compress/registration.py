@@ -25,7 +25,7 @@ import mlflow
 import onnx
 from mlflow import MlflowClient
 
-from compress.atomic_io import atomic_write, write_text_atomic
+from core.atomic_io import atomic_write, write_text_atomic
 from compress.selection import Selection, SelectionSettings, pareto_figure, select_champion
 from compress.settings import RunSettings, TrackingSettings
 from export.manifest import DeploymentManifest, load_manifest, write_manifest

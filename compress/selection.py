@@ -1,6 +1,6 @@
 """Pick the champion variant of a run by an explicit rule: constraints, then one objective.
 
-Issue #4. The rule is data (conf/selection/default.yaml -> ``SelectionSettings``):
+The rule is data (conf/selection/default.yaml -> ``SelectionSettings``):
 
 1. constraints, relative to the reference row (``dnsmos_p808 >= teacher - 0.1``) or absolute
    (``spk_sim >= 0.9``); a variant missing a constrained metric is ineligible, with that reason;
@@ -24,35 +24,30 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # matplotlib loads in pareto_figure: the server imports this module (via compress.settings)
+from core.config import ConfigError
+
+if TYPE_CHECKING:  # matplotlib is heavy: it loads only when pareto_figure draws
     from matplotlib.figure import Figure
 
 DIRECTIONS = ("minimize", "maximize")
 BOUND_SLACK = 1e-9  # bounds are inclusive; float rounding of `reference + offset` must not flip a boundary
 
 
-def _config_error(message: str) -> ValueError:
-    # Imported here: compress.settings imports this module for SelectionSettings.
-    from compress.settings import ConfigError
-
-    return ConfigError(message)
-
-
 def _check_keys(values: object, cls: type, where: str) -> dict:
     if isinstance(values, cls):
         return asdict(values)
     if not isinstance(values, dict):
-        raise _config_error(f"{where}: expected a mapping, got {values!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {values!r}")
     accepted = sorted(cls.__dataclass_fields__)
     unknown = sorted(set(values) - set(accepted))
     if unknown:
-        raise _config_error(f"{where}: unknown keys {unknown}; accepted: {accepted}")
+        raise ConfigError(f"{where}: unknown keys {unknown}; accepted: {accepted}")
     return values
 
 
 def _check_direction(direction: str, where: str) -> None:
     if direction not in DIRECTIONS:
-        raise _config_error(f"{where}={direction!r}: use one of {list(DIRECTIONS)}")
+        raise ConfigError(f"{where}={direction!r}: use one of {list(DIRECTIONS)}")
 
 
 @dataclass(frozen=True)
@@ -66,7 +61,7 @@ class ObjectiveSettings:
         object.__setattr__(self, "fallbacks", tuple(self.fallbacks))
         chain = self.chain
         if len(set(chain)) != len(chain):
-            raise _config_error(f"selection.objective: metric and fallbacks repeat a name: {list(chain)}")
+            raise ConfigError(f"selection.objective: metric and fallbacks repeat a name: {list(chain)}")
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -84,9 +79,9 @@ class Constraint:
 
     def __post_init__(self):
         if (self.at_least is None) == (self.at_most is None):
-            raise _config_error(f"selection.constraints[{self.metric}]: give exactly one of at_least, at_most")
+            raise ConfigError(f"selection.constraints[{self.metric}]: give exactly one of at_least, at_most")
         if not isinstance(self.relative_to_reference, bool):
-            raise _config_error(f"selection.constraints[{self.metric}].relative_to_reference="
+            raise ConfigError(f"selection.constraints[{self.metric}].relative_to_reference="
                                 f"{self.relative_to_reference!r}: must be true or false")
 
     def text(self, reference_name: str) -> str:
@@ -127,7 +122,7 @@ class RegistrySettings:
 
     def __post_init__(self):
         if not self.model_name or not self.alias:
-            raise _config_error(f"selection.registry: model_name and alias must be non-empty, got {self}")
+            raise ConfigError(f"selection.registry: model_name and alias must be non-empty, got {self}")
 
 
 @dataclass(frozen=True)
@@ -158,10 +153,10 @@ class SelectionSettings:
             for i, t in enumerate(self.tie_breakers)))
         if not isinstance(self.reference_self_scores, dict) or not all(
                 isinstance(v, (int, float)) for v in self.reference_self_scores.values()):
-            raise _config_error(f"selection.reference_self_scores={self.reference_self_scores!r}: "
+            raise ConfigError(f"selection.reference_self_scores={self.reference_self_scores!r}: "
                                 "a mapping metric -> number")
         if not self.manifest_dir or "/" in self.manifest_dir or self.manifest_dir in (".", ".."):
-            raise _config_error(f"selection.manifest_dir={self.manifest_dir!r}: one folder name under paths.output_dir")
+            raise ConfigError(f"selection.manifest_dir={self.manifest_dir!r}: one folder name under paths.output_dir")
 
     def rule_text(self, reference_name: str) -> str:
         objective = f"{self.objective.direction} {self.objective.metric}"

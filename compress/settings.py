@@ -5,23 +5,17 @@ does not declare, a missing key or a bad value stops the run before any work, na
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
 
 from compress.selection import SelectionSettings
+from core.config import ConfigError
+from evaluate.settings import EvaluateSettings
 from export.settings import EngineSettings, ExportSettings
-from serve.settings import ServeSettings
 
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt", "lite", "lite_ort", "lite_int8")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
 NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
-KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")
-
-
-class ConfigError(ValueError):
-    """A config value the run cannot use; raised before any work starts."""
 
 
 @dataclass(frozen=True)
@@ -54,41 +48,6 @@ class DataSettings:
 
 
 @dataclass(frozen=True)
-class NoiseSettings:
-    noise_scale: float
-    length_scale: float
-    noise_scale_w: float
-    seed: int
-
-    def __post_init__(self):
-        if min(self.noise_scale, self.noise_scale_w) < 0 or self.length_scale <= 0:
-            raise ConfigError(f"evaluate.noise={self}: scales must be >= 0 and length_scale > 0")
-
-
-@dataclass(frozen=True)
-class EvaluateSettings:
-    cpu_threads: int
-    warm_runs: int
-    warmup_runs: int
-    cpu_batch_size: int
-    reference_variant: str
-    noise: NoiseSettings
-    metrics: tuple[str, ...]
-    audio_samples: int
-    gpu_results: str | None = None
-
-    def __post_init__(self):
-        if self.cpu_threads < 1 or self.warm_runs < 1 or self.warmup_runs < 0 or self.cpu_batch_size < 1:
-            raise ConfigError(
-                "evaluate: cpu_threads, warm_runs and cpu_batch_size must be >= 1, warmup_runs >= 0 "
-                f"(got {self.cpu_threads}, {self.warm_runs}, {self.cpu_batch_size}, {self.warmup_runs})"
-            )
-        unknown = sorted(set(self.metrics) - set(KNOWN_METRICS))
-        if unknown:
-            raise ConfigError(f"evaluate.metrics: unknown {unknown}; known: {list(KNOWN_METRICS)}")
-
-
-@dataclass(frozen=True)
 class TrackingSettings:
     tracking_uri: str
     experiment_name: str
@@ -114,7 +73,6 @@ class RunSettings:
     export: ExportSettings = field(default_factory=ExportSettings)  # export/settings.py
     engine: EngineSettings = field(default_factory=EngineSettings)  # export/settings.py
     selection: SelectionSettings = field(default_factory=SelectionSettings)  # compress/selection.py
-    serve: ServeSettings = field(default_factory=ServeSettings)  # serve/settings.py
 
     def __post_init__(self):
         unknown = sorted(set(self.variants) - set(KNOWN_VARIANTS))
@@ -126,51 +84,3 @@ class RunSettings:
             )
         if "lite_ort" in self.variants and not self.export.enabled:
             raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")
-
-
-def _build(cls, values: Any, where: str):
-    """Construct dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {values!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; accepted: {sorted(fields)}")
-    kwargs = {}
-    for name, value in values.items():
-        field_type = fields[name].type
-        nested = globals().get(field_type) if isinstance(field_type, str) else None
-        if nested is not None and dataclasses.is_dataclass(nested):
-            value = _build(nested, value, f"{where}.{name}" if where else name)
-        elif isinstance(value, list):
-            value = tuple(value)
-        kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as error:
-        raise ConfigError(f"{where or 'config'}: {error}") from error
-
-
-def settings_from_config(resolved: dict) -> RunSettings:
-    """``resolved``: the run's config as a plain dict (``OmegaConf.to_container(cfg, resolve=True)``)."""
-    resolved = {k: v for k, v in resolved.items() if k != "hydra"}
-    settings = _build(RunSettings, resolved, "")
-    if not set(settings.variants) - set(BASE_VARIANTS):  # no stage runs: nothing to type (python -m serve)
-        return dataclasses.replace(settings, stages={})
-    # Imported here: the stage modules import this module for ConfigError, and they import the whole
-    # pipeline (librosa, mlflow, ...), which a serving machine does not carry.
-    from compress.stages import stage_settings
-
-    typed = stage_settings(settings.variants, settings.stages)
-    if typed:
-        _check_calibration_set(settings.data.calibration_set)
-    return dataclasses.replace(settings, stages=typed)
-
-
-def _check_calibration_set(name: str) -> None:
-    from texts import load_sentences
-
-    try:
-        load_sentences(name)
-    except (FileNotFoundError, ValueError) as error:
-        raise ConfigError(f"data.calibration_set={name!r}: {error}") from error

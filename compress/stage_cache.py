@@ -13,7 +13,7 @@ import io
 import json
 from pathlib import Path
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 
 
 def inputs_key(*parts) -> str:

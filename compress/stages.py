@@ -11,7 +11,7 @@ from functools import partial
 from typing import Callable
 
 from compress import distil, half_precision, int8_modelopt, int8_onnxruntime, onnxruntime_variant, prune
-from compress.settings import ConfigError
+from core.config import ConfigError
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 import torch  # noqa: E402
 
-from compress.revision import git_revision  # noqa: E402
+from core.revision import git_revision  # noqa: E402
 
 MLFLOW_PARAM_MAX_CHARS = 6000  # mlflow rejects longer param values
 

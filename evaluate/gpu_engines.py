@@ -31,7 +31,8 @@ from safetensors.torch import load_file
 from evaluate.rtf import measure_batch1, measure_batched
 from export.torch_engines import BucketedEngine, EagerEngine, StageBackend
 from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
-from models.piper.vits import PiperVits
+from models.piper.lite import STUDENT_PARTS, load_student
+from models.piper.vits import PiperVits, hyperparams_from_dict
 from models.precision import to_half_precision
 
 MIB = 1024 * 1024
@@ -94,9 +95,6 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     started = time.perf_counter()
-
-    from compress.decoder_training import hyperparams_from_dict
-    from compress.distil import STUDENT_PARTS, load_student
 
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: TF32 would flatter the teacher
     torch.backends.cudnn.allow_tf32 = False

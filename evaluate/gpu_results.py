@@ -22,7 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 
 SPEED_KEYS = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
 VRAM_KEYS = ("vram_peak_mib", "vram_peak_mib_b16", "vram_weights_mib")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from compress.settings import EvaluateSettings
+from evaluate.settings import EvaluateSettings
 from evaluate.memory import PeakRssSampler
 from evaluate.rtf import measure_batch1, measure_batched
 from models.interface import NoiseControl, PhonemeSequence

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 
 MANIFEST_SCHEMA_VERSION = 1
 KNOWN_ENGINES = ("onnxruntime",)  # engines serve can run from a manifest today

@@ -40,7 +40,7 @@ import onnx
 import torch
 from torch import nn
 
-from compress.atomic_io import atomic_write
+from core.atomic_io import atomic_write
 from models.piper.vits import PiperVits
 
 OPSET = 18  # what torch 2.13's dynamo exporter emits (asking for 17 gives 18)

@@ -11,12 +11,7 @@ from dataclasses import dataclass, field
 
 import onnxruntime as ort
 
-
-def config_error(message: str) -> ValueError:
-    """A compress.settings.ConfigError (imported late: compress.settings imports this module)."""
-    from compress.settings import ConfigError
-
-    return ConfigError(message)
+from core.config import ConfigError
 
 
 def _nested(cls, values, where: str):
@@ -24,11 +19,11 @@ def _nested(cls, values, where: str):
     if isinstance(values, cls):
         return values
     if not isinstance(values, dict):
-        raise config_error(f"{where}: expected a mapping, got {values!r}")
+        raise ConfigError(f"{where}: expected a mapping, got {values!r}")
     accepted = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - accepted)
     if unknown:
-        raise config_error(f"{where}: unknown keys {unknown}; accepted: {sorted(accepted)}")
+        raise ConfigError(f"{where}: unknown keys {unknown}; accepted: {sorted(accepted)}")
     return cls(**values)
 
 
@@ -49,10 +44,10 @@ class OrtEngineSettings:
 
     def __post_init__(self):
         if self.graph_optimization_level not in OPTIMIZATION_LEVELS:
-            raise config_error(f"engine.onnxruntime.graph_optimization_level={self.graph_optimization_level!r}: "
+            raise ConfigError(f"engine.onnxruntime.graph_optimization_level={self.graph_optimization_level!r}: "
                                f"use one of {sorted(OPTIMIZATION_LEVELS)}")
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
-            raise config_error("engine.onnxruntime: thread counts must be >= 0 (0 lets onnxruntime choose)")
+            raise ConfigError("engine.onnxruntime: thread counts must be >= 0 (0 lets onnxruntime choose)")
 
 
 @dataclass(frozen=True)
@@ -69,15 +64,15 @@ class TensorRTSettings:
 
     def __post_init__(self):
         if self.workspace_mib < 1:
-            raise config_error(f"engine.tensorrt.workspace_mib={self.workspace_mib}: must be >= 1")
+            raise ConfigError(f"engine.tensorrt.workspace_mib={self.workspace_mib}: must be >= 1")
         if not 0 <= self.builder_optimization_level <= 5:
-            raise config_error(f"engine.tensorrt.builder_optimization_level={self.builder_optimization_level}: use 0-5")
+            raise ConfigError(f"engine.tensorrt.builder_optimization_level={self.builder_optimization_level}: use 0-5")
         for name, values in self.axis_ranges.items():
             values = list(values)
             if len(values) != 3 or any(not isinstance(v, int) or isinstance(v, bool) for v in values):
-                raise config_error(f"engine.tensorrt.axis_ranges.{name}={values}: give [min, opt, max] integers")
+                raise ConfigError(f"engine.tensorrt.axis_ranges.{name}={values}: give [min, opt, max] integers")
             if not 1 <= values[0] <= values[1] <= values[2]:
-                raise config_error(f"engine.tensorrt.axis_ranges.{name}={values}: need 1 <= min <= opt <= max")
+                raise ConfigError(f"engine.tensorrt.axis_ranges.{name}={values}: need 1 <= min <= opt <= max")
 
 
 PARITY_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -96,11 +91,11 @@ class ExportSettings:
 
     def __post_init__(self):
         if self.opset < 18:
-            raise config_error(f"export.opset={self.opset}: the dynamo exporter emits opset 18 or later")
+            raise ConfigError(f"export.opset={self.opset}: the dynamo exporter emits opset 18 or later")
         if self.parity_sentences < 1:
-            raise config_error(f"export.parity_sentences={self.parity_sentences}: must be >= 1")
+            raise ConfigError(f"export.parity_sentences={self.parity_sentences}: must be >= 1")
         if not self.simplify_tolerance_of_peak > 0:
-            raise config_error(f"export.simplify_tolerance_of_peak={self.simplify_tolerance_of_peak}: must be > 0")
+            raise ConfigError(f"export.simplify_tolerance_of_peak={self.simplify_tolerance_of_peak}: must be > 0")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import onnxruntime as ort
 import onnxsim
 import onnxslim
 
-from compress.atomic_io import atomic_write
+from core.atomic_io import atomic_write
 
 log = logging.getLogger(__name__)
 DEFAULT_TOLERANCE_OF_PEAK = 1e-5

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from compress.atomic_io import atomic_write
-from export.settings import TensorRTSettings, config_error
+from core.atomic_io import atomic_write
+from core.config import ConfigError
+from export.settings import TensorRTSettings
 
 EXIT_UNAVAILABLE = 2
 
@@ -58,7 +59,7 @@ def profile_shapes(model: onnx.ModelProto, axis_ranges: dict) -> dict[str, dict[
                     shape.append(dim.dim_value)
                 continue
             if not dim.dim_param or dim.dim_param not in axis_ranges:
-                raise config_error(f"input {graph_input.name!r} axis {axis} ({dim.dim_param or 'unnamed'}) is dynamic "
+                raise ConfigError(f"input {graph_input.name!r} axis {axis} ({dim.dim_param or 'unnamed'}) is dynamic "
                                   f"but engine.tensorrt.axis_ranges has no range for it; named: {sorted(axis_ranges)}")
             for level, value in zip(("min", "opt", "max"), axis_ranges[dim.dim_param]):
                 per_level[level].append(int(value))

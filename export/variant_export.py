@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 from export.graph_checks import check_graph
 from export.onnx_export import export_piper, piper_vits_of
 from export.onnxruntime_engine import build_session

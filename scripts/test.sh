@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 # the Triton path is tested, not skipped.
 bash scripts/pytriton_env.sh >/dev/null
 source scripts/setup_env.sh
-python -m pytest -q "$@"
+# The layers of docs/architecture.md, declared in pyproject.toml: no upward imports, no circles.
+lint-imports
+python -m pytest -q --durations=20 "$@"

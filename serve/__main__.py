@@ -26,16 +26,16 @@ import uvicorn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from compress.settings import settings_from_config
 from serve.app import create_app
 from serve.engines import load_served_model
+from serve.settings import serve_settings_from_config
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     if HydraConfig.initialized():
         OmegaConf.set_struct(cfg, False)
-    settings = settings_from_config(OmegaConf.to_container(cfg, resolve=True)).serve  # fails on a bad key
+    settings = serve_settings_from_config(OmegaConf.to_container(cfg, resolve=True))  # fails on a bad key
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     options = dict(host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log,
                    timeout_graceful_shutdown=int(settings.shutdown_grace_s))

@@ -50,8 +50,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from compress.atomic_io import write_text_atomic
-from compress.revision import git_revision
+from core.atomic_io import write_text_atomic
+from core.revision import git_revision
 from texts import load_sentences
 
 WAV_HEADER_BYTES = 44  # a streamed 16-bit PCM WAV's RIFF header before the first sample

@@ -1,13 +1,15 @@
 """Typed settings of the serving runtime (`python -m serve`), from the config group ``conf/serve``.
 
-``compress.settings.RunSettings.serve`` holds one of these, so a bad or unknown ``serve.*`` key
-stops `python -m serve` (and `python -m compress`) at start, naming the key.
+``serve_settings_from_config`` builds one from the composed config's ``serve`` group, so a bad
+or unknown ``serve.*`` key stops `python -m serve` at start, naming the key.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import dataclass
+
+from core.config import ConfigError, build_dataclass
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 # fp16 and bf16 are the teacher with its parts in half precision, built as compress/half_precision.py
@@ -18,7 +20,7 @@ STREAMING_MODES = ("sentence", "decoder_chunks")
 TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # export/torch_engines.py
 
 
-class ServeConfigError(ValueError):
+class ServeConfigError(ConfigError):
     """A ``serve.*`` value the server cannot use; raised before the model loads."""
 
 
@@ -136,3 +138,10 @@ class ServeSettings:
             fail("min_upload_sample_rate_hz", f"must be <= max_upload_sample_rate_hz ({self.max_upload_sample_rate_hz})")
         if self.api_key is not None and len(self.api_key) < 8:  # the value is a secret: not echoed
             raise ServeConfigError("serve.api_key: use null (no auth) or a token of at least 8 characters")
+
+
+def serve_settings_from_config(resolved: dict) -> ServeSettings:
+    """``resolved``: the composed config as a plain dict; only its ``serve`` group is read."""
+    if "serve" not in resolved:
+        raise ServeConfigError("the config has no 'serve' group: compose conf/config.yaml")
+    return build_dataclass(ServeSettings, resolved["serve"], "serve")

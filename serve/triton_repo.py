@@ -29,7 +29,7 @@ from pathlib import Path
 
 import onnx
 
-from compress.atomic_io import write_text_atomic
+from core.atomic_io import write_text_atomic
 from export.manifest import load_manifest
 from export.piper_onnx_runtime import _latent_channels, prepare_graph
 from export.triton_graph import SCALE_NAMES, triton_graph

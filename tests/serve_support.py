@@ -11,10 +11,9 @@ from pathlib import Path
 
 import uvicorn
 
-from compress.settings import settings_from_config
 from conftest import compose_config
 from serve.engines import ServedModel, load_variant
-from serve.settings import ServeSettings
+from serve.settings import ServeSettings, serve_settings_from_config
 
 # Small buckets and batches: warm-up takes a fraction of a second on CPU.
 FAST = ["serve.source=original_onnx", "serve.length_buckets=[32,96]", "serve.max_batch_size=4",
@@ -23,7 +22,7 @@ FAST = ["serve.source=original_onnx", "serve.length_buckets=[32,96]", "serve.max
 
 def serve_settings(tmp_path: Path, *overrides: str) -> ServeSettings:
     """``serve`` settings of `python -m serve <FAST> <overrides>`, composed from conf/."""
-    return settings_from_config(compose_config(tmp_path, [*FAST, *overrides])).serve
+    return serve_settings_from_config(compose_config(tmp_path, [*FAST, *overrides]))
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from compress.settings import ConfigError
+from core.config import ConfigError
 from export.onnxruntime_engine import OrtEngineSettings, build_session
 from export.tensorrt_engine import EXIT_UNAVAILABLE, TensorRTSettings, build_engine, profile_shapes
 

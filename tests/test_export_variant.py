@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from compress.settings import ConfigError, settings_from_config
+from core.config import ConfigError
+from compress.run_config import settings_from_config
 from export.settings import EngineSettings, ExportSettings
 from export.variant_export import export_variant
 from models.interface import PhonemeSequence

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from compress.int8_modelopt import Int8ModeloptSettings, build, qdq_summary
-from compress.settings import ConfigError, settings_from_config
+from core.config import ConfigError
+from compress.run_config import settings_from_config
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from compress.distil import (
-    REPO_ROOT, LiteStudent, TeacherTargets, load_student, save_student, train_lite,
+    REPO_ROOT, TeacherTargets, save_student, train_lite,
 )
-from compress.settings import ConfigError, settings_from_config
+from core.config import ConfigError
+from compress.run_config import settings_from_config
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.speaker import speaker_similarity
 from models.interface import NoiseControl, SynthesisRequest
-from models.piper.lite import InverseStftHead, LiteStudentConfig, build_lite_parts
+from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, build_lite_parts, load_student
 from models.piper.vits import VitsHyperParams
 from models.piper.voice import PiperVoice
 

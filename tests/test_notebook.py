@@ -6,7 +6,7 @@ import mlflow
 import pytest
 
 from compress.pipeline import run
-from compress.settings import settings_from_config
+from compress.run_config import settings_from_config
 from notebooks.execute import COMPARE_VARIANTS, SERVING_LOADTESTS, execute_notebook
 
 DEBUG_VARIANTS = ["original_onnx", "teacher"]

@@ -5,7 +5,7 @@ import mlflow
 import pytest
 
 from compress.pipeline import run
-from compress.settings import settings_from_config
+from compress.run_config import settings_from_config
 
 REQUIRED_METRICS = {"rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "params_m", "size_mb",
                     "dnsmos_p808", "dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak"}

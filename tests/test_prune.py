@@ -12,7 +12,7 @@ import torch
 
 from compress.decoder_training import load_decoder
 from compress.prune import PruneSettings, build, prune_decoder
-from compress.settings import ConfigError
+from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.interface import NoiseControl, SynthesisRequest

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import subprocess
 
-from compress.revision import git_revision
+from core.revision import git_revision
 
 
 def _git(root, *args):

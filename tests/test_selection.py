@@ -25,7 +25,9 @@ from compress.selection import (
     pareto_front,
     select_champion,
 )
-from compress.settings import ConfigError, TrackingSettings, settings_from_config
+from core.config import ConfigError
+from compress.run_config import settings_from_config
+from compress.settings import TrackingSettings
 from export.manifest import load_manifest
 
 

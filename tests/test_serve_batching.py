@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from models.interface import NoiseControl, SynthesisRequest
 from serve.app import create_app
 from serve.batching import BatchBudget, BatcherClosedError, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
-from serve_support import serve_settings, served_variant, wait_until
+from serve_support import serve_settings, served_variant
 
 TEXTS = ["Bring the red kite.", "Is it windy today over the hills and far away?", "Yes."]
 # Measured: about 1e-4 at most (float rounding in batched kernels, decoder padding past the last frame).

@@ -9,7 +9,7 @@ import json
 import onnx
 import pytest
 
-from compress.settings import ConfigError
+from core.config import ConfigError
 from export.manifest import DeploymentManifest, ManifestError, write_manifest
 from export.piper_onnx_runtime import prepare_graph
 from models.piper.voice_files import PiperVoiceFiles

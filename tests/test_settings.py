@@ -1,7 +1,8 @@
 """A bad config stops the run at start with a message naming the key."""
 import pytest
 
-from compress.settings import ConfigError, settings_from_config
+from core.config import ConfigError
+from compress.run_config import settings_from_config
 
 
 def test_debug_preset_builds_settings(debug_config):

@@ -18,14 +18,21 @@ the exported graph stays in ops every engine runs (TensorRT has no DFT).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from safetensors import safe_open
+from safetensors.torch import load_file
 from torch.nn import functional as F
 
 from models.piper.vits import LRELU_SLOPE, ResBlock, ResidualCouplingFlow, VitsHyperParams
+
+
+STUDENT_PARTS = ("flow", "decoder")  # the parts the Lite student replaces; weights keyed "<part>.<param>"
 
 
 @dataclass(frozen=True)
@@ -161,3 +168,35 @@ def build_lite_parts(teacher_hp: VitsHyperParams, config: LiteStudentConfig) -> 
     speaker_channels = teacher_hp.speaker_channels if teacher_hp.num_speakers > 1 else 0
     decoder = IstftGenerator(teacher_hp.latent_channels, config, speaker_channels)
     return {"flow": flow, "decoder": decoder}
+
+
+class LiteStudent(nn.Module):
+    """The trainable parts: prior sample -> flow -> latent segment -> decoder -> audio segment."""
+
+    def __init__(self, flow: nn.Module, decoder: nn.Module):
+        super().__init__()
+        self.flow = flow
+        self.decoder = decoder
+
+    def forward(self, z_prior: torch.Tensor, mask: torch.Tensor, starts: torch.Tensor,
+                segment_frames: int) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.flow.reverse(z_prior, mask) * mask  # (B, C_lat, T_frames)
+        segments = slice_segments(z, starts, segment_frames)  # (B, C_lat, S)
+        return z, self.decoder(segments)[:, 0]  # (B, S * hop)
+
+
+def slice_segments(z: torch.Tensor, starts: torch.Tensor, frames: int) -> torch.Tensor:
+    """(B, C, T) -> (B, C, frames) starting at ``starts`` (B,); zero past the end."""
+    padded = nn.functional.pad(z, (0, frames))
+    index = (starts.view(-1, 1) + torch.arange(frames, device=z.device)).unsqueeze(1)  # (B, 1, S)
+    return torch.gather(padded, 2, index.expand(-1, z.shape[1], -1))
+
+
+def load_student(teacher_hp: VitsHyperParams, weights_path: Path) -> tuple[dict[str, nn.Module], LiteStudentConfig]:
+    """The Lite parts from a safetensors file whose metadata holds their LiteStudentConfig."""
+    with safe_open(str(weights_path), framework="pt") as handle:
+        config = LiteStudentConfig.from_dict(json.loads(handle.metadata()["lite_student_config"]))
+    parts = build_lite_parts(teacher_hp, config)
+    student = LiteStudent(parts["flow"], parts["decoder"])
+    student.load_state_dict(load_file(str(weights_path)), strict=True)
+    return {"flow": student.flow.eval(), "decoder": student.decoder.eval()}, config

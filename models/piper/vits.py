@@ -10,6 +10,7 @@ Two deliberate departures from the training code, both exact at inference:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -532,3 +533,15 @@ class PiperVits(nn.Module):
                                    noise_scale, length_scale, noise_scale_w, speaker_id)
         audio = self.dec(latent.z, latent.speaker_embedding)[:, 0]  # (B, T_audio)
         return audio, latent.frame_lengths * self.hp.hop_length, latent.durations
+
+
+def hyperparams_from_dict(fields: dict) -> VitsHyperParams:
+    known = {f.name for f in dataclasses.fields(VitsHyperParams)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"student config hyperparams: unknown keys {unknown}; accepted: {sorted(known)}")
+
+    def as_tuples(value):  # JSON lists back to the tuples VitsHyperParams holds
+        return tuple(as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+    return VitsHyperParams(**{name: as_tuples(value) for name, value in fields.items()})

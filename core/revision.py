@@ -1,6 +1,6 @@
 """The code a result came from: the git revision stored beside MLflow runs and load-test reports.
 
-    from compress.revision import git_revision
+    from core.revision import git_revision
     git_revision(".")   # 'd8316b2...' or 'd8316b2...-dirty' or 'unknown'
 """
 from __future__ import annotations
