@@ -38,7 +38,8 @@ from torch import nn
 
 from core.atomic_io import atomic_write
 from compress.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
+from models.interface import SynthesisRequest, Utterance
+from models.sampling import VitsSampling
 from models.piper.vits import HifiGanGenerator, VitsHyperParams, hyperparams_from_dict
 
 if TYPE_CHECKING:  # the voice pulls in onnx and espeak, which the GPU machine does not need
@@ -48,7 +49,7 @@ STUDENT_KIND = "piper_hifigan"
 TEACHER_PREFIX = "teacher_decoder."  # dataset-file keys of the teacher decoder's weights
 # Distillation noise: Piper's own inference defaults, so the student learns the latents it will
 # be given at synthesis time.
-DISTILLATION_NOISE = NoiseControl(noise_scale=0.667, length_scale=1.0, noise_scale_w=0.8, seed=0)
+DISTILLATION_NOISE = VitsSampling(noise_scale=0.667, length_scale=1.0, noise_scale_w=0.8, seed=0)
 
 
 # ---------------------------------------------------------------- decoder configs (rebuild with shapes)
@@ -146,8 +147,8 @@ class LatentDataset:
     sample_rate_hz: int
 
     @classmethod
-    def from_voice(cls, voice: PiperVoice, sentences: Sequence[str] | Sequence[PhonemeSequence],
-                   noise: NoiseControl = DISTILLATION_NOISE, synthesis_batch_size: int = 8,
+    def from_voice(cls, voice: PiperVoice, sentences: Sequence[str] | Sequence[Utterance],
+                   noise: VitsSampling = DISTILLATION_NOISE, synthesis_batch_size: int = 8,
                    log_every: int = 0) -> "LatentDataset":
         """Run the teacher up to its flow output (the decoder's input) on every sentence.
 
@@ -158,15 +159,15 @@ class LatentDataset:
         if hp.num_speakers > 1:
             raise ValueError(f"LatentDataset.from_voice: voice has {hp.num_speakers} speakers; "
                              "only single-speaker voices are supported so far")
-        sequences = [s for item in sentences for s in ([item] if isinstance(item, PhonemeSequence)
-                                                       else voice.text_to_sequences(item))]
+        sequences = [s for item in sentences for s in ([item] if isinstance(item, Utterance)
+                                                       else voice.text_to_utterances(item))]
         if not sequences:
             raise ValueError("LatentDataset.from_voice: no sentences given")
         sequences.sort(key=lambda s: len(s.phoneme_ids))
         latents = []
         for batch_index, start in enumerate(range(0, len(sequences), synthesis_batch_size)):
             chunk = sequences[start : start + synthesis_batch_size]
-            request = SynthesisRequest.from_sequences(chunk, noise=dataclasses.replace(noise, seed=noise.seed + batch_index))
+            request = SynthesisRequest.from_utterances(chunk, sampling=dataclasses.replace(noise, seed=noise.seed + batch_index))
             latent = voice.decoder_latent(request)
             for row, frames in enumerate(latent.frame_lengths.tolist()):
                 latents.append(latent.z[row, :, :frames].float().cpu().clone())
@@ -262,7 +263,7 @@ class SegmentSampler:
             step += 1
 
 
-def teacher_latent_batches(voice: PiperVoice, sentences: Sequence[str] | Sequence[PhonemeSequence],
+def teacher_latent_batches(voice: PiperVoice, sentences: Sequence[str] | Sequence[Utterance],
                            batch_size: int, segment_frames: int, seed: int) -> SegmentSampler:
     """Endless (z (B, C_lat, segment_frames), audio (B, segment_frames * hop)) batches from the teacher.
 

@@ -39,7 +39,7 @@ from core.atomic_io import atomic_write, write_text_atomic
 from compress.decoder_training import DISTILLATION_NOISE, DistillationLoss, LossWeights, learning_rate
 from compress.discriminators import HifiGanDiscriminator, discriminator_loss, generator_losses
 from core.config import ConfigError
-from models.interface import NoiseControl
+from models.sampling import VitsSampling
 from models.piper.lite import STUDENT_PARTS, LiteStudent, LiteStudentConfig, build_lite_parts, load_student, slice_segments
 from models.piper.vits import PiperVits, hyperparams_from_dict
 
@@ -103,7 +103,7 @@ class TeacherTargets:
     """Batch ``step`` of teacher targets; a function of (seed, step) alone, so training resumes exactly."""
 
     def __init__(self, teacher: PiperVits, phoneme_ids: list[list[int]], batch_size: int, segment_frames: int,
-                 seed: int, device: str, noise: NoiseControl = DISTILLATION_NOISE):
+                 seed: int, device: str, noise: VitsSampling = DISTILLATION_NOISE):
         if not phoneme_ids:
             raise ValueError("TeacherTargets: no training sentences")
         self.teacher = copy.deepcopy(teacher).float().to(device).eval().requires_grad_(False)
@@ -284,7 +284,7 @@ def _train_here(voice, settings: DistilSettings, ctx, weights_path: Path) -> dic
     from texts.training_text import generate_training_sentences
 
     sentences = generate_training_sentences(settings.training_sentences, settings.seed)
-    phoneme_ids = [seq.phoneme_ids for text in sentences for seq in voice.text_to_sequences(text)]
+    phoneme_ids = [seq.phoneme_ids for text in sentences for seq in voice.text_to_utterances(text)]
     config = LiteStudentConfig.from_dict(dict(settings.student))
     parts = build_lite_parts(voice.model.hp, config)
     student = LiteStudent(parts["flow"], parts["decoder"])
@@ -309,7 +309,7 @@ def _prepare(args: argparse.Namespace) -> None:
 
     voice = PiperVoice.load(args.voice)
     sentences = generate_training_sentences(args.sentences, args.seed)
-    phoneme_ids = [seq.phoneme_ids for text in sentences for seq in voice.text_to_sequences(text)]
+    phoneme_ids = [seq.phoneme_ids for text in sentences for seq in voice.text_to_utterances(text)]
     out = Path(args.out)
     state = {k: v.detach().half().contiguous() for k, v in voice.model.state_dict().items()}
     atomic_write(out / "teacher.safetensors", lambda tmp: save_file(state, tmp))

@@ -6,7 +6,7 @@ op histogram, a TensorRT-readiness report and, for PyTorch variants, parity agai
 * PyTorch variants are exported by export/variant_export.py (export, simplify, check, parity,
   onnxruntime session, TensorRT engine where installed);
 * onnxruntime variants already are a graph: the original voice's is prepared (noise inputs and
-  durations output, export/piper_onnx_runtime.py) so that every deployed graph takes the same
+  durations output, models/piper/onnx_runtime.py) so that every deployed graph takes the same
   inputs; quantized graphs are used as they are.
 
 ``artifacts["onnx"]`` is the graph that selection may deploy (compress/registration.py). A graph
@@ -24,9 +24,9 @@ from compress.registration import GRAPH_ARTIFACT
 from compress.settings import RunSettings
 from compress.variants import Variant
 from export.graph_checks import check_graph
-from export.piper_onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
 from export.tensorrt_support import readiness_report
-from models.interface import PhonemeSequence
+from models.interface import Utterance
 
 
 def _readiness_metrics(report: dict | None) -> dict[str, float]:
@@ -45,7 +45,7 @@ def _prepared_original(voice: PiperOnnxRuntimeVoice, work_dir: Path) -> Path:
     return path
 
 
-def variant_graph(variant: Variant, settings: RunSettings, calibration: list[PhonemeSequence],
+def variant_graph(variant: Variant, settings: RunSettings, calibration: list[Utterance],
                   work_dir: Path) -> tuple[dict[str, float], dict[str, str], dict[str, Path]]:
     """(metrics, tags, artifacts) of ``variant``'s graph; see the module docstring."""
     work_dir = Path(work_dir)

@@ -35,7 +35,7 @@ from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
-from models.interface import NoiseControl
+from models.sampling import VitsSampling
 from models.piper.vits import PiperVits
 from models.piper.voice import PiperVoice
 from models.precision import (
@@ -89,7 +89,7 @@ def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) 
         raise ValueError(f"measure_sentences={settings.measure_sentences} but the calibration set gives "
                          f"only {len(sequences)} sequences")
     name = VARIANT_NAMES[settings.dtype]
-    noises = [NoiseControl(seed=i) for i in range(len(sequences))]  # Piper's scales; same for every run
+    noises = [VitsSampling(seed=i) for i in range(len(sequences))]  # Piper's scales; same for every run
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     table_path = ctx.work_dir / f"{name}_part_sensitivity.json"
     measured_for = {"dtype": settings.dtype, "device": teacher.device, "keep_fp32": list(settings.keep_fp32),

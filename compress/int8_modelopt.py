@@ -74,7 +74,8 @@ from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from export.onnx_export import export_decoder
 from export.tensorrt_support import readiness_report
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 from models.piper.vits import PiperVits
 from models.piper.voice import PiperVoice
 from models.precision import synthesize_each, waveform_snr_db
@@ -173,16 +174,16 @@ def quantize_config(settings: Int8ModeloptSettings) -> dict:
     }
 
 
-def _noises(count: int) -> list[NoiseControl]:
+def _noises(count: int) -> list[VitsSampling]:
     """Sentence i draws its noise from seed i at Piper's default scales, in every run of this stage."""
-    return [NoiseControl(seed=i) for i in range(count)]
+    return [VitsSampling(seed=i) for i in range(count)]
 
 
-def _forward_loop(voice: PiperVoice, role: str, sequences: list[PhonemeSequence]):
+def _forward_loop(voice: PiperVoice, role: str, sequences: list[Utterance]):
     """Runs ``voice`` (with the part being calibrated installed) so the part sees real inputs, batch 1."""
     def loop(part: nn.Module) -> None:
         for sequence, noise in zip(sequences, _noises(len(sequences))):
-            latent = voice.decoder_latent(SynthesisRequest.from_sequences([sequence], noise=noise))  # encoder, durations, flow: calibrates encoder/flow
+            latent = voice.decoder_latent(SynthesisRequest.from_utterances([sequence], sampling=noise))  # encoder, durations, flow: calibrates encoder/flow
             if role == "decoder":
                 z = latent.z.clone()  # (B, C_lat, T_frames), a normal tensor out of inference mode
                 g = None if latent.speaker_embedding is None else latent.speaker_embedding.clone()
@@ -191,7 +192,7 @@ def _forward_loop(voice: PiperVoice, role: str, sequences: list[PhonemeSequence]
 
 
 def _calibrate(voice: PiperVoice, role: str, settings: Int8ModeloptSettings,
-               sequences: list[PhonemeSequence]) -> nn.Module:
+               sequences: list[Utterance]) -> nn.Module:
     """Quantize and calibrate ``voice``'s part ``role`` in place; returns the quantized part."""
     mtq = _mtq()
     from modelopt.torch.quantization import model_calib
@@ -269,7 +270,7 @@ def _set_int8(blocks: dict[str, dict[str, nn.Module]], int8_blocks: set[str]) ->
                 quantizer.enable() if block in int8_blocks else quantizer.disable()
 
 
-def _degradation(voice: PiperVoice, sequences: list[PhonemeSequence], noises: list[NoiseControl],
+def _degradation(voice: PiperVoice, sequences: list[Utterance], noises: list[VitsSampling],
                  references: list[SynthesisResult]) -> dict[str, float | int | None]:
     """MCD (dB, mean and max), waveform SNR (dB, mean where durations agree) and changed durations vs fp32."""
     mcds_db, snrs_db, duration_changes = [], [], 0
@@ -296,7 +297,7 @@ def _weights_digest(module: nn.Module) -> str:
 
 
 def _sensitivity(voice: PiperVoice, blocks: dict[str, dict[str, nn.Module]], settings: Int8ModeloptSettings,
-                 sequences: list[PhonemeSequence], references: list[SynthesisResult]) -> list[dict]:
+                 sequences: list[Utterance], references: list[SynthesisResult]) -> list[dict]:
     """One row per block: its degradation when it alone runs int8 (blocks not measured get None)."""
     noises = _noises(len(sequences))
     rows = []
@@ -522,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     teacher_voice = PiperVoice.load(args.voice)
     teacher = Variant("teacher", teacher_voice, "torch", "cpu", parameter_count(teacher_voice) / 1e6,
                       state_dict_size_mb(teacher_voice))
-    sequences = [teacher_voice.text_to_sequences(text)[0] for text in load_sentences("calibration")]
+    sequences = [teacher_voice.text_to_utterances(text)[0] for text in load_sentences("calibration")]
     ctx = StageContext(calibration_sequences=sequences, work_dir=args.work_dir, cpu_threads=args.threads,
                        cache_dir=args.work_dir)
     variant = build(teacher, settings, ctx)

@@ -2,7 +2,7 @@
 
 Issue #3, stage 2 (ONNX side). From the ``original_onnx`` variant:
 
-1. prepare the graph (noise inputs, durations output: ``export.piper_onnx_runtime.prepare_graph``).
+1. prepare the graph (noise inputs, durations output: ``models.piper.onnx_runtime.prepare_graph``).
    ORT's ``quant_pre_process`` is not used: it runs only with its symbolic shape inference
    skipped (that stops at the data-dependent frame count), and then changed neither the int8
    MCD (0.552 vs 0.554 dB) nor the speed, because ORT makes the same fusions when it loads a graph;
@@ -73,8 +73,9 @@ from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
 from evaluate.rtf import timed_median
-from export.piper_onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 from texts import load_sentences
 
 VARIANT_NAME = "int8_ort"
@@ -194,9 +195,9 @@ class PiperCalibrationReader(CalibrationDataReader):
         return self.voice.session_feeds(request)
 
 
-def sentence_requests(sequences: list[PhonemeSequence]) -> list[SynthesisRequest]:
+def sentence_requests(sequences: list[Utterance]) -> list[SynthesisRequest]:
     """One batch-1 request per sentence; sentence i draws its noise from seed i at Piper's default scales."""
-    return [SynthesisRequest.from_sequences([sequence], noise=NoiseControl(seed=i))
+    return [SynthesisRequest.from_utterances([sequence], sampling=VitsSampling(seed=i))
             for i, sequence in enumerate(sequences)]
 
 
@@ -515,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     original = PiperOnnxRuntimeVoice(args.voice, threads=args.threads)
     source = Variant("original_onnx", original, "onnxruntime", "cpu", original.num_parameters / 1e6,
                      file_size_mb(original.files.onnx_path))
-    sequences = [original.text_to_sequences(text)[0] for text in load_sentences("calibration")]
+    sequences = [original.text_to_utterances(text)[0] for text in load_sentences("calibration")]
     ctx = StageContext(calibration_sequences=sequences, work_dir=args.work_dir, cpu_threads=args.threads,
                        cache_dir=args.work_dir)
     variant = build(source, settings, ctx)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from compress.registration import GRAPH_ARTIFACT
 from compress.variants import StageContext, Variant
 from evaluate.memory import file_size_mb
-from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 
 
 def build(source: Variant, settings: None, ctx: StageContext, variant_name: str = "lite_ort") -> Variant:

@@ -90,7 +90,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         nonlocal calibration
         if calibration is None:
             calibration = [seq for sentence in load_sentences(settings.data.calibration_set)
-                           for seq in built[reference_name].model.text_to_sequences(sentence)]
+                           for seq in built[reference_name].model.text_to_utterances(sentence)]
         return calibration
 
     with start_parent_run(settings.tracking.tracking_uri, settings.tracking.experiment_name,

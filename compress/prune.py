@@ -55,7 +55,7 @@ from compress.decoder_training import (
 from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from evaluate.memory import parameter_count, state_dict_size_mb
-from models.interface import PhonemeSequence, SynthesisRequest
+from models.interface import SynthesisRequest, Utterance
 from models.piper.vits import TextEncoder, VitsHyperParams
 from models.piper.voice import PiperVoice
 from texts.training_text import generate_training_sentences
@@ -223,8 +223,8 @@ def load_text_encoder(weights_path: Path, config_path: Path) -> TextEncoder:
     return encoder
 
 
-def _phoneme_batch(sequences: list[PhonemeSequence], device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    request = SynthesisRequest.from_sequences(sequences)
+def _phoneme_batch(sequences: list[Utterance], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    request = SynthesisRequest.from_utterances(sequences)
     return request.phoneme_ids.to(device), request.phoneme_lengths.to(device)
 
 
@@ -234,7 +234,7 @@ def _encoder_outputs(encoder: TextEncoder, phoneme_ids: torch.Tensor, phoneme_le
     return torch.cat([hidden, prior_mean, prior_log_std], dim=1)
 
 
-def encoder_distillation_mse(student: TextEncoder, teacher: TextEncoder, sequences: list[PhonemeSequence],
+def encoder_distillation_mse(student: TextEncoder, teacher: TextEncoder, sequences: list[Utterance],
                              device: str) -> float:
     """Mean squared difference of the encoder outputs over ``sequences`` (padding is zero in both)."""
     phoneme_ids, phoneme_lengths = _phoneme_batch(sequences, device)
@@ -245,7 +245,7 @@ def encoder_distillation_mse(student: TextEncoder, teacher: TextEncoder, sequenc
 
 
 def prune_encoder_ffn(encoder: TextEncoder, ratio: float, importance: str,
-                      calibration: list[PhonemeSequence] | None = None) -> TextEncoder:
+                      calibration: list[Utterance] | None = None) -> TextEncoder:
     """Remove ``ratio`` of the inner channels of every feed-forward layer of ``encoder``, in place.
 
     Only the inner width (conv_1's outputs, conv_2's inputs) changes: the hidden width that the
@@ -273,7 +273,7 @@ def prune_encoder_ffn(encoder: TextEncoder, ratio: float, importance: str,
     return encoder
 
 
-def finetune_encoder(student: TextEncoder, teacher: TextEncoder, sequences: list[PhonemeSequence], steps: int,
+def finetune_encoder(student: TextEncoder, teacher: TextEncoder, sequences: list[Utterance], steps: int,
                      lr: float, batch_size: int, device: str) -> dict:
     """Match the teacher encoder's outputs (MSE) on training phonemes; no checkpoint: 300 steps take
     about 8 minutes on one CPU thread (batch 8), against hours for a decoder run."""
@@ -377,7 +377,7 @@ def _pruned_encoder(teacher: Variant, settings: PruneSettings, ctx: StageContext
     check = ctx.calibration_sequences[: 8 * CALIBRATION_BATCHES]
     report["calib_encoder_mse_after_prune"] = encoder_distillation_mse(encoder, teacher_encoder, check, teacher.device)
     sequences = [s for text in generate_training_sentences(settings.finetune_sentences, SEED)
-                 for s in teacher.model.text_to_sequences(text)]
+                 for s in teacher.model.text_to_utterances(text)]
     summary = finetune_encoder(encoder, teacher_encoder, sequences, settings.finetune_steps, settings.finetune_lr,
                                settings.finetune_batch_size, teacher.device)
     report |= {f"encoder_finetune_{k}": v for k, v in summary.items()}

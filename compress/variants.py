@@ -11,7 +11,7 @@ import torch
 
 from compress.settings import RunSettings
 from evaluate.memory import file_size_mb, parameter_count, state_dict_size_mb
-from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 from models.interface import TTSModel
 from models.piper.voice import PiperVoice
 
@@ -35,7 +35,7 @@ class Variant:
 class StageContext:
     """What every compression stage may use besides its own settings."""
 
-    calibration_sequences: list  # list[PhonemeSequence] from the calibration set, never the eval set
+    calibration_sequences: list  # list[Utterance] from the calibration set, never the eval set
     work_dir: Path  # the stage's artifacts; a finished artifact found here is reused (resume)
     cpu_threads: int
     cache_dir: Path

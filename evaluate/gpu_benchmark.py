@@ -42,7 +42,8 @@ import torch
 from torch import nn
 
 from evaluate.rtf import measure_batch1, measure_batched
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 from models.precision import VARIANT_NAMES, compare_outputs, part_sensitivity, to_half_precision
 
 MIB = 1024 * 1024
@@ -99,7 +100,7 @@ class TorchVitsOnDevice(nn.Module):
     @torch.inference_mode()
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         device = next(self.model.parameters()).device
-        noise = request.noise
+        noise = request.sampling
         batch, length = request.phoneme_ids.shape
         duration_noise, prior_noise = noise.draw(batch, length, self.model.hp.latent_channels)  # float32
         audio, audio_lengths, durations = self.model(
@@ -109,15 +110,15 @@ class TorchVitsOnDevice(nn.Module):
         )
         # Audio leaves the device, as a server would send it: the copy is timed, and kept results
         # do not pile up in the VRAM peak.
-        return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), durations.cpu(), self.sample_rate_hz)
+        return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), self.sample_rate_hz, durations=durations.cpu())
 
 
-def _sequences(utterances: list[dict]) -> list[PhonemeSequence]:
-    return [PhonemeSequence(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
+def _sequences(utterances: list[dict]) -> list[Utterance]:
+    return [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
 
 
 def _to_cpu(results: list[SynthesisResult]) -> list[SynthesisResult]:
-    return [SynthesisResult(r.audio.float().cpu(), r.audio_lengths.cpu(), r.durations.cpu(), r.sample_rate_hz)
+    return [SynthesisResult(r.audio.float().cpu(), r.audio_lengths.cpu(), r.sample_rate_hz, durations=r.durations.cpu())
             for r in results]
 
 
@@ -187,7 +188,7 @@ def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentenc
     """``device="cpu"`` runs the same code path without a GPU (a smoke test); names then say cpu."""
     import onnx
 
-    from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+    from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
     from models.piper.importer import onnx_to_state_dict
     from models.piper.vits import PiperVits
 
@@ -203,7 +204,7 @@ def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentenc
                          "table needs: re-run `python -m evaluate.gpu_benchmark prepare`")
     sequences = _sequences(payload["utterances"])
     texts = [sequence.text for sequence in sequences]
-    noises = [NoiseControl(seed=payload["seed"] + i) for i in range(len(sequences))]
+    noises = [VitsSampling(seed=payload["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = int(payload["sample_rate_hz"])
     hp, state = onnx_to_state_dict(onnx.load(voice_onnx))
     model = PiperVits(hp)
@@ -228,7 +229,7 @@ def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentenc
         else:
             synthesizer = to_half_precision(base, HALF_VARIANTS[name], keep_fp32).to(device)
             try:  # a build of torch without these half-precision kernels on this device: say so, go on
-                synthesizer.synthesize(SynthesisRequest.from_sequences(sequences[:1], noise=noises[0]))
+                synthesizer.synthesize(SynthesisRequest.from_utterances(sequences[:1], sampling=noises[0]))
             except RuntimeError as error:
                 skipped[name] = f"{HALF_VARIANTS[name]} on {device}: {error}"
                 continue

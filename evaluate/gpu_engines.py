@@ -1,5 +1,5 @@
 r"""Engines for the PyTorch variants on CUDA, side by side in one call: eager, CUDA graphs over
-static shape buckets, torch.compile and AOTInductor (export/torch_engines.py), per variant, with
+static shape buckets, torch.compile and AOTInductor (models/piper/engines.py), per variant, with
 compile time and speed-up over the eager FP32 teacher. Torch + numpy + safetensors only (the GPU machine).
 
     # here: phoneme ids (python -m evaluate.gpu_benchmark prepare ...) and the teacher's weights
@@ -29,8 +29,9 @@ import torch
 from safetensors.torch import load_file
 
 from evaluate.rtf import measure_batch1, measure_batched
-from export.torch_engines import BucketedEngine, EagerEngine, StageBackend
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.piper.engines import BucketedEngine, EagerEngine, StageBackend
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 from models.piper.lite import STUDENT_PARTS, load_student
 from models.piper.vits import PiperVits, hyperparams_from_dict
 from models.precision import to_half_precision
@@ -73,10 +74,10 @@ def _first_pass(engine, sequences, noises) -> float:
     """Seconds for one pass at batch 1 and one at batch 16: captures and compiles every shape once."""
     started = time.perf_counter()
     for sequence, noise in zip(sequences, noises):
-        engine.synthesize(SynthesisRequest.from_sequences([sequence], noise=noise))
+        engine.synthesize(SynthesisRequest.from_utterances([sequence], sampling=noise))
     ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
     for start in range(0, len(ordered), 16):
-        engine.synthesize(SynthesisRequest.from_sequences(ordered[start : start + 16], noise=noises[0]))
+        engine.synthesize(SynthesisRequest.from_utterances(ordered[start : start + 16], sampling=noises[0]))
     return time.perf_counter() - started
 
 
@@ -112,8 +113,8 @@ def main() -> None:
               "lite_fp16": lambda: half(lite)}
     inputs = json.loads(open(args.inputs, encoding="utf-8").read())
     utterances = inputs["utterances"][: args.utterances]
-    sequences = [PhonemeSequence(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
-    noises = [NoiseControl(seed=inputs["seed"] + i) for i in range(len(sequences))]
+    sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
+    noises = [VitsSampling(seed=inputs["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = bundle["sample_rate_hz"]
     only = {key for key in args.only.split(",") if key}
     plan = [(variant, backend) for variant, backend in PLAN if not only or f"{variant}/{backend}" in only]

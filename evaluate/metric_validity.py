@@ -19,15 +19,16 @@ from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from evaluate.intelligibility import DomainRecognizer, WordErrorRate
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
-from models.interface import NoiseControl, SynthesisRequest
+from models.interface import SynthesisRequest
+from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice
 from texts import load_sentences
 
 
 def score_conditions(voice: PiperVoice, sentences: list[str]) -> dict[str, dict[str, float]]:
-    sequences = [seq for sentence in sentences for seq in voice.text_to_sequences(sentence)]
+    sequences = [seq for sentence in sentences for seq in voice.text_to_utterances(sentence)]
     clean = [
-        voice.synthesize(SynthesisRequest.from_sequences([seq], noise=NoiseControl(seed=i))).waveforms()[0]
+        voice.synthesize(SynthesisRequest.from_utterances([seq], sampling=VitsSampling(seed=i))).waveforms()[0]
         for i, seq in enumerate(tqdm(sequences, desc="teacher"))
     ]
     texts = [seq.text for seq in sequences]

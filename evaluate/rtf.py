@@ -17,7 +17,8 @@ from typing import Callable
 
 import torch
 
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 
 Synthesize = Callable[[SynthesisRequest], SynthesisResult]
 
@@ -70,8 +71,8 @@ def _audio_seconds(result: SynthesisResult) -> float:
 
 def measure_batch1(
     synthesize: Synthesize,
-    sequences: list[PhonemeSequence],
-    noises: list[NoiseControl],
+    sequences: list[Utterance],
+    noises: list[VitsSampling],
     warm_runs: int = 3,
     warmup_runs: int = 1,
     device: str = "cpu",
@@ -82,7 +83,7 @@ def measure_batch1(
     timings, results = [], []
     iterator = progress(range(len(sequences))) if progress else range(len(sequences))
     for i in iterator:
-        request = SynthesisRequest.from_sequences([sequences[i]], noise=noises[i])
+        request = SynthesisRequest.from_utterances([sequences[i]], sampling=noises[i])
         compute_s, result = timed_median(lambda: synthesize(request), warm_runs, warmup_runs, device)
         timings.append(UtteranceTiming(compute_s, _audio_seconds(result)))
         results.append(result)
@@ -98,9 +99,9 @@ def measure_batch1(
 
 def measure_batched(
     synthesize: Synthesize,
-    sequences: list[PhonemeSequence],
+    sequences: list[Utterance],
     batch_size: int,
-    noise: NoiseControl,
+    noise: VitsSampling,
     warm_runs: int = 3,
     warmup_runs: int = 1,
     device: str = "cpu",
@@ -111,7 +112,7 @@ def measure_batched(
     ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
     compute_s = audio_s = 0.0
     for start in range(0, len(ordered), batch_size):
-        request = SynthesisRequest.from_sequences(ordered[start : start + batch_size], noise=noise)
+        request = SynthesisRequest.from_utterances(ordered[start : start + batch_size], sampling=noise)
         seconds, result = timed_median(lambda: synthesize(request), warm_runs, warmup_runs, device)
         compute_s += seconds
         audio_s += _audio_seconds(result)

@@ -16,29 +16,30 @@ from tqdm import tqdm
 from evaluate.settings import EvaluateSettings
 from evaluate.memory import PeakRssSampler
 from evaluate.rtf import measure_batch1, measure_batched
-from models.interface import NoiseControl, PhonemeSequence
+from models.interface import Utterance
+from models.sampling import VitsSampling
 
 
 @dataclass
 class EvaluationSet:
     """Sentences after the frontend, with the frontend's time per sentence and fixed noise."""
 
-    sequences: list[PhonemeSequence]
+    sequences: list[Utterance]
     frontend_s: list[float]
-    noises: list[NoiseControl]
+    noises: list[VitsSampling]
 
     @classmethod
     def build(cls, sentences: list[str], model, noise) -> "EvaluationSet":
         sequences, frontend_s = [], []
         for sentence in sentences:
             start = time.perf_counter()
-            parts = model.text_to_sequences(sentence)
+            parts = model.text_to_utterances(sentence)
             elapsed = time.perf_counter() - start
             sequences += parts
             # Time to first audio only waits for the first sentence's phonemes.
             frontend_s += [elapsed / len(parts)] * len(parts)
         noises = [
-            NoiseControl(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=noise.seed + i)
+            VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=noise.seed + i)
             for i in range(len(sequences))
         ]
         return cls(sequences, frontend_s, noises)

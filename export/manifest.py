@@ -3,7 +3,7 @@
 The selection step writes ``manifest.json`` beside the variant's graph when it picks a champion;
 ``serve`` reads it back. The graph follows the Piper input contract (``input``, ``input_lengths``,
 ``scales``, optional ``sid``) plus explicit noise inputs (``duration_noise``, ``prior_noise``),
-which is what ``export.piper_onnx_runtime.PiperOnnxRuntimeVoice(graph_path=...)`` runs.
+which is what ``models.piper.onnx_runtime.PiperOnnxRuntimeVoice(graph_path=...)`` runs.
 """
 from __future__ import annotations
 

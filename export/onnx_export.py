@@ -10,7 +10,7 @@ The graph takes Piper's inputs, ``input`` (B, T_text) int64, ``input_lengths`` (
 multi-speaker voices, plus the explicit standard-normal noise ``duration_noise`` (B, 2, T_text)
 and ``prior_noise`` (B, C_lat, T_frames_max). Outputs: ``output`` (B, 1, 1, T_audio) like Piper's
 graphs, and ``durations`` (B, 1, T_text) float32 frames per phoneme, the output of the graph's one
-``Ceil``, as ``export.piper_onnx_runtime.prepare_graph`` exposes it for the original voice. So
+``Ceil``, as ``models.piper.onnx_runtime.prepare_graph`` exposes it for the original voice. So
 ``PiperOnnxRuntimeVoice(voice, graph_path=...)`` runs an exported graph unchanged.
 
 Exporter: torch's dynamo exporter (opset 18). The frame count is data dependent; PiperVits states
@@ -49,7 +49,7 @@ OUTPUT_NAMES = ("output", "durations")
 # Example shapes for tracing; the graph is dynamic in all of them. Batch 2 with unequal lengths:
 # torch.export specializes a dimension whose example size is 1.
 EXAMPLE_TEXT_LENGTHS = (24, 17)
-EXAMPLE_FRAMES_PER_ID = 16  # NoiseControl.max_frames_per_phoneme_id
+EXAMPLE_FRAMES_PER_ID = 16  # VitsSampling.max_frames_per_phoneme_id
 
 
 def piper_vits_of(voice_or_vits) -> PiperVits:

@@ -19,15 +19,16 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
+from models.interface import SynthesisRequest, Utterance
+from models.sampling import VitsSampling
 from models.precision import waveform_snr_db
 
 BUDGETS_OF_PEAK = {"fp32": 1e-4, "fp16": 1e-2}
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
-def onnx_torch_parity(voice, graph_path: str | Path, sequences: Sequence[PhonemeSequence], precision: str = "fp32",
-                      threads: int = 1, noise: NoiseControl = NoiseControl()) -> dict:
+def onnx_torch_parity(voice, graph_path: str | Path, sequences: Sequence[Utterance], precision: str = "fp32",
+                      threads: int = 1, noise: VitsSampling = VitsSampling()) -> dict:
     """JSON-able parity metrics of ``graph_path`` against ``voice`` (a PyTorch PiperVoice) on ``sequences``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {list(PRECISIONS)}")
@@ -40,11 +41,11 @@ def onnx_torch_parity(voice, graph_path: str | Path, sequences: Sequence[Phoneme
     latent_channels = voice.model.hp.latent_channels
     diffs_of_peak, snrs_db, durations_equal = [], [], 0
     for index, sequence in enumerate(sequences):
-        drawn = NoiseControl(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index)
+        drawn = VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index)
         duration_noise, prior_noise = drawn.draw(1, len(sequence.phoneme_ids), latent_channels)
-        fixed = NoiseControl(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index,
+        fixed = VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index,
                              duration_noise=duration_noise, prior_noise=prior_noise)
-        request = SynthesisRequest.from_sequences([sequence], noise=fixed)
+        request = SynthesisRequest.from_utterances([sequence], sampling=fixed)
         reference = voice.synthesize(request)
         feeds = {
             "input": request.phoneme_ids.numpy(), "input_lengths": request.phoneme_lengths.numpy(),

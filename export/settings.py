@@ -57,7 +57,7 @@ class TensorRTSettings:
     axis_ranges: dict = field(default_factory=lambda: {
         "batch_size": [1, 4, 16],
         "phonemes": [2, 64, 400],  # ids per sentence; the calibration set's longest is under 300
-        "frames": [2, 1024, 6400],  # phonemes x NoiseControl.max_frames_per_phoneme_id (16)
+        "frames": [2, 1024, 6400],  # phonemes x VitsSampling.max_frames_per_phoneme_id (16)
     })
     timing_cache: str | None = None  # path; created on first build
     builder_optimization_level: int = 3  # TensorRT's default; 5 searches longest

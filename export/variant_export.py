@@ -33,7 +33,8 @@ from export.settings import EngineSettings, ExportSettings
 from export.simplify import simplify_graph
 from export.tensorrt_engine import build_engine
 from export.tensorrt_support import readiness_report
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest
+from models.interface import SynthesisRequest, Utterance
+from models.sampling import VitsSampling
 from models.precision import PrecisionIsland
 
 _ISLAND_PRECISIONS = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
@@ -69,13 +70,13 @@ def variant_precision(model) -> str:
     return "fp32"
 
 
-def _feeds(model, sequences: list[PhonemeSequence]) -> list[dict[str, np.ndarray]]:
+def _feeds(model, sequences: list[Utterance]) -> list[dict[str, np.ndarray]]:
     """Graph inputs for each sentence alone, Piper's noise scales, seed i."""
     vits = piper_vits_of(model)
     feeds = []
     for index, sequence in enumerate(sequences):
-        noise = NoiseControl(seed=index)
-        request = SynthesisRequest.from_sequences([sequence], noise=noise)
+        noise = VitsSampling(seed=index)
+        request = SynthesisRequest.from_utterances([sequence], sampling=noise)
         duration_noise, prior_noise = noise.draw(1, len(sequence.phoneme_ids), vits.hp.latent_channels)
         feed = {"input": request.phoneme_ids.numpy(), "input_lengths": request.phoneme_lengths.numpy(),
                 "scales": np.array([noise.noise_scale, noise.length_scale, noise.noise_scale_w], np.float32),
@@ -86,7 +87,7 @@ def _feeds(model, sequences: list[PhonemeSequence]) -> list[dict[str, np.ndarray
     return feeds
 
 
-def export_variant(name: str, model, work_dir: str | Path, sequences: list[PhonemeSequence],
+def export_variant(name: str, model, work_dir: str | Path, sequences: list[Utterance],
                    settings: ExportSettings, engine: EngineSettings | None = None,
                    precision: str | None = None) -> ExportReport:
     """Export variant ``name`` (a PiperVoice, any parts) under ``work_dir``; see the module docstring."""

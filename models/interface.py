@@ -1,30 +1,35 @@
 """The one interface every TTS family implements, so stages and the server never touch internals.
 
-A family (Piper/VITS now; EmotiVoice, GPT-SoVITS and Kokoro later) provides:
+A family (models/<family>/, listed in models/registry.py) provides a model that offers:
 
-* a text frontend: ``text -> list[PhonemeSequence]`` (one per sentence);
+* a text frontend: ``text -> list[Utterance]`` (one per sentence);
 * ``synthesize(SynthesisRequest) -> SynthesisResult`` on padded batches;
-* named replaceable parts (``parts()``): the encoder, the duration/alignment model and the
-  decoder/vocoder, which compression stages prune, quantize, distil or swap.
+* named replaceable parts (``parts()``), which compression stages prune, quantize, distil or swap;
+* its ``capabilities``, which generic code reads instead of the family's name.
 
-Conditioning that only some families use is optional on the request: a speaker id (Piper
-multi-speaker, EmotiVoice), a reference embedding (GPT-SoVITS zero-shot clip, resemblyzer-style
-d-vectors), a style vector or prompt embedding (Kokoro's 256-d style, EmotiVoice's BERT prompt).
-A model rejects conditioning it cannot use with a ValueError rather than ignoring it.
+Conditioning that only some families use travels in ``VoiceCondition`` (each field optional). A
+model refuses conditioning its capabilities do not list with a ValueError rather than ignoring it.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
+from models.sampling import Sampling
+
+STREAMING_UNITS = ("sentence", "decoder_frames", "tokens")
+
+
+class UnspeakableTextError(ValueError):
+    """Text the frontend cannot turn into symbols the voice knows (empty, or unknown symbols)."""
+
 
 @dataclass(frozen=True)
-class PhonemeSequence:
-    """One sentence after the text frontend."""
+class Utterance:
+    """One sentence after the text frontend: its text, symbols and the model's ids for them."""
 
     text: str
     phonemes: tuple[str, ...]
@@ -32,61 +37,81 @@ class PhonemeSequence:
 
 
 @dataclass(frozen=True)
-class NoiseControl:
-    """Everything random about synthesis, made explicit so two variants compare sample for sample.
+class ReferenceClip:
+    """A zero-shot voice prompt: audio and, for families that align it, what it says."""
 
-    ``draw`` gives the standard-normal tensors a model scales and consumes: from a seed (a CPU
-    generator by default, identical on every device and engine; ``device=`` draws on that
-    device's generator instead, identical across engines on that device), from explicit
-    tensors, or from the global RNG when ``seed`` is None. Scales of 0 make synthesis deterministic.
-    """
+    waveform: torch.Tensor  # (T_audio,) float in [-1, 1]
+    sample_rate_hz: int
+    transcript: str | None = None
 
-    noise_scale: float = 0.667  # prior noise; Piper's default
-    length_scale: float = 1.0  # >1 speaks slower
-    noise_scale_w: float = 0.8  # duration-predictor noise; Piper's default
-    seed: int | None = 0
-    duration_noise: torch.Tensor | None = None  # (B, 2, T_text)
-    prior_noise: torch.Tensor | None = None  # (B, C_latent, T_frames_cap)
-    # Frames one phoneme id may take at length_scale 1; bounds the prior noise drawn up front
-    # because the frame count is only known after duration prediction.
-    max_frames_per_phoneme_id: int = 16
 
-    def draw(self, batch: int, text_length: int, latent_channels: int,
-             device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """(duration_noise (B, 2, T_text), prior_noise (B, C_latent, T_frames_cap)) on ``device``.
+@dataclass
+class VoiceCondition:
+    """Who speaks and how; every field optional, a family uses those its capabilities name."""
 
-        Why a device: the prior noise is ~16 frames x 192 channels per phoneme, millions of draws
-        for a batch; on a GPU engine drawing them on the host costs more than synthesis itself.
-        Explicit tensors are moved to ``device`` as given.
-        """
-        if self.duration_noise is not None and self.prior_noise is not None:
-            return self.duration_noise.to(device), self.prior_noise.to(device)
-        generator = None if self.seed is None else torch.Generator(device=device).manual_seed(self.seed)
-        frames_cap = int(math.ceil(text_length * self.max_frames_per_phoneme_id * max(1.0, self.length_scale)))
-        duration_noise = torch.randn((batch, 2, text_length), generator=generator, device=device)
-        prior_noise = torch.randn((batch, latent_channels, frames_cap), generator=generator, device=device)
-        return duration_noise, prior_noise
+    speaker_id: torch.Tensor | None = None  # (B,) int64: a speaker table row
+    reference_embedding: torch.Tensor | None = None  # (B, D_ref) float: a d-vector of a reference clip
+    reference: ReferenceClip | None = None  # a zero-shot clip the family encodes itself
+    style: torch.Tensor | None = None  # (B, D_style) float: a style vector / prompt embedding
+    prompt: str | None = None  # a natural-language style or emotion prompt
+    emotion: str | None = None  # a named emotion the family knows
+
+    def given(self) -> tuple[str, ...]:
+        """Names of the fields that are set."""
+        return tuple(name for name, value in vars(self).items() if value is not None)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a family can take and do; stages and the server read these, never the family's name."""
+
+    speaker_ids: bool = False  # a speaker table (VoiceCondition.speaker_id)
+    zero_shot: bool = False  # a reference clip conditions the voice (VoiceCondition.reference)
+    zero_shot_needs_transcript: bool = False
+    prompt_style: bool = False  # a text style / emotion prompt (VoiceCondition.prompt / emotion)
+    autoregressive: bool = False  # tokens are decoded one step at a time (a token-step scheduler)
+    streaming_unit: str = "sentence"  # the smallest piece of audio it can hand out early
+    durations: bool = True  # its results carry frames per phoneme id
+
+    def __post_init__(self):
+        if self.streaming_unit not in STREAMING_UNITS:
+            raise ValueError(f"streaming_unit={self.streaming_unit!r}: use one of {list(STREAMING_UNITS)}")
+
+    def accepted_conditions(self) -> tuple[str, ...]:
+        """The VoiceCondition fields a model with these capabilities takes."""
+        accepted = []
+        if self.speaker_ids:
+            accepted.append("speaker_id")
+        if self.zero_shot:
+            accepted += ["reference_embedding", "reference"]
+        if self.prompt_style:
+            accepted += ["style", "prompt", "emotion"]
+        return tuple(accepted)
+
+    def check(self, condition: VoiceCondition | None, family: str) -> None:
+        """Raise ValueError naming the conditioning ``family`` cannot use."""
+        refused = sorted(set(condition.given() if condition else ()) - set(self.accepted_conditions()))
+        if refused:
+            raise ValueError(f"family {family} takes no {refused}; it accepts {list(self.accepted_conditions())}")
 
 
 @dataclass
 class SynthesisRequest:
-    """A padded batch of phoneme ids plus optional conditioning."""
+    """A padded batch of phoneme ids, how to sample, and optional voice conditioning."""
 
     phoneme_ids: torch.Tensor  # (B, T_text) int64, right-padded
     phoneme_lengths: torch.Tensor  # (B,) int64
-    noise: NoiseControl = field(default_factory=NoiseControl)
-    speaker_id: torch.Tensor | None = None  # (B,) int64
-    reference_embedding: torch.Tensor | None = None  # (B, D_ref) float, zero-shot voices
-    style: torch.Tensor | None = None  # (B, D_style) float, style vector / prompt embedding
+    sampling: Sampling = field(default_factory=Sampling)
+    voice: VoiceCondition | None = None
 
     @classmethod
-    def from_sequences(cls, sequences: list[PhonemeSequence], **kwargs) -> "SynthesisRequest":
-        if not sequences:
-            raise ValueError("SynthesisRequest needs at least one phoneme sequence, got none")
-        lengths = torch.tensor([len(s.phoneme_ids) for s in sequences], dtype=torch.long)
-        ids = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.long)  # (B, T_text)
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq.phoneme_ids)] = torch.tensor(seq.phoneme_ids, dtype=torch.long)
+    def from_utterances(cls, utterances: list[Utterance], **kwargs) -> "SynthesisRequest":
+        if not utterances:
+            raise ValueError("SynthesisRequest needs at least one utterance, got none")
+        lengths = torch.tensor([len(u.phoneme_ids) for u in utterances], dtype=torch.long)
+        ids = torch.zeros(len(utterances), int(lengths.max()), dtype=torch.long)  # (B, T_text)
+        for row, utterance in enumerate(utterances):
+            ids[row, : len(utterance.phoneme_ids)] = torch.tensor(utterance.phoneme_ids, dtype=torch.long)
         return cls(phoneme_ids=ids, phoneme_lengths=lengths, **kwargs)
 
 
@@ -94,8 +119,9 @@ class SynthesisRequest:
 class SynthesisResult:
     audio: torch.Tensor  # (B, T_audio) float in [-1, 1], right-padded
     audio_lengths: torch.Tensor  # (B,) int64 samples
-    durations: torch.Tensor  # (B, T_text) int64 frames per phoneme
     sample_rate_hz: int
+    durations: torch.Tensor | None = None  # (B, T_text) int64 frames per phoneme, where the family has them
+    tokens: torch.Tensor | None = None  # (B, T_tokens) int64 semantic tokens of an autoregressive family
 
     def waveforms(self) -> list[torch.Tensor]:
         """Unpadded waveforms, one (T_audio_i,) tensor per batch item."""
@@ -106,14 +132,17 @@ class SynthesisResult:
 class TTSModel(Protocol):
     """What compression stages, evaluation and serving rely on."""
 
+    family: str
     sample_rate_hz: int
+    capabilities: Capabilities
+    sampling_type: type[Sampling]
 
-    def text_to_sequences(self, text: str) -> list[PhonemeSequence]: ...
+    def text_to_utterances(self, text: str) -> list[Utterance]: ...
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult: ...
 
     def parts(self) -> dict[str, nn.Module]:
-        """Replaceable parts by role: ``encoder``, ``duration``, ``decoder`` (and ``flow`` for VITS)."""
+        """Replaceable parts by role; the family's registry entry lists the roles."""
         ...
 
     def replace_part(self, role: str, module: nn.Module) -> None:

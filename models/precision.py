@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from models.interface import NoiseControl, PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
 
 HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 VARIANT_NAMES = {"float16": "fp16", "bfloat16": "bf16"}  # what runs and result tables call them
@@ -103,13 +104,13 @@ def to_half_precision(voice_or_model, dtype: str | torch.dtype, keep_fp32: Seque
     return converted
 
 
-def synthesize_each(voice, sequences: Sequence[PhonemeSequence], noises: Sequence[NoiseControl]) -> list[SynthesisResult]:
+def synthesize_each(voice, sequences: Sequence[Utterance], noises: Sequence[VitsSampling]) -> list[SynthesisResult]:
     """Batch-1 synthesis of every sequence with its own noise, results on the CPU."""
     results = []
     for sequence, noise in zip(sequences, noises, strict=True):
-        result = voice.synthesize(SynthesisRequest.from_sequences([sequence], noise=noise))
+        result = voice.synthesize(SynthesisRequest.from_utterances([sequence], sampling=noise))
         results.append(SynthesisResult(result.audio.float().cpu(), result.audio_lengths.cpu(),
-                                       result.durations.cpu(), result.sample_rate_hz))
+                                       result.sample_rate_hz, durations=result.durations.cpu()))
     return results
 
 
@@ -160,10 +161,10 @@ def compare_outputs(
 
 def part_sensitivity(
     voice,
-    sequences: Sequence[PhonemeSequence],
+    sequences: Sequence[Utterance],
     dtype: str | torch.dtype,
     device: str,
-    noises: Sequence[NoiseControl] | None = None,
+    noises: Sequence[VitsSampling] | None = None,
     mcd_db: Callable[[torch.Tensor, torch.Tensor, int], float] | None = None,
 ) -> list[dict]:
     """One row per part: that part alone in ``dtype``, every other part in float32, vs all float32.
@@ -173,7 +174,7 @@ def part_sensitivity(
     scales with seed i for sequence i, the same for every row and the reference.
     """
     dtype = half_dtype(dtype)
-    noises = list(noises) if noises is not None else [NoiseControl(seed=i) for i in range(len(sequences))]
+    noises = list(noises) if noises is not None else [VitsSampling(seed=i) for i in range(len(sequences))]
     reference = synthesize_each(copy.deepcopy(voice).to(device), sequences, noises)
     rows = []
     for role in voice.parts():

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv-pytriton/bin/python ]; then
   python3 -m venv .venv-pytriton
 fi
-if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, export.piper_onnx_runtime" \
+if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, models.piper.onnx_runtime" \
     >/dev/null 2>&1; then
   .venv-pytriton/bin/python -m pip install -q --upgrade pip
   # The local CPU build of torch first (PiperOnnxRuntimeVoice imports it), as scripts/setup_env.sh does.

@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from models.interface import NoiseControl
-from models.text.espeak_frontend import UnspeakableTextError
+from models.sampling import VitsSampling
+from models.interface import UnspeakableTextError
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
 from serve.batching import BatchBudget, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
@@ -111,7 +111,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     bucketed engines (aoti, or any on the CPU) capture nothing: every batch bucket at every length
     bucket."""
     with _FRONTEND_LOCK:
-        phoneme_ids = served.model.text_to_sequences("Warm up the voice.")[0].phoneme_ids
+        phoneme_ids = served.model.text_to_utterances("Warm up the voice.")[0].phoneme_ids
 
     def sentence(length: int, length_scale: float = 1.0) -> SentenceJob:
         return SentenceJob(tuple(itertools.islice(itertools.cycle(phoneme_ids), length)),
@@ -125,7 +125,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     if not served.captures_graphs:
         return [[sentence(bound)] * size for bound in settings.length_buckets for size in settings.batch_buckets
                 if budget.fits(size, bound, 1.0)]
-    from export.torch_engines import TEXT_BUCKETS
+    from models.piper.engines import TEXT_BUCKETS
 
     longest = settings.length_buckets[-1]
     text_buckets = [bound for bound in TEXT_BUCKETS if bound <= longest] or [TEXT_BUCKETS[0]]
@@ -143,7 +143,7 @@ def batch_budget(served: ServedModel, settings: ServeSettings) -> BatchBudget:
     eager engine run the batch as it is."""
     if not served.engine.startswith("torch_"):
         return BatchBudget(settings.max_batch_phonemes)
-    from export.torch_engines import TEXT_BUCKETS
+    from models.piper.engines import TEXT_BUCKETS
 
     return BatchBudget(settings.max_batch_phonemes, settings.batch_buckets, TEXT_BUCKETS)
 
@@ -280,7 +280,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
         """Phoneme ids of every sentence of ``text``, pieces capped at ``max_sentence_chars``."""
         pieces = [piece for piece in split_text(text, settings.max_sentence_chars) if any(c.isalnum() for c in piece)]
         with _FRONTEND_LOCK:
-            sequences = [seq.phoneme_ids for piece in pieces for seq in served.model.text_to_sequences(piece)]
+            sequences = [seq.phoneme_ids for piece in pieces for seq in served.model.text_to_utterances(piece)]
         if not sequences:
             raise UnspeakableTextError(f"no words to speak in {text[:60]!r}")
         return sequences
@@ -355,7 +355,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             except UnspeakableTextError as error:
                 raise ApiError(400, f"input cannot be spoken by this voice: {error}", "unspeakable_text",
                                param="input") from error
-            defaults = NoiseControl()
+            defaults = VitsSampling()
             scales = NoiseScales(noise_scale=defaults.noise_scale if body.noise_scale is None else body.noise_scale,
                                  length_scale=1.0 / body.speed,
                                  noise_scale_w=defaults.noise_scale_w if body.noise_scale_w is None

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from models.interface import NoiseControl, SynthesisRequest, TTSModel
+from models.interface import SynthesisRequest, TTSModel, VoiceCondition
+from models.sampling import VitsSampling
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ def sentence_noise(job: SentenceJob, latent_channels: int, device: str = "cpu") 
     """(duration_noise (1, 2, T_text), prior_noise (1, C_lat, T_frames_cap)) of ``job`` alone.
 
     The same draw as an unbatched ``SynthesisRequest`` of this one sentence with
-    ``NoiseControl(seed=job.seed, ...)`` on ``device``, so batching cannot change the sentence's noise.
+    ``VitsSampling(seed=job.seed, ...)`` on ``device``, so batching cannot change the sentence's noise.
     """
-    noise = NoiseControl(length_scale=job.scales.length_scale, seed=job.seed)
+    noise = VitsSampling(length_scale=job.scales.length_scale, seed=job.seed)
     return noise.draw(1, len(job.phoneme_ids), latent_channels, device)
 
 
@@ -90,10 +91,10 @@ def batch_request(jobs: list[SentenceJob], latent_channels: int, device: str = "
     return SynthesisRequest(
         phoneme_ids=phoneme_ids,
         phoneme_lengths=torch.tensor([len(job.phoneme_ids) for job in jobs], dtype=torch.long),
-        noise=NoiseControl(noise_scale=scale.noise_scale, length_scale=scale.length_scale,
-                           noise_scale_w=scale.noise_scale_w, duration_noise=duration_noise,
-                           prior_noise=prior_noise),
-        speaker_id=speaker_id,
+        sampling=VitsSampling(noise_scale=scale.noise_scale, length_scale=scale.length_scale,
+                              noise_scale_w=scale.noise_scale_w, duration_noise=duration_noise,
+                              prior_noise=prior_noise),
+        voice=None if speaker_id is None else VoiceCondition(speaker_id=speaker_id),
     )
 
 

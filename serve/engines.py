@@ -69,12 +69,12 @@ def device_memory_note(device: str) -> str:
 
 
 def _bucketed(voice, settings: ServeSettings):
-    """The voice behind export.torch_engines' bucketed engine: eager stages replayed as CUDA graphs
+    """The voice behind models.piper.engines' bucketed engine: eager stages replayed as CUDA graphs
     (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on a GPU too), or
     AOTInductor packages (aoti)."""
     import torch
 
-    from export.torch_engines import BucketedEngine, EngineVoice, StageBackend
+    from models.piper.engines import BucketedEngine, EngineVoice, StageBackend
 
     kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
     if settings.device.startswith("cuda"):
@@ -95,7 +95,7 @@ def load_variant(variant: str, voice: str, threads: int, device: str,
     or on the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with
     every part but ``settings.half_keep_fp32`` in half precision, on the same engines)."""
     if variant == "original_onnx":
-        from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+        from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 
         model = PiperOnnxRuntimeVoice(voice, threads=threads)
         return ServedModel(model, variant, "piper", "onnxruntime", voice, model.latent_channels)
@@ -126,7 +126,7 @@ def load_served_model(settings: ServeSettings) -> ServedModel:
         log.warning(note)
         served = load_variant(settings.fallback_variant, settings.voice, settings.threads, settings.device)
         return dataclasses.replace(served, note=note)
-    from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+    from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 
     manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
     model = PiperOnnxRuntimeVoice(manifest.voice, settings.threads, graph_path=manifest.graph_path(manifest_path))

@@ -30,13 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
-from models.interface import NoiseControl, SynthesisRequest
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
+from models.interface import SynthesisRequest
+from models.sampling import VitsSampling
 from serve.triton_repo import VARIANTS
 
 MODEL_NAME = "tts"
 HOST = "127.0.0.1"
-DEFAULT_SCALES = (NoiseControl.noise_scale, NoiseControl.length_scale, NoiseControl.noise_scale_w)
+DEFAULT_SCALES = (VitsSampling.noise_scale, VitsSampling.length_scale, VitsSampling.noise_scale_w)
 LOGGER = logging.getLogger("serve.pytriton_server")
 
 
@@ -97,8 +98,8 @@ class SpeechCallable:
         noise_scale, length_scale, noise_scale_w = scales
         sequences, owners, duration_noises, prior_noises = [], [], [], []
         for k, (_, text, seed, _) in enumerate(items):
-            item_sequences = self.voice.text_to_sequences(text)
-            item_noise = NoiseControl(noise_scale, length_scale, noise_scale_w, seed=seed)
+            item_sequences = self.voice.text_to_utterances(text)
+            item_noise = VitsSampling(noise_scale, length_scale, noise_scale_w, seed=seed)
             duration_noise, prior_noise = item_noise.draw(
                 len(item_sequences), max(len(s.phoneme_ids) for s in item_sequences), self.voice.latent_channels
             )  # (n_k, 2, T_text_k), (n_k, C_latent, T_frames_cap_k)
@@ -106,7 +107,7 @@ class SpeechCallable:
             owners += [k] * len(item_sequences)
             duration_noises.append(duration_noise)
             prior_noises.append(prior_noise)
-        request = SynthesisRequest.from_sequences(sequences, noise=NoiseControl(
+        request = SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(
             noise_scale, length_scale, noise_scale_w,
             duration_noise=_pad_cat(duration_noises),  # (B, 2, T_text)
             prior_noise=_pad_cat(prior_noises),  # (B, C_latent, T_frames_cap)

@@ -17,7 +17,7 @@ from core.config import ConfigError, build_dataclass
 SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16")
 HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
-TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # export/torch_engines.py
+TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # models/piper/engines.py
 
 
 class ServeConfigError(ConfigError):

@@ -20,8 +20,9 @@ from pathlib import Path
 import soundfile
 import torch
 
-from models.interface import NoiseControl, SynthesisRequest, TTSModel
-from models.text.espeak_frontend import UnspeakableTextError
+from models.interface import SynthesisRequest, TTSModel
+from models.sampling import VitsSampling
+from models.interface import UnspeakableTextError
 
 ENGINES = ("torch", "onnxruntime")
 
@@ -38,7 +39,7 @@ def read_lines(text_file: Path) -> list[tuple[int, str]]:
     return numbered
 
 
-def check_noise(noise: NoiseControl) -> None:
+def check_noise(noise: VitsSampling) -> None:
     """Reject scales the model would take silently: negative noise, non-positive length."""
     for name in ("noise_scale", "noise_scale_w"):
         if getattr(noise, name) < 0:
@@ -58,7 +59,7 @@ def load_engine(voice: str, engine: str, device: str = "cpu") -> TTSModel:
     if engine == "onnxruntime":
         import onnxruntime
 
-        from export.piper_onnx_runtime import PiperOnnxRuntimeVoice
+        from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 
         provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[device]
         if provider not in onnxruntime.get_available_providers():
@@ -68,7 +69,7 @@ def load_engine(voice: str, engine: str, device: str = "cpu") -> TTSModel:
 
 
 def synthesize_lines(
-    model: TTSModel, lines: list[str], noise: NoiseControl, line_numbers: list[int] | None = None
+    model: TTSModel, lines: list[str], noise: VitsSampling, line_numbers: list[int] | None = None
 ) -> list[tuple[torch.Tensor, list[list[int]]]]:
     """(waveform (T_audio,), per-sentence durations in frames per phoneme id) for each line.
 
@@ -80,12 +81,12 @@ def synthesize_lines(
     sequences_per_line = []
     for number, line in zip(line_numbers, lines):
         try:
-            sequences_per_line.append(model.text_to_sequences(line))
+            sequences_per_line.append(model.text_to_utterances(line))
         except UnspeakableTextError as error:
             raise UnspeakableTextError(f"line {number}: {error}") from error
     outputs = []
     for sequences in sequences_per_line:
-        result = model.synthesize(SynthesisRequest.from_sequences(sequences, noise=noise))
+        result = model.synthesize(SynthesisRequest.from_utterances(sequences, sampling=noise))
         durations = [result.durations[i, : len(seq.phoneme_ids)].tolist() for i, seq in enumerate(sequences)]
         outputs.append((torch.cat(result.waveforms()), durations))
     return outputs
@@ -124,13 +125,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out-dir", type=Path, required=True)
     parser.add_argument("--voice", default="bundled:joe", help="'bundled:joe' or a Piper .onnx path")
     parser.add_argument("--engine", choices=ENGINES, default="torch")
-    parser.add_argument("--noise-scale", type=float, default=0.667)  # Piper's defaults, as in NoiseControl
+    parser.add_argument("--noise-scale", type=float, default=0.667)  # Piper's defaults, as in VitsSampling
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--noise-scale-w", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
-    noise = NoiseControl(noise_scale=args.noise_scale, length_scale=args.length_scale,
+    noise = VitsSampling(noise_scale=args.noise_scale, length_scale=args.length_scale,
                          noise_scale_w=args.noise_scale_w, seed=args.seed)
     try:
         check_noise(noise)  # before the voice loads: bad flags should fail in milliseconds

@@ -8,14 +8,14 @@
 Writes two model entries:
 
 * ``tts_<variant>/``: the ONNX Runtime backend, ``config.pbtxt`` plus ``1/model.onnx``, the
-  variant's prepared graph made batchable (``export.triton_graph``: ``scales`` is per request).
+  variant's prepared graph made batchable (``models.piper.triton_graph``: ``scales`` is per request).
 * ``tts_<variant>_trt/``: the TensorRT slot, ``config.pbtxt`` (platform ``tensorrt_plan``) and an
   empty ``1/``. ``1/model.plan`` is built from ``tts_<variant>/1/model.onnx`` by
   ``python -m export.tensorrt_engine`` on a machine with TensorRT; until then start Triton with
   ``--model-control-mode=explicit --load-model=tts_<variant>`` so the empty slot is not loaded.
 
 The graph takes phoneme ids, not text: the client runs the voice's frontend
-(``PiperOnnxRuntimeVoice.text_to_sequences``) and draws the noise. Triton's dynamic batcher joins
+(``PiperOnnxRuntimeVoice.text_to_utterances``) and draws the noise. Triton's dynamic batcher joins
 only requests whose tensors have the same shape, so clients pad ``input`` (with its true
 ``input_lengths``) to a length bucket and send noise sized for that bucket; padding does not
 change a row's audio (the graph masks by ``input_lengths``).
@@ -31,8 +31,8 @@ import onnx
 
 from core.atomic_io import write_text_atomic
 from export.manifest import load_manifest
-from export.piper_onnx_runtime import _latent_channels, prepare_graph
-from export.triton_graph import SCALE_NAMES, triton_graph
+from models.piper.onnx_runtime import _latent_channels, prepare_graph
+from models.piper.triton_graph import SCALE_NAMES, triton_graph
 from models.piper.voice_files import PiperVoiceFiles
 
 VARIANTS = ("original_onnx",)  # what --variant builds without a manifest

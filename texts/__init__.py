@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only for the annotation: importing models pulls in torch, which a text tool need not
-    from models.interface import PhonemeSequence
+    from models.interface import Utterance
 
 TEXTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = TEXTS_DIR.parent
@@ -65,7 +65,7 @@ def normalize(sentence: str) -> str:
 
 
 def phoneme_coverage(
-    sentences: Iterable[str], frontend: Callable[[str], list[PhonemeSequence]]
+    sentences: Iterable[str], frontend: Callable[[str], list[Utterance]]
 ) -> set[str]:
     """Every symbol the frontend emits for these sentences (phonemes, stress, length, pauses)."""
     return {

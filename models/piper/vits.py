@@ -5,7 +5,7 @@ the voice: ``VitsHyperParams.from_state_dict`` reads them off an imported state 
 low, medium and high voices all load into the same classes.
 
 Two deliberate departures from the training code, both exact at inference:
-* noise is an input (``NoiseControl``), never an internal ``randn``;
+* noise is an input (``VitsSampling``), never an internal ``randn``;
 * alignment is built from cumulative sums of the durations (no data-dependent scatter).
 """
 from __future__ import annotations
@@ -502,7 +502,7 @@ class PiperVits(nn.Module):
         if not torch.compiler.is_compiling() and prior_noise.shape[-1] < max_frames:
             raise ValueError(
                 f"prior_noise covers {prior_noise.shape[-1]} frames but the utterance needs {max_frames}: "
-                "raise NoiseControl.max_frames_per_phoneme_id"
+                "raise VitsSampling.max_frames_per_phoneme_id"
             )
         torch._check(max_frames >= 1)
         torch._check(max_frames <= prior_noise.shape[-1])

@@ -1,7 +1,7 @@
 """A Piper voice in PyTorch behind the common TTSModel interface, with a safetensors cache.
 
     voice = PiperVoice.load("bundled:joe")                 # or a path to any Piper .onnx voice
-    result = voice.synthesize(SynthesisRequest.from_sequences(voice.text_to_sequences("Hi.")))
+    result = voice.synthesize(SynthesisRequest.from_utterances(voice.text_to_utterances("Hi.")))
 
 The first load converts the ONNX graph (a few seconds); later loads read the cached
 safetensors file, keyed by the voice file's content hash.
@@ -29,7 +29,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models.interface import PhonemeSequence, SynthesisRequest, SynthesisResult
+from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.sampling import VitsSampling
+from models.piper.capabilities import CAPABILITIES, FAMILY_NAME
 from models.piper.importer import onnx_to_state_dict
 from models.piper.vits import DecoderLatent, PiperVits, VitsHyperParams
 from models.piper.voice_files import PiperVoiceFiles
@@ -115,6 +117,10 @@ def save_converted_voice(voice: str | Path, out_path: Path, dtype: torch.dtype =
 class PiperVoice(nn.Module):
     """Piper VITS voice: frontend + PyTorch synthesizer."""
 
+    family = FAMILY_NAME
+    capabilities = CAPABILITIES
+    sampling_type = VitsSampling
+
     def __init__(self, model: PiperVits, frontend: EspeakFrontend, sample_rate_hz: int):
         super().__init__()
         self.model = model
@@ -140,7 +146,7 @@ class PiperVoice(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def text_to_sequences(self, text: str) -> list[PhonemeSequence]:
+    def text_to_utterances(self, text: str) -> list[Utterance]:
         return self.frontend(text)
 
     def parts(self) -> dict[str, nn.Module]:
@@ -155,12 +161,12 @@ class PiperVoice(nn.Module):
 
     def _model_inputs(self, request: SynthesisRequest) -> tuple[tuple, dict]:
         """Positional and keyword arguments of PiperVits.forward / infer_latent for a request."""
-        if request.reference_embedding is not None or request.style is not None:
-            raise ValueError("Piper voices take no reference_embedding or style; use speaker_id")
+        self.capabilities.check(request.voice, self.family)
+        speaker_id = request.voice.speaker_id if request.voice is not None else None
         hp = self.model.hp
-        if hp.num_speakers > 1 and request.speaker_id is None:
+        if hp.num_speakers > 1 and speaker_id is None:
             raise ValueError(f"this voice has {hp.num_speakers} speakers: set speaker_id")
-        noise = request.noise
+        noise = request.sampling
         batch, text_length = request.phoneme_ids.shape
         duration_noise, prior_noise = noise.draw(batch, text_length, hp.latent_channels)
         device = self.device
@@ -172,7 +178,7 @@ class PiperVoice(nn.Module):
             noise_scale=noise.noise_scale,
             length_scale=noise.length_scale,
             noise_scale_w=noise.noise_scale_w,
-            speaker_id=None if request.speaker_id is None else request.speaker_id.to(device),
+            speaker_id=None if speaker_id is None else speaker_id.to(device),
         )
         return args, kwargs
 
@@ -180,7 +186,7 @@ class PiperVoice(nn.Module):
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         args, kwargs = self._model_inputs(request)
         audio, audio_lengths, durations = self.model(*args, **kwargs)
-        return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), durations.cpu(), self.sample_rate_hz)
+        return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), self.sample_rate_hz, durations=durations.cpu())
 
     @torch.inference_mode()
     def decoder_latent(self, request: SynthesisRequest) -> DecoderLatent:

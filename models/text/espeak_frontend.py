@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import re
 
-from models.interface import PhonemeSequence
+from models.interface import UnspeakableTextError, Utterance
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
 # Only at . ! ?, where espeak (and so Piper) ends a sentence too: Piper speaks ; and : as pauses
 # inside one sentence, and splitting there would change the phoneme ids and the prosody.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-class UnspeakableTextError(ValueError):
-    """The text (or part of it) cannot be turned into phonemes this voice knows."""
 
 
 class EspeakFrontend:
@@ -31,7 +27,7 @@ class EspeakFrontend:
     def split_sentences(self, text: str) -> list[str]:
         return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
 
-    def __call__(self, text: str) -> list[PhonemeSequence]:
+    def __call__(self, text: str) -> list[Utterance]:
         # Imported on first use: engines that run from phoneme ids (the GPU benchmark) need
         # no espeak-ng on their machine.
         from piper_phonemize import phonemize_espeak
@@ -50,7 +46,7 @@ class EspeakFrontend:
             )
         return sequences
 
-    def _to_sequence(self, sentence: str, phonemes: list[str]) -> PhonemeSequence:
+    def _to_sequence(self, sentence: str, phonemes: list[str]) -> Utterance:
         unknown = sorted({p for p in phonemes if p not in self.phoneme_id_map})
         if unknown:
             raise UnspeakableTextError(
@@ -60,4 +56,4 @@ class EspeakFrontend:
         for phoneme in phonemes:
             ids += self.phoneme_id_map[phoneme] + self.phoneme_id_map[PAD]
         ids += self.phoneme_id_map[EOS]
-        return PhonemeSequence(text=sentence, phonemes=tuple(phonemes), phoneme_ids=tuple(ids))
+        return Utterance(text=sentence, phonemes=tuple(phonemes), phoneme_ids=tuple(ids))

@@ -1,0 +1,35 @@
+"""Piper (VITS) as a registered family: loaders, parts, sampling and its original ONNX graph."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.family import Family, ReferenceRuntime
+from models.piper.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
+from models.piper.tiny import tiny_voice
+from models.piper.voice import PiperVoice
+from models.piper.voice_files import PiperVoiceFiles
+from models.sampling import VitsSampling
+
+
+def _load_teacher(voice: str, cache_dir: Path) -> PiperVoice:
+    return PiperVoice.load(voice, Path(cache_dir))
+
+
+REFERENCE = ReferenceRuntime(
+    load=lambda voice, threads: PiperOnnxRuntimeVoice(voice, threads=threads),
+    load_graph=lambda voice, threads, graph_path: PiperOnnxRuntimeVoice(voice, threads=threads, graph_path=graph_path),
+    graph_path=lambda voice: PiperVoiceFiles.resolve(voice).onnx_path,
+    prepare_graph=prepare_graph,
+)
+
+FAMILY = Family(
+    name=FAMILY_NAME,
+    capabilities=CAPABILITIES,
+    sampling_type=VitsSampling,
+    part_roles=PART_ROLES,
+    load_teacher=_load_teacher,
+    tiny_model=tiny_voice,
+    default_voice="bundled:joe",
+    reference=REFERENCE,
+)

@@ -1,0 +1,85 @@
+"""The reviewer notebook runs against a fresh debug run's MLflow store, and the run logged its selection."""
+import json
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from compress.pipeline import run
+from compress.run_config import settings_from_config
+from notebooks.execute import COMPARE_VARIANTS, SERVING_LOADTESTS, execute_notebook
+
+DEBUG_VARIANTS = ["original_onnx", "teacher"]
+
+
+@pytest.fixture(scope="module")
+def debug_store(tmp_path_factory):
+    """The debug pipeline into a temporary store whose artifacts also stay under the temporary folder."""
+    from tests.conftest import compose_config
+
+    tmp = tmp_path_factory.mktemp("notebook")
+    resolved = compose_config(tmp, ["+experiment=debug", "data.max_eval_sentences=1"])
+    settings = settings_from_config(resolved)
+    (tmp / "outputs").mkdir()
+    mlflow.set_tracking_uri(settings.tracking.tracking_uri)
+    mlflow.create_experiment(settings.tracking.experiment_name, artifact_location=(tmp / "artifacts").as_uri())
+    rows = run(settings, resolved)
+    return settings, rows, tmp
+
+
+def test_pipeline_logs_the_selection(debug_store):
+    settings, rows, tmp = debug_store
+    client = mlflow.MlflowClient(settings.tracking.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name(settings.tracking.experiment_name).experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    selection_path = client.download_artifacts(parent.info.run_id, "selection/selection.json", str(tmp))
+    selection = json.loads(Path(selection_path).read_text())
+    assert set(selection["eligibility"]) == set(DEBUG_VARIANTS)
+    assert selection["objective_metric"] == "rtf_cpu_b1"  # no GPU figures in a debug run: the fallback
+    assert selection["champion"] == parent.data.tags["selection_champion"] == selection["ranking"][0]
+    for child in runs:
+        if child is not parent:
+            assert child.data.tags["selection_eligible"] in ("true", "false")
+    assert (Path(settings.paths.run_dir) / "pareto.png").is_file()
+
+
+def test_notebook_executes_against_the_store(debug_store, tmp_path):
+    settings, rows, _ = debug_store
+    executed = execute_notebook(COMPARE_VARIANTS, tracking_uri=settings.tracking.tracking_uri,
+                                experiment=settings.tracking.experiment_name, output_path=tmp_path / "out.ipynb",
+                                timeout_s=120)
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    html = [o.data["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    table = next(h for h in html if "<table" in h)
+    for name in DEBUG_VARIANTS:
+        assert f">{name}</th>" in table
+    assert sum("<audio" in h for h in html) == len(DEBUG_VARIANTS)  # one player per variant
+    pngs = [o for o in outputs if "image/png" in o.get("data", {})]
+    assert len(pngs) == 2  # Pareto plot and spectrograms; no int8 variant: a note instead of the bar chart
+    notes = [o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
+    assert any("No variant of this run logged a sensitivity table" in n for n in notes)
+
+
+def test_serving_notebook_reads_the_recorded_load_tests(tmp_path):
+    """Against the committed reports (docs/results): the H200 plot, the levels that meet the target,
+    the streaming table and the CPU comparison, with no cell failing."""
+    results = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+    executed = execute_notebook(SERVING_LOADTESTS, loadtest_dir=results, output_path=tmp_path / "serving.ipynb",
+                                timeout_s=120)
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2  # H200 curves, CPU bars
+    notes = "".join(o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    assert "levels meet the target" in notes and "cpu_4_loadtest_unbatched_t2.json" in notes
+    html = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    # Session 5's last call met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
+    assert "h200_5d_loadtest_w3.json" in html and "729.9" in html
+
+
+def test_serving_notebook_names_a_folder_without_reports(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError, match="no serve.loadtest reports"):
+        execute_notebook(SERVING_LOADTESTS, loadtest_dir=tmp_path, output_path=tmp_path / "serving.ipynb",
+                         timeout_s=120)

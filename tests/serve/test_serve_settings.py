@@ -1,0 +1,94 @@
+"""`python -m serve` settings and model source: bad keys fail at start; the champion manifest loads.
+
+    python -m pytest -q tests/test_serve_settings.py
+"""
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from core.config import ConfigError
+from export.manifest import DeploymentManifest, ManifestError, write_manifest
+from models.piper.onnx_runtime import prepare_graph
+from models.piper.voice_files import PiperVoiceFiles
+from serve.engines import load_served_model
+from serve_support import serve_settings
+
+
+@pytest.mark.parametrize("override, error, message", [
+    ("+serve.gpus=4", ConfigError, r"serve: unknown keys \['gpus'\]"),
+    ("serve.workers=0", ValueError, "serve.workers=0"),
+    ("serve.voice=/voices/joe.safetensors", ValueError, "has no ONNX graph for original_onnx"),
+    ("serve.torch_engine=tensorrt", ValueError, "serve.torch_engine='tensorrt'"),
+    ("serve.source=int8_ort", ValueError, "serve.source='int8_ort'"),
+    ("serve.length_buckets=[128,64]", ValueError, "serve.length_buckets"),
+    ("serve.max_batch_size=0", ValueError, "serve.max_batch_size=0"),
+    ("serve.max_batch_phonemes=0", ValueError, "serve.max_batch_phonemes=0"),
+    ("serve.streaming=tokens", ValueError, "serve.streaming='tokens'"),
+    ("serve.api_key=short", ValueError, "serve.api_key: use null"),
+    ("serve.max_sentence_chars=0", ValueError, "max_sentence_chars"),
+])
+def test_bad_serve_config_fails_at_start(tmp_path, override, error, message):
+    with pytest.raises(error, match=message):
+        serve_settings(tmp_path, override)
+
+
+def test_api_key_is_never_echoed(tmp_path):
+    with pytest.raises(ValueError) as failure:
+        serve_settings(tmp_path, "serve.api_key=abc")
+    assert "abc" not in str(failure.value)
+
+
+def test_champion_manifest_is_served(tmp_path):
+    graph_path = tmp_path / "champion" / "joe_prepared.onnx"
+    graph_path.parent.mkdir()
+    onnx.save(prepare_graph(PiperVoiceFiles.resolve("bundled:joe").onnx_path), str(graph_path))
+    manifest_path = graph_path.parent / "manifest.json"
+    write_manifest(manifest_path, DeploymentManifest(variant="lite_int8", engine="onnxruntime", family="piper",
+                                                     voice="bundled:joe", graph=graph_path.name,
+                                                     sample_rate_hz=22050))
+    served = load_served_model(serve_settings(tmp_path, "serve.source=champion",
+                                              f"serve.manifest_path={manifest_path}"))
+    assert (served.model_id, served.engine, served.voice_name) == ("lite_int8", "onnxruntime", "joe")
+    assert served.model.graph_path == graph_path and served.note.startswith("champion from")
+
+    raw = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**raw, "engine": "tensorrt"}))
+    with pytest.raises(ManifestError, match="engine 'tensorrt'"):  # a broken manifest stops the server
+        load_served_model(serve_settings(tmp_path, "serve.source=champion", f"serve.manifest_path={manifest_path}"))
+
+
+def test_no_manifest_falls_back_to_the_named_variant(tmp_path):
+    served = load_served_model(serve_settings(tmp_path, "serve.source=champion",
+                                              f"serve.manifest_path={tmp_path / 'none' / 'manifest.json'}"))
+    assert served.model_id == "original_onnx" and "no champion manifest" in served.note
+
+
+def test_half_precision_source_serves_the_fp16_variant(tmp_path):
+    """serve.source=fp16 builds the variant the fp16 stage builds (the stage's keep_fp32), so the
+    champion of a run with GPU figures can be served on the torch engines."""
+    import torch
+
+    from models.interface import VitsSampling, SynthesisRequest
+    from models.piper.voice import PiperVoice
+    from models.precision import PrecisionIsland, waveform_snr_db
+
+    settings = serve_settings(tmp_path, "serve.source=fp16")
+    assert settings.half_keep_fp32 == ("encoder", "duration")  # conf/stages/default.yaml's fp16.keep_fp32
+    served = load_served_model(settings)
+    assert (served.model_id, served.engine) == ("fp16", "torch")
+    parts = served.model.parts()
+    assert isinstance(parts["decoder"], PrecisionIsland) and parts["decoder"].dtype == torch.float16
+    assert not isinstance(parts["encoder"], PrecisionIsland) and not isinstance(parts["duration"], PrecisionIsland)
+    sequences = served.model.text_to_utterances("Glue the sheet to the dark blue background.")
+    request = SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(seed=3))
+    half, full = served.model.synthesize(request), PiperVoice.load("bundled:joe").synthesize(request)
+    assert torch.equal(half.durations, full.durations)  # the parts that set durations stay float32
+    assert waveform_snr_db(half.waveforms()[0], full.waveforms()[0]) > 30.0  # 41.5 dB measured
+
+
+def test_half_precision_source_names_an_unknown_part(tmp_path):
+    with pytest.raises(ValueError, match=r"keep_fp32 names unknown parts \['vocoder'\]"):
+        load_served_model(serve_settings(tmp_path, "serve.source=bf16", "serve.half_keep_fp32=[vocoder]"))
