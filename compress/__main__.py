@@ -1,6 +1,6 @@
 """Compress and score a TTS voice, every variant logged to MLflow.
 
-    python -m compress +experiment=baseline               # teacher vs original Piper ONNX
+    python -m compress +experiment=baseline               # teacher vs the graph the voice ships
     python -m compress +experiment=baseline data=harvard  # on the Harvard lists
     python -m compress +experiment=debug                  # seconds, for a smoke test
 """

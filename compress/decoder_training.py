@@ -288,11 +288,11 @@ class LossWeights:
 
 
 class DistillationLoss(nn.Module):
-    def __init__(self, sample_rate_hz: int, weights: LossWeights = LossWeights()):
+    def __init__(self, sample_rate_hz: int, hop_length: int, weights: LossWeights = LossWeights()):
         super().__init__()
         self.weights = weights
         self.stft = MultiResolutionSTFTLoss()
-        self.mel = MelSpectrogramLoss(sample_rate_hz)
+        self.mel = MelSpectrogramLoss(sample_rate_hz, hop_length)
 
     def forward(self, predicted: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         """(B, T) waveforms -> {"loss", "stft", "mel"}; "loss" is the weighted sum to minimise."""
@@ -347,7 +347,7 @@ def train_decoder(
                          f"(got {steps}, {lr}, {checkpoint_every})")
     checkpoint_path = Path(checkpoint_path)
     student.to(device).train()
-    criterion = DistillationLoss(batches.dataset.sample_rate_hz, loss_weights).to(device)
+    criterion = DistillationLoss(batches.dataset.sample_rate_hz, batches.dataset.hop_length, loss_weights).to(device)
     optimizer = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.8, 0.99))  # HiFi-GAN's betas
     start_step = 0
     if checkpoint_path.is_file():

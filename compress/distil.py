@@ -172,7 +172,7 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
         raise ValueError(f"train_lite: need steps >= 1 and lr > 0 (got {steps}, {lr})")
     device = targets.device
     student.to(device).train()
-    criterion = DistillationLoss(sample_rate_hz, loss_weights).to(device)
+    criterion = DistillationLoss(sample_rate_hz, targets.teacher.hp.hop_length, loss_weights).to(device)
     optimizer = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.8, 0.99))
     discriminator = d_optimizer = None
     if adversarial is not None:

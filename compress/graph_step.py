@@ -1,13 +1,13 @@
-"""The pipeline's graph step: every scored variant gets an ONNX graph in the Piper contract, its
+"""The pipeline's graph step: every scored variant gets an ONNX graph in its family's contract, its
 op histogram, a TensorRT-readiness report and, for PyTorch variants, parity against PyTorch.
 
     metrics, tags, artifacts = variant_graph(variant, settings, calibration_sequences, work_dir)
 
 * PyTorch variants are exported by export/variant_export.py (export, simplify, check, parity,
   onnxruntime session, TensorRT engine where installed);
-* onnxruntime variants already are a graph: the original voice's is prepared (noise inputs and
-  durations output, models/piper/onnx_runtime.py) so that every deployed graph takes the same
-  inputs; quantized graphs are used as they are.
+* onnxruntime variants already are a graph: the original voice's is prepared by its family's
+  reference runtime (``family.reference.prepare_graph``: explicit sampling inputs, say) so that
+  every deployed graph takes the same inputs; quantized graphs are used as they are.
 
 ``artifacts["onnx"]`` is the graph that selection may deploy (compress/registration.py). A graph
 that cannot be made (an exporter error, say) is reported as ``graph_status=failed: <why>`` and the
@@ -24,9 +24,10 @@ from compress.registration import GRAPH_ARTIFACT
 from compress.settings import RunSettings
 from compress.variants import Variant
 from export.graph_checks import check_graph
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
 from export.tensorrt_support import readiness_report
+from models.family import ReferenceRuntime
 from models.interface import Utterance
+from models.registry import family_of
 
 
 def _readiness_metrics(report: dict | None) -> dict[str, float]:
@@ -36,11 +37,11 @@ def _readiness_metrics(report: dict | None) -> dict[str, float]:
             "trt_warnings": float(len(report["warnings"]))}
 
 
-def _prepared_original(voice: PiperOnnxRuntimeVoice, work_dir: Path) -> Path:
+def _prepared_original(reference: ReferenceRuntime, original_graph: Path, work_dir: Path) -> Path:
     path = work_dir / "original_prepared.onnx"
     if not path.is_file():  # a finished file is reused (resume)
         tmp = path.with_name(path.name + ".tmp")
-        onnx.save(prepare_graph(voice.files.onnx_path), str(tmp))
+        onnx.save(reference.prepare_graph(original_graph), str(tmp))
         os.replace(tmp, path)
     return path
 
@@ -53,7 +54,10 @@ def variant_graph(variant: Variant, settings: RunSettings, calibration: list[Utt
     try:
         if variant.engine == "onnxruntime":
             model = variant.model
-            graph = model.graph_path if model.graph_path != model.files.onnx_path else _prepared_original(model, work_dir)
+            reference = family_of(model).reference
+            original_graph = reference.graph_path(model.voice)
+            graph = model.graph_path if model.graph_path != original_graph else _prepared_original(
+                reference, original_graph, work_dir)
             checks = check_graph(graph)
             readiness = readiness_report(graph)
             metrics = {"graph_nodes": float(sum(checks["op_histogram"].values())), **_readiness_metrics(readiness)}

@@ -5,6 +5,7 @@ Inputs -> artifact + metrics, like every stage:
     from compress.half_precision import HalfPrecisionSettings, build
 
     settings = HalfPrecisionSettings(dtype="float16", keep_fp32=["encoder", "duration"], measure_sentences=16)
+    settings.check_family(ctx.family)           # keep_fp32 names part roles of the run's family
     fp16 = build(teacher, settings, ctx)        # teacher: the fp32 Variant; ctx: compress.variants.StageContext
     fp16.stage_tags["fp32_parts"]               # which parts stayed FP32, with the numbers that say why
     fp16.artifacts["part_sensitivity"]          # ctx.work_dir / "fp16_part_sensitivity.json"
@@ -32,17 +33,13 @@ from dataclasses import dataclass, field
 
 from core.atomic_io import write_text_atomic
 from core.config import ConfigError
-from compress.variants import StageContext, Variant
+from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
-from models.sampling import VitsSampling
-from models.piper.vits import PiperVits
-from models.piper.voice import PiperVoice
+from models.family import Family
 from models.precision import (
     HALF_DTYPES, VARIANT_NAMES, compare_outputs, part_sensitivity, synthesize_each, to_half_precision,
 )
-
-PART_ROLES = tuple(PiperVits.PART_ATTRIBUTES)  # encoder, duration, flow, decoder
 
 
 @dataclass(frozen=True)
@@ -58,17 +55,17 @@ class HalfPrecisionSettings:
             raise ConfigError(f"half_precision.dtype={self.dtype!r}: use one of {sorted(HALF_DTYPES)}")
         if isinstance(self.keep_fp32, str):
             raise ConfigError(f"half_precision.keep_fp32={self.keep_fp32!r}: give a list of parts, e.g. ['duration']")
-        unknown = sorted(set(self.keep_fp32) - set(PART_ROLES))
-        if unknown or len(set(self.keep_fp32)) != len(self.keep_fp32):
-            raise ConfigError(
-                f"half_precision.keep_fp32={list(self.keep_fp32)}: unknown {unknown} or repeated parts; "
-                f"parts are {list(PART_ROLES)}"
-            )
-        if len(self.keep_fp32) == len(PART_ROLES):
-            raise ConfigError("half_precision.keep_fp32 lists every part: that is the FP32 teacher, not a variant")
+        if len(set(self.keep_fp32)) != len(self.keep_fp32):
+            raise ConfigError(f"half_precision.keep_fp32={list(self.keep_fp32)}: repeated parts")
         if self.measure_sentences < 1:
             raise ConfigError(f"half_precision.measure_sentences={self.measure_sentences}: must be >= 1")
         object.__setattr__(self, "keep_fp32", tuple(self.keep_fp32))
+
+    def check_family(self, family: Family) -> None:
+        """``keep_fp32`` against the family's part roles (compress/stages.py calls it at start)."""
+        check_part_roles("half_precision.keep_fp32", self.keep_fp32, family)
+        if set(self.keep_fp32) == set(family.part_roles):
+            raise ConfigError("half_precision.keep_fp32 lists every part: that is the FP32 teacher, not a variant")
 
 
 def _why(row: dict) -> str:
@@ -81,15 +78,14 @@ def _why(row: dict) -> str:
 
 def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) -> Variant:
     """A new variant whose parts run in ``settings.dtype`` except ``settings.keep_fp32``; teacher untouched."""
-    if not isinstance(teacher.model, PiperVoice):
-        raise ValueError(f"half precision needs a PyTorch PiperVoice teacher; {teacher.name!r} is "
-                         f"{type(teacher.model).__name__} on engine {teacher.engine!r}")
+    settings.check_family(ctx.family)
+    require_parts("half precision", teacher, ctx.family, ctx.family.part_roles)
     sequences = ctx.calibration_sequences[: settings.measure_sentences]
     if len(sequences) < settings.measure_sentences:
         raise ValueError(f"measure_sentences={settings.measure_sentences} but the calibration set gives "
                          f"only {len(sequences)} sequences")
     name = VARIANT_NAMES[settings.dtype]
-    noises = [VitsSampling(seed=i) for i in range(len(sequences))]  # Piper's scales; same for every run
+    noises = [ctx.family.sampling(seed=i) for i in range(len(sequences))]  # the family's defaults; same every run
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     table_path = ctx.work_dir / f"{name}_part_sensitivity.json"
     measured_for = {"dtype": settings.dtype, "device": teacher.device, "keep_fp32": list(settings.keep_fp32),
@@ -111,7 +107,7 @@ def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) 
 
     rows_by_part = {row["part"]: row for row in table["parts"]}
     kept = [_why(rows_by_part[role]) for role in settings.keep_fp32]
-    half = [_why(rows_by_part[role]) for role in PART_ROLES if role not in settings.keep_fp32]
+    half = [_why(rows_by_part[role]) for role in ctx.family.part_roles if role not in settings.keep_fp32]
     variant_row = table["variant"]
     stage_metrics = {
         "calib_durations_changed_fraction": variant_row["durations_changed_fraction"],

@@ -69,15 +69,15 @@ from core.atomic_io import atomic_write
 from compress.int8_onnxruntime import block_of
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from core.config import ConfigError
-from compress.variants import StageContext, Variant
+from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from export.onnx_export import export_decoder
 from export.tensorrt_support import readiness_report
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.sampling import VitsSampling
-from models.piper.vits import PiperVits
-from models.piper.voice import PiperVoice
+from models.family import Family
+from models.registry import FAMILIES, get_family
+from models.sampling import Sampling
 from models.precision import synthesize_each, waveform_snr_db
 
 VARIANT_NAME = "int8_modelopt"
@@ -100,7 +100,7 @@ class Int8ModeloptSettings:
     percentile: float = 99.99  # of |activation|, for calibrator=percentile: the range's upper end (modelopt's default)
     per_channel_weights: bool = True  # one scale per output channel (axis 0) of each conv weight
     parts: tuple[str, ...] = ("decoder",)  # of QUANTIZABLE_PARTS
-    # fnmatch patterns on module names of the synthesizer (models/piper/vits.py), kept float32
+    # fnmatch patterns on module names of the synthesizer (the family's model), kept float32
     # and not measured: "dec.conv_post", "dec.resblocks.1*".
     keep_higher_precision: tuple[str, ...] = ()
     calibration_sentences: int = 32  # of the calibration set
@@ -144,6 +144,10 @@ class Int8ModeloptSettings:
                 or not self.max_block_mcd_db >= 0:
             raise ConfigError(f"{where}.max_block_mcd_db={self.max_block_mcd_db!r}: must be >= 0 dB")
 
+    def check_family(self, family: Family) -> None:
+        """``parts`` against the family's part roles (compress/stages.py calls it at start)."""
+        check_part_roles("stages.int8_modelopt.parts", self.parts, family)
+
 
 def _mtq():
     """modelopt's quantization package, imported on first use: it takes seconds and logs a lot."""
@@ -174,15 +178,15 @@ def quantize_config(settings: Int8ModeloptSettings) -> dict:
     }
 
 
-def _noises(count: int) -> list[VitsSampling]:
-    """Sentence i draws its noise from seed i at Piper's default scales, in every run of this stage."""
-    return [VitsSampling(seed=i) for i in range(count)]
+def _noises(family: Family, count: int) -> list[Sampling]:
+    """Sentence i samples from seed i with the family's default options, in every run of this stage."""
+    return [family.sampling(seed=i) for i in range(count)]
 
 
-def _forward_loop(voice: PiperVoice, role: str, sequences: list[Utterance]):
+def _forward_loop(voice: nn.Module, family: Family, role: str, sequences: list[Utterance]):
     """Runs ``voice`` (with the part being calibrated installed) so the part sees real inputs, batch 1."""
     def loop(part: nn.Module) -> None:
-        for sequence, noise in zip(sequences, _noises(len(sequences))):
+        for sequence, noise in zip(sequences, _noises(family, len(sequences))):
             latent = voice.decoder_latent(SynthesisRequest.from_utterances([sequence], sampling=noise))  # encoder, durations, flow: calibrates encoder/flow
             if role == "decoder":
                 z = latent.z.clone()  # (B, C_lat, T_frames), a normal tensor out of inference mode
@@ -191,7 +195,7 @@ def _forward_loop(voice: PiperVoice, role: str, sequences: list[Utterance]):
     return loop
 
 
-def _calibrate(voice: PiperVoice, role: str, settings: Int8ModeloptSettings,
+def _calibrate(voice: nn.Module, family: Family, role: str, settings: Int8ModeloptSettings,
                sequences: list[Utterance]) -> nn.Module:
     """Quantize and calibrate ``voice``'s part ``role`` in place; returns the quantized part."""
     mtq = _mtq()
@@ -200,7 +204,7 @@ def _calibrate(voice: PiperVoice, role: str, settings: Int8ModeloptSettings,
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     part = voice.parts()[role]
-    loop = _forward_loop(voice, role, sequences)
+    loop = _forward_loop(voice, family, role, sequences)
     with torch.no_grad(), _quiet():
         if settings.calibrator == "max":
             return mtq.quantize(part, quantize_config(settings), loop)
@@ -243,12 +247,12 @@ def _module_block(module_name: str) -> str:
     return block_of("/" + "/".join([*path, "Op"]))
 
 
-def quantized_blocks(vits: PiperVits) -> dict[str, dict[str, nn.Module]]:
+def quantized_blocks(synthesizer: nn.Module) -> dict[str, dict[str, nn.Module]]:
     """{block: {module name: quantized module}} for every module with an enabled quantizer, in model order."""
     from modelopt.torch.quantization.nn import QuantModule
 
     blocks: dict[str, dict[str, nn.Module]] = {}
-    for name, module in vits.named_modules():
+    for name, module in synthesizer.named_modules():
         if isinstance(module, QuantModule) and _active_quantizers(module):
             blocks.setdefault(_module_block(name), {})[name] = module
     return blocks
@@ -270,7 +274,7 @@ def _set_int8(blocks: dict[str, dict[str, nn.Module]], int8_blocks: set[str]) ->
                 quantizer.enable() if block in int8_blocks else quantizer.disable()
 
 
-def _degradation(voice: PiperVoice, sequences: list[Utterance], noises: list[VitsSampling],
+def _degradation(voice: nn.Module, sequences: list[Utterance], noises: list[Sampling],
                  references: list[SynthesisResult]) -> dict[str, float | int | None]:
     """MCD (dB, mean and max), waveform SNR (dB, mean where durations agree) and changed durations vs fp32."""
     mcds_db, snrs_db, duration_changes = [], [], 0
@@ -296,10 +300,10 @@ def _weights_digest(module: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
-def _sensitivity(voice: PiperVoice, blocks: dict[str, dict[str, nn.Module]], settings: Int8ModeloptSettings,
+def _sensitivity(voice: nn.Module, family: Family, blocks: dict[str, dict[str, nn.Module]], settings: Int8ModeloptSettings,
                  sequences: list[Utterance], references: list[SynthesisResult]) -> list[dict]:
     """One row per block: its degradation when it alone runs int8 (blocks not measured get None)."""
-    noises = _noises(len(sequences))
+    noises = _noises(family, len(sequences))
     rows = []
     for block, modules in blocks.items():
         op_counts = sorted(Counter(type(module).__name__.removeprefix("Quant") for module in modules.values()).items())
@@ -356,7 +360,7 @@ def qdq_summary(graph_path: Path) -> dict:
     }
 
 
-def _int8_size_mb(voice: PiperVoice) -> float:
+def _int8_size_mb(voice: nn.Module) -> float:
     """State-dict size with every int8 weight at one byte: what an INT8 engine stores, roughly."""
     from modelopt.torch.quantization.nn import QuantModule
 
@@ -370,9 +374,11 @@ def _int8_size_mb(voice: PiperVoice) -> float:
 
 def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -> Variant:
     """The ``int8_modelopt`` variant of the PyTorch ``teacher``; reuses finished files in ctx.work_dir."""
-    if not isinstance(teacher.model, PiperVoice):
-        raise ValueError(f"int8_modelopt needs a PyTorch PiperVoice teacher; {teacher.name!r} is "
-                         f"{type(teacher.model).__name__} on engine {teacher.engine!r}")
+    settings.check_family(ctx.family)
+    require_parts("int8_modelopt", teacher, ctx.family, settings.parts)
+    if not callable(getattr(teacher.model, "decoder_latent", None)):
+        raise ValueError(f"int8_modelopt calibrates the decoder on the latents the model computes "
+                         f"(decoder_latent); {teacher.name!r} of family {ctx.family.name!r} has no decoder_latent")
     needed = max(settings.calibration_sentences, settings.sensitivity_sentences)
     if len(ctx.calibration_sequences) < needed:
         raise ValueError(
@@ -409,23 +415,23 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
             reused.append(f"calibration:{role}")
         else:
             start = time.perf_counter()
-            part = _calibrate(voice, role, settings, calibration)
+            part = _calibrate(voice, ctx.family, role, settings, calibration)
             calibration_s += time.perf_counter() - start
             atomic_write(saved, lambda tmp, part=part: mto.save(part, tmp))
         voice.replace_part(role, part)
 
-    vits = voice.model
-    blocks = quantized_blocks(vits)
+    synthesizer = voice.model
+    blocks = quantized_blocks(synthesizer)
     unknown = sorted(set(settings.sensitivity_blocks or ()) - set(blocks))
     if unknown:
         raise ValueError(f"Int8ModeloptSettings.sensitivity_blocks: unknown blocks {unknown}; "
                          f"parts {list(settings.parts)} have {list(blocks)}")
-    noises = _noises(len(sensitivity))
+    noises = _noises(ctx.family, len(sensitivity))
     references = synthesize_each(fp32, sensitivity, noises)
     table = read_keyed_json(sensitivity_json, sensitivity_key)
     start = time.perf_counter()
     if table is None:
-        rows = _sensitivity(voice, blocks, settings, sensitivity, references)
+        rows = _sensitivity(voice, ctx.family, blocks, settings, sensitivity, references)
     else:
         rows = table["blocks"]
         reused.append("sensitivity")
@@ -476,7 +482,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
             stage_tags["reused"] = ",".join(reused)
         else:
             with _quiet():
-                export_decoder(vits.dec, qdq_path, vits.hp.latent_channels, dynamo=False)
+                export_decoder(synthesizer.dec, qdq_path, synthesizer.hp.latent_channels, dynamo=False)
         readiness = readiness_report(qdq_path)
         summary = qdq_summary(qdq_path)
         stage_metrics.update({
@@ -502,7 +508,8 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
 def main(argv: list[str] | None = None) -> None:
     """Quantize a voice from the command line and print the stage metrics and the block table."""
     parser = argparse.ArgumentParser(prog="python -m compress.int8_modelopt", description=__doc__.split("\n")[0])
-    parser.add_argument("--voice", default="bundled:joe")
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--voice", default=None, help="default: the family's default voice")
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)  # the project's CPU figures use 2 threads
     parser.add_argument("--calibrator", default="percentile", choices=CALIBRATORS)
@@ -520,12 +527,14 @@ def main(argv: list[str] | None = None) -> None:
         calibration_sentences=args.calibration_sentences, sensitivity_sentences=args.sensitivity_sentences,
         max_block_mcd_db=args.max_block_mcd_db,
     )
-    teacher_voice = PiperVoice.load(args.voice)
+    family = get_family(args.family)
+    voice = args.voice or family.default_voice
+    teacher_voice = family.load_teacher(voice, args.work_dir / "cache")
     teacher = Variant("teacher", teacher_voice, "torch", "cpu", parameter_count(teacher_voice) / 1e6,
                       state_dict_size_mb(teacher_voice))
     sequences = [teacher_voice.text_to_utterances(text)[0] for text in load_sentences("calibration")]
     ctx = StageContext(calibration_sequences=sequences, work_dir=args.work_dir, cpu_threads=args.threads,
-                       cache_dir=args.work_dir)
+                       cache_dir=args.work_dir / "cache", family=family, voice=voice)
     variant = build(teacher, settings, ctx)
     print(json.dumps({"size_mb": variant.size_mb, **variant.stage_metrics, **variant.stage_tags}, indent=1))
     for row in json.loads(variant.artifacts["sensitivity"].read_text())["blocks"]:

@@ -1,8 +1,9 @@
-"""INT8 post-training static quantization of a Piper voice graph with onnxruntime, so INT8 runs on CPU.
+"""INT8 post-training static quantization of a voice graph with onnxruntime, so INT8 runs on CPU.
 
 Issue #3, stage 2 (ONNX side). From the ``original_onnx`` variant:
 
-1. prepare the graph (noise inputs, durations output: ``models.piper.onnx_runtime.prepare_graph``).
+1. prepare the graph with the family's reference runtime (``family.reference.prepare_graph``; for
+   Piper: noise inputs, durations output).
    ORT's ``quant_pre_process`` is not used: it runs only with its symbolic shape inference
    skipped (that stops at the data-dependent frame count), and then changed neither the int8
    MCD (0.552 vs 0.554 dB) nor the speed, because ORT makes the same fusions when it loads a graph;
@@ -73,9 +74,9 @@ from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
 from evaluate.rtf import timed_median
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
-from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.sampling import VitsSampling
+from models.family import Family, ReferenceRuntime
+from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
+from models.registry import FAMILIES, family_of, get_family
 from texts import load_sentences
 
 VARIANT_NAME = "int8_ort"
@@ -179,10 +180,11 @@ def quantizable_blocks(graph: onnx.ModelProto, op_types: list[str]) -> dict[str,
     return blocks
 
 
-class PiperCalibrationReader(CalibrationDataReader):
-    """Graph feeds for each sentence, batch 1, built by the voice exactly as ``synthesize`` builds them."""
+class GraphCalibrationReader(CalibrationDataReader):
+    """Graph feeds for each sentence, batch 1, built by the voice exactly as ``synthesize`` builds them
+    (``session_feeds`` of the family's reference runtime)."""
 
-    def __init__(self, voice: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest]):
+    def __init__(self, voice: TTSModel, requests: list[SynthesisRequest]):
         self.voice = voice
         self.requests = requests
         self.position = 0
@@ -195,9 +197,9 @@ class PiperCalibrationReader(CalibrationDataReader):
         return self.voice.session_feeds(request)
 
 
-def sentence_requests(sequences: list[Utterance]) -> list[SynthesisRequest]:
-    """One batch-1 request per sentence; sentence i draws its noise from seed i at Piper's default scales."""
-    return [SynthesisRequest.from_utterances([sequence], sampling=VitsSampling(seed=i))
+def sentence_requests(sequences: list[Utterance], family: Family) -> list[SynthesisRequest]:
+    """One batch-1 request per sentence; sentence i samples from seed i with the family's default options."""
+    return [SynthesisRequest.from_utterances([sequence], sampling=family.sampling(seed=i))
             for i, sequence in enumerate(sequences)]
 
 
@@ -226,17 +228,18 @@ def _quiet_ort_quantizer():
         root.setLevel(level)
 
 
-def _prepared_graph(source: PiperOnnxRuntimeVoice, work_dir: Path, graph_sha: str) -> Path:
-    """The source graph with noise inputs and durations output: what calibration and quantization read."""
+def _prepared_graph(reference: ReferenceRuntime, original_graph: Path, work_dir: Path, graph_sha: str) -> Path:
+    """The original graph as the reference runtime prepares it (Piper: noise inputs and durations
+    output): what calibration and quantization read."""
     path = work_dir / f"fp32_prepared-{graph_sha[:16]}.onnx"
     if not path.is_file():
         tmp_path = path.with_name(path.name + ".tmp")
-        onnx.save(prepare_graph(source.files.onnx_path), tmp_path)
+        onnx.save(reference.prepare_graph(original_graph), tmp_path)
         os.replace(tmp_path, path)
     return path
 
 
-def _calibrate(graph_path: Path, voice: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest],
+def _calibrate(graph_path: Path, voice: TTSModel, requests: list[SynthesisRequest],
                settings: Int8OrtSettings, cache_path: Path) -> float:
     """Write ORT's range cache for ``settings.op_types``' tensors; returns the seconds it took."""
     start = time.perf_counter()
@@ -248,7 +251,7 @@ def _calibrate(graph_path: Path, voice: PiperOnnxRuntimeVoice, requests: list[Sy
         # One sentence per call: the calibrator holds every augmented output of a call in memory
         # (hundreds of MB per sentence at the waveform rate) before folding it into ranges or histograms.
         for request in requests:
-            calibrator.collect_data(PiperCalibrationReader(voice, [request]))
+            calibrator.collect_data(GraphCalibrationReader(voice, [request]))
         ranges = calibrator.compute_data()
         tmp_cache = Path(tmp) / "ranges.json"
         save_tensors_data(ranges, tmp_cache)
@@ -280,7 +283,7 @@ def _quantize(graph_path: Path, output_path: Path, settings: Int8OrtSettings, ca
     os.replace(tmp_path, output_path)
 
 
-def _degradation(candidate: PiperOnnxRuntimeVoice, requests: list[SynthesisRequest],
+def _degradation(candidate: TTSModel, requests: list[SynthesisRequest],
                  references: list[SynthesisResult]) -> dict[str, float]:
     """MCD (dB, mean and max over sentences) and changed durations of ``candidate`` against fp32, same noise."""
     mcds_db, duration_changes = [], 0
@@ -295,7 +298,7 @@ def _degradation(candidate: PiperOnnxRuntimeVoice, requests: list[SynthesisReque
 
 
 def _sensitivity(graph_path: Path, blocks: dict[str, list[onnx.NodeProto]], settings: Int8OrtSettings,
-                 calibration_cache: Path, fp32_voice: PiperOnnxRuntimeVoice, voice_name: str,
+                 calibration_cache: Path, fp32_voice: TTSModel, reference: ReferenceRuntime, voice_name: str,
                  requests: list[SynthesisRequest], threads: int, work_dir: Path) -> list[dict]:
     """One row per block: its degradation when it alone is int8 (blocks not measured get None)."""
     references = [fp32_voice.synthesize(request) for request in requests]
@@ -310,7 +313,7 @@ def _sensitivity(graph_path: Path, blocks: dict[str, list[onnx.NodeProto]], sett
                 start = time.perf_counter()
                 block_path = Path(tmp) / "block.onnx"
                 _quantize(graph_path, block_path, settings, calibration_cache, [node.name for node in nodes])
-                candidate = PiperOnnxRuntimeVoice(voice_name, threads=threads, graph_path=block_path)
+                candidate = reference.load_graph(voice_name, threads, block_path)
                 row.update(_degradation(candidate, requests, references))
                 row["seconds"] = time.perf_counter() - start
             rows.append(row)
@@ -341,7 +344,7 @@ def graph_quantization_counts(graph_path: Path, op_types: list[str]) -> tuple[in
     return quantized, len(candidates) - quantized
 
 
-def speed_check(fp32_voice: PiperOnnxRuntimeVoice, int8_voice: PiperOnnxRuntimeVoice,
+def speed_check(fp32_voice: TTSModel, int8_voice: TTSModel,
                 requests: list[SynthesisRequest]) -> dict[str, float]:
     """Stage-side check: RTF of both graphs, batch 1, median of 3 warm runs, interleaved per sentence.
 
@@ -367,10 +370,12 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
     ``source``: the voice's original graph (``original_onnx`` -> ``int8_ort``), or a graph exported
     in the same contract (``lite_ort`` -> ``lite_int8``).
     """
-    if not isinstance(source.model, PiperOnnxRuntimeVoice):
+    family = family_of(source.model)
+    if source.engine != "onnxruntime" or family.reference is None:
         raise ValueError(
-            f"int8_onnxruntime.build: source {source.name!r} runs on {source.engine!r}; give an onnxruntime "
-            "variant (original_onnx, or lite_ort)"
+            f"int8_onnxruntime.build: source {source.name!r} runs on {source.engine!r} (family {family.name!r}, "
+            f"reference runtime: {'yes' if family.reference else 'none'}); give an onnxruntime variant of a "
+            "family with a reference runtime (original_onnx, or lite_ort)"
         )
     if len(ctx.calibration_sequences) < max(settings.calibration_sentences, settings.sensitivity_sentences,
                                             settings.speed_check_sentences):
@@ -403,7 +408,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
         manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, calibration_key, sensitivity_key,
                                    model_key, model_path, sensitivity_json, sensitivity_csv)
         write_text_atomic(manifest_path, json.dumps(manifest, indent=1))
-    int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
+    int8_voice = family.reference.load_graph(voice_name, ctx.cpu_threads, model_path)
     return Variant(
         name=variant_name, model=int8_voice, engine="onnxruntime", device="cpu",
         params_m=source.params_m,  # quantization stores the same weights in fewer bits
@@ -417,15 +422,19 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
                     model_path: Path, sensitivity_json: Path, sensitivity_csv: Path) -> dict:
     """Calibrate (or reuse the ranges), measure blocks (or reuse the table), quantize; returns the manifest."""
     voice_name = source.model.voice
-    original = source.model.graph_path == source.model.files.onnx_path
-    graph_path = _prepared_graph(source.model, work_dir, graph_sha) if original else source.model.graph_path
+    family = family_of(source.model)
+    reference = family.reference
+    original_graph = reference.graph_path(voice_name)
+    original = source.model.graph_path == original_graph
+    graph_path = (_prepared_graph(reference, original_graph, work_dir, graph_sha) if original
+                  else source.model.graph_path)
     graph = onnx.load(str(graph_path), load_external_data=False)
     blocks = quantizable_blocks(graph, settings.op_types)
     for name in ("exclude_blocks", "sensitivity_blocks"):
         unknown = sorted(set(getattr(settings, name) or []) - set(blocks))
         if unknown:
             raise ValueError(f"Int8OrtSettings.{name}: unknown blocks {unknown}; this graph has {list(blocks)}")
-    fp32_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=graph_path)
+    fp32_voice = reference.load_graph(voice_name, ctx.cpu_threads, graph_path)
 
     reused = []  # earlier stages whose files were found for these settings (their seconds read 0)
     calibration_cache = work_dir / f"calibration_ranges-{calibration_key}.json"
@@ -433,14 +442,14 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
     if calibration_cache.is_file():
         reused.append("calibration")
     else:
-        calibration_requests = sentence_requests(ctx.calibration_sequences[: settings.calibration_sentences])
+        calibration_requests = sentence_requests(ctx.calibration_sequences[: settings.calibration_sentences], family)
         calibration_s = _calibrate(graph_path, fp32_voice, calibration_requests, settings, calibration_cache)
 
-    sensitivity_requests = sentence_requests(ctx.calibration_sequences[: settings.sensitivity_sentences])
+    sensitivity_requests = sentence_requests(ctx.calibration_sequences[: settings.sensitivity_sentences], family)
     table = read_keyed_json(sensitivity_json, sensitivity_key)
     start = time.perf_counter()
     if table is None:
-        rows = _sensitivity(graph_path, blocks, settings, calibration_cache, fp32_voice, voice_name,
+        rows = _sensitivity(graph_path, blocks, settings, calibration_cache, fp32_voice, reference, voice_name,
                             sensitivity_requests, ctx.cpu_threads, work_dir)
     else:
         rows = table["blocks"]
@@ -462,11 +471,11 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
     quantize_s = time.perf_counter() - start
     quantized_nodes, fp32_nodes = graph_quantization_counts(model_path, settings.op_types)
 
-    int8_voice = PiperOnnxRuntimeVoice(voice_name, threads=ctx.cpu_threads, graph_path=model_path)
+    int8_voice = reference.load_graph(voice_name, ctx.cpu_threads, model_path)
     final = _degradation(int8_voice, sensitivity_requests,
                          [fp32_voice.synthesize(request) for request in sensitivity_requests])
     speed = speed_check(fp32_voice, int8_voice,
-                        sentence_requests(ctx.calibration_sequences[: settings.speed_check_sentences]))
+                        sentence_requests(ctx.calibration_sequences[: settings.speed_check_sentences], family))
     stage_metrics = {
         "calibration_s": calibration_s,
         "sensitivity_s": sensitivity_s,
@@ -497,7 +506,8 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
 def main(argv: list[str] | None = None) -> None:
     """Quantize a voice from the command line and print the stage metrics and the block table."""
     parser = argparse.ArgumentParser(prog="python -m compress.int8_onnxruntime", description=__doc__.split("\n")[0])
-    parser.add_argument("--voice", default="bundled:joe")
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--voice", default=None, help="default: the family's default voice")
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)  # the project's CPU figures use 2 threads
     parser.add_argument("--calibrator", default="entropy", choices=sorted(CALIBRATORS))
@@ -513,12 +523,16 @@ def main(argv: list[str] | None = None) -> None:
         op_types=args.op_types.split(","), calibration_sentences=args.calibration_sentences,
         sensitivity_sentences=args.sensitivity_sentences, max_block_mcd_db=args.max_block_mcd_db,
     )
-    original = PiperOnnxRuntimeVoice(args.voice, threads=args.threads)
+    family = get_family(args.family)
+    voice = args.voice or family.default_voice
+    if family.reference is None:
+        parser.error(f"--family {family.name}: the family ships no graph to quantize (no reference runtime)")
+    original = family.reference.load(voice, args.threads)
     source = Variant("original_onnx", original, "onnxruntime", "cpu", original.num_parameters / 1e6,
-                     file_size_mb(original.files.onnx_path))
+                     file_size_mb(family.reference.graph_path(voice)))
     sequences = [original.text_to_utterances(text)[0] for text in load_sentences("calibration")]
     ctx = StageContext(calibration_sequences=sequences, work_dir=args.work_dir, cpu_threads=args.threads,
-                       cache_dir=args.work_dir)
+                       cache_dir=args.work_dir, family=family, voice=voice)
     variant = build(source, settings, ctx)
     print(json.dumps({"size_mb": variant.size_mb, **variant.stage_metrics, **variant.stage_tags}, indent=1))
     rows = json.loads(variant.artifacts["sensitivity_json"].read_text())["blocks"]

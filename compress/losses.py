@@ -1,7 +1,7 @@
 """Spectral losses for teaching a student decoder to sound like the teacher (torch only).
 
     loss = MultiResolutionSTFTLoss()(student_audio, teacher_audio)  # both (B, T) waveforms
-    loss = MelSpectrogramLoss(sample_rate_hz=22050)(student_audio, teacher_audio)
+    loss = MelSpectrogramLoss(sample_rate_hz=22050, hop_length=256)(student_audio, teacher_audio)
 
 Both compare magnitudes, not samples: a decoder may shift phase slightly and still sound the
 same, which a waveform L1 would punish. The mel filterbank is built here (Slaney scale and area
@@ -108,9 +108,10 @@ def mel_filterbank(sample_rate_hz: int, n_fft: int, n_mels: int, fmin_hz: float 
 class MelSpectrogramLoss(nn.Module):
     """L1 between log-mel spectrograms: HiFi-GAN's reconstruction loss (its weight there: 45)."""
 
-    def __init__(self, sample_rate_hz: int, n_fft: int = 1024, hop: int = 256, n_mels: int = 80):
+    def __init__(self, sample_rate_hz: int, hop_length: int, n_fft: int = 1024, n_mels: int = 80):
+        """``hop_length``: the model's samples per frame, so one mel frame is one decoder frame."""
         super().__init__()
-        self.n_fft, self.hop = n_fft, hop
+        self.n_fft, self.hop = n_fft, hop_length
         self.register_buffer("filterbank", mel_filterbank(sample_rate_hz, n_fft, n_mels), persistent=False)
 
     def log_mel(self, audio: torch.Tensor) -> torch.Tensor:

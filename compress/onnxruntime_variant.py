@@ -2,16 +2,16 @@
 
 The pipeline's graph step (compress/graph_step.py) exports every PyTorch variant right after
 scoring it; this stage takes that graph (``source.artifacts["onnx"]``) and serves it through the
-same runtime as the original voice, so the CPU engine is scored like any variant:
+same runtime as the original voice (its family's reference runtime), so the CPU engine is scored
+like any variant:
 
     variant = build(lite, None, ctx)   # ctx: compress.variants.StageContext
 """
 from __future__ import annotations
 
 from compress.registration import GRAPH_ARTIFACT
-from compress.variants import StageContext, Variant
+from compress.variants import StageContext, Variant, reference_runtime
 from evaluate.memory import file_size_mb
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 
 
 def build(source: Variant, settings: None, ctx: StageContext, variant_name: str = "lite_ort") -> Variant:
@@ -21,6 +21,6 @@ def build(source: Variant, settings: None, ctx: StageContext, variant_name: str 
             f"{variant_name} needs the ONNX graph of {source.name!r}, which the graph step did not make "
             f"(its graph_status tag says why; export.enabled must be true)"
         )
-    voice = PiperOnnxRuntimeVoice(ctx.voice, threads=ctx.cpu_threads, graph_path=graph)
-    return Variant(variant_name, voice, "onnxruntime", "cpu", voice.num_parameters / 1e6, file_size_mb(graph),
+    model = reference_runtime(ctx.family, variant_name).load_graph(ctx.voice, ctx.cpu_threads, graph)
+    return Variant(variant_name, model, "onnxruntime", "cpu", model.num_parameters / 1e6, file_size_mb(graph),
                    stage_tags={"graph_source": source.name}, artifacts={"source_graph": graph})

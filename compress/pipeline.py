@@ -17,10 +17,11 @@ from core.atomic_io import write_text_atomic
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
-from compress.tracking import log_variant_run, start_parent_run
+from compress.tracking import SPECTROGRAM_N_FFT, log_variant_run, start_parent_run
 from compress.stages import STAGES
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
+from models.registry import get_family
 from texts import load_sentences
 
 TABLE_COLUMNS = (
@@ -80,6 +81,10 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     ordered = [reference_name] + [v for v in settings.variants if v != reference_name and v not in STAGES]
     ordered += [v for v in settings.variants if v in STAGES]
 
+    family = get_family(settings.model.family)
+    # One sampling for every variant (utterance i: seed + i), so their audio compares sample for sample.
+    shared = settings.evaluate.sampling
+    sampling = family.sampling(seed=shared.seed, length_scale=shared.length_scale, **settings.model.sampling)
     rows: dict[str, dict[str, float]] = {}
     built: dict[str, Variant] = {}
     reference: VariantEvaluation | None = None
@@ -101,15 +106,15 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 spec = STAGES[name]
                 context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
                                        settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
-                                       settings.model.voice)
+                                       family, settings.model.voice)
                 context.work_dir.mkdir(parents=True, exist_ok=True)
                 stage_settings = settings.stages[spec.settings_key] if spec.settings_key else None
                 variant = spec.build(built[spec.source], stage_settings, context)
             else:
                 variant = build_variant(name, settings)
             built[name] = variant
-            if evaluation_set is None:  # every Piper variant shares the voice's frontend
-                evaluation_set = EvaluationSet.build(sentences, variant.model, settings.evaluate.noise)
+            if evaluation_set is None:  # every variant of a run shares the voice's frontend
+                evaluation_set = EvaluationSet.build(sentences, variant.model, sampling)
                 recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
             timed = STAGES[name].timed_on_cpu if name in STAGES else True
             result = evaluate_variant(variant, evaluation_set, settings.evaluate,
@@ -130,7 +135,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
             log_variant_run(name, metrics, tags, result.waveforms,
                             [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
-                            settings.evaluate.audio_samples, variant.artifacts)
+                            _spectrogram_hop(variant.model), settings.evaluate.audio_samples, variant.artifacts)
             rows[name] = metrics
         _log_engine_runs(gpu, rows)
         table = results_markdown(rows)
@@ -166,6 +171,12 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
                              "gpu_machine": gpu["machine"].get("gpu", "unknown")})
             mlflow.log_metrics({**quality, **speed})
+
+
+def _spectrogram_hop(model) -> int:
+    """The model's samples per frame where it declares them (``hop_length``), so one spectrogram
+    column is one frame; otherwise a quarter window, the usual analysis overlap."""
+    return int(getattr(model, "hop_length", SPECTROGRAM_N_FFT // 4))
 
 
 def _recognizer(settings: RunSettings, texts: list[str]):

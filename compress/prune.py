@@ -53,15 +53,16 @@ from compress.decoder_training import (
     learning_rate, load_decoder, resize_convolutions, save_decoder, save_module, train_decoder,
 )
 from core.config import ConfigError
-from compress.variants import StageContext, Variant
+from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from evaluate.memory import parameter_count, state_dict_size_mb
+from models.family import Family
 from models.interface import SynthesisRequest, Utterance
 from models.piper.vits import TextEncoder, VitsHyperParams
-from models.piper.voice import PiperVoice
 from texts.training_text import generate_training_sentences
 
 IMPORTANCES = ("magnitude", "taylor")
 PRUNABLE_PARTS = ("decoder", "encoder_ffn")  # encoder_ffn: the inner width of the text encoder's feed-forward layers
+PART_OF = {"decoder": "decoder", "encoder_ffn": "encoder"}  # the part role each prunable piece lives in
 ENCODER_KIND = "piper_text_encoder"
 REPORT_FILE = "prune_report.json"
 DECODER_FILES = ("pruned_decoder_init.safetensors", "pruned_decoder_init.json", "finetune_checkpoint.pt",
@@ -110,6 +111,10 @@ class PruneSettings:
             )
         object.__setattr__(self, "parts", tuple(self.parts))
 
+    def check_family(self, family: Family) -> None:
+        """The part roles the listed pieces live in, against the family's (compress/stages.py calls it at start)."""
+        check_part_roles("prune.parts (as part roles)", [PART_OF[name] for name in self.parts], family)
+
 
 # ---------------------------------------------------------------- measuring a decoder
 
@@ -135,7 +140,7 @@ def decoder_ms_b1(decoder: nn.Module, latent_channels: int, threads: int) -> flo
 
 def distillation_loss(decoder: nn.Module, sampler: SegmentSampler) -> dict[str, float]:
     """MR-STFT and log-mel L1 against the teacher, averaged over the sampler's LOSS_CHECK_STEPS batches."""
-    criterion = DistillationLoss(sampler.dataset.sample_rate_hz).to(sampler.device)
+    criterion = DistillationLoss(sampler.dataset.sample_rate_hz, sampler.dataset.hop_length).to(sampler.device)
     was_training = decoder.training
     decoder.eval()
     totals = {"mrstft": 0.0, "log_mel_l1": 0.0}
@@ -390,9 +395,7 @@ def _pruned_encoder(teacher: Variant, settings: PruneSettings, ctx: StageContext
 
 def build(teacher: Variant, settings: PruneSettings, ctx: StageContext) -> Variant:
     """A new variant whose parts listed in ``settings.parts`` are pruned and fine-tuned; teacher untouched."""
-    if not isinstance(teacher.model, PiperVoice):
-        raise ValueError(f"pruning needs a PyTorch PiperVoice teacher; {teacher.name!r} is "
-                         f"{type(teacher.model).__name__} on engine {teacher.engine!r}")
+    require_parts("pruning", teacher, ctx.family, [PART_OF[name] for name in settings.parts])
     hp = teacher.model.model.hp
     if hp.num_speakers > 1:
         raise ValueError(f"pruning a multi-speaker voice ({hp.num_speakers} speakers) is not supported yet")

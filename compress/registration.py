@@ -30,7 +30,7 @@ from compress.selection import Selection, SelectionSettings, pareto_figure, sele
 from compress.settings import RunSettings, TrackingSettings
 from export.manifest import DeploymentManifest, load_manifest, write_manifest
 
-GRAPH_ARTIFACT = "onnx"  # the Variant.artifacts key of a variant's ONNX graph (Piper contract + noise inputs)
+GRAPH_ARTIFACT = "onnx"  # the Variant.artifacts key of a variant's ONNX graph (its family's graph contract)
 MANIFEST_ENGINE = "onnxruntime"  # what serve runs a manifest's graph with (export.manifest.KNOWN_ENGINES)
 PARETO_Y = "dnsmos_p808"  # quality axis of the logged Pareto plot: the MOS proxy the constraints guard
 PARETO_SIZE = "vram_peak_mib"  # marker area; present when GPU figures are merged in

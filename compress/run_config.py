@@ -12,6 +12,7 @@ import dataclasses
 from compress.settings import RunSettings
 from compress.stages import stage_settings
 from core.config import ConfigError, build_dataclass
+from models.registry import get_family
 from texts import load_sentences
 
 
@@ -20,7 +21,7 @@ def settings_from_config(resolved: dict) -> RunSettings:
     # The serve group is the server's own: `python -m serve` checks it (serve/settings.py).
     resolved = {k: v for k, v in resolved.items() if k not in ("hydra", "serve")}
     settings = build_dataclass(RunSettings, resolved, "")
-    typed = stage_settings(settings.variants, settings.stages)
+    typed = stage_settings(settings.variants, settings.stages, get_family(settings.model.family))
     if typed:
         _check_calibration_set(settings.data.calibration_set)
     return dataclasses.replace(settings, stages=typed)

@@ -11,6 +11,7 @@ from compress.selection import SelectionSettings
 from core.config import ConfigError
 from evaluate.settings import EvaluateSettings
 from export.settings import EngineSettings, ExportSettings
+from models.registry import FAMILIES
 
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt", "lite", "lite_ort", "lite_int8")  # compress/stages.py builds these
@@ -20,13 +21,25 @@ NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on th
 
 @dataclass(frozen=True)
 class ModelSettings:
-    family: str
+    family: str  # a name in models/registry.py
     voice: str
     device: str = "cpu"
+    # The family's own sampling options (a VITS family's noise scales, an autoregressive one's
+    # top-k ...); seed and pace are the evaluation's (evaluate.sampling). Checked by family.sampling.
+    sampling: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.family != "piper":
-            raise ConfigError(f"model.family={self.family!r}: only 'piper' is implemented so far")
+        family = FAMILIES.get(self.family)
+        if family is None:
+            raise ConfigError(f"model.family={self.family!r}: not a registered family; registered: {sorted(FAMILIES)}")
+        options = family.sampling_type.option_names()
+        unknown = sorted(set(self.sampling) - set(options))
+        if unknown:
+            raise ConfigError(f"model.sampling: unknown {unknown} for family {self.family!r}; it takes {list(options)}")
+        try:
+            family.sampling(**self.sampling)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"model.sampling={self.sampling}: {error}") from error
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"model.device={self.device!r}: use 'cpu' or 'cuda[:N]'")
 

@@ -12,6 +12,7 @@ from typing import Callable
 
 from compress import distil, half_precision, int8_modelopt, int8_onnxruntime, onnxruntime_variant, prune
 from core.config import ConfigError
+from models.family import Family
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,11 @@ STAGES = {
 }
 
 
-def stage_settings(variants: tuple[str, ...], raw: dict) -> dict[str, object]:
-    """Typed settings for every stage the listed variants need; errors name the key at fault."""
+def stage_settings(variants: tuple[str, ...], raw: dict, family: Family) -> dict[str, object]:
+    """Typed settings for every stage the listed variants need; errors name the key at fault.
+
+    Settings that name parts of the model (``check_family``) are checked against ``family``'s part roles.
+    """
     typed = {}
     for name in variants:
         spec = STAGES.get(name)
@@ -58,4 +62,7 @@ def stage_settings(variants: tuple[str, ...], raw: dict) -> dict[str, object]:
             typed[spec.settings_key] = spec.settings_class(**values)
         except TypeError as error:
             raise ConfigError(f"stages.{spec.settings_key}: {error}") from error
+        check_family = getattr(typed[spec.settings_key], "check_family", None)
+        if check_family is not None:
+            check_family(family)
     return typed

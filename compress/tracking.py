@@ -45,9 +45,13 @@ def start_parent_run(tracking_uri: str, experiment_name: str, run_name: str, res
     return run
 
 
-def spectrogram_png(waveform: torch.Tensor, sample_rate_hz: int, title: str, path: Path) -> None:
-    window = torch.hann_window(1024)
-    spec = torch.stft(waveform.float(), 1024, hop_length=256, window=window, return_complex=True)
+SPECTROGRAM_N_FFT = 1024
+
+
+def spectrogram_png(waveform: torch.Tensor, sample_rate_hz: int, hop_length: int, title: str, path: Path) -> None:
+    """``hop_length``: the model's samples per frame, so one image column is one decoder frame."""
+    window = torch.hann_window(SPECTROGRAM_N_FFT)
+    spec = torch.stft(waveform.float(), SPECTROGRAM_N_FFT, hop_length=hop_length, window=window, return_complex=True)
     db = 20 * torch.log10(spec.abs().clamp_min(1e-5))  # (F, T)
     fig, ax = plt.subplots(figsize=(8, 3))
     extent = (0, waveform.shape[0] / sample_rate_hz, 0, sample_rate_hz / 2000)
@@ -59,7 +63,7 @@ def spectrogram_png(waveform: torch.Tensor, sample_rate_hz: int, title: str, pat
 
 
 def log_variant_run(name: str, metrics: dict[str, float], tags: dict[str, str], waveforms: list[torch.Tensor],
-                    texts: list[str], sample_rate_hz: int, audio_samples: int,
+                    texts: list[str], sample_rate_hz: int, hop_length: int, audio_samples: int,
                     artifacts: dict[str, Path] | None = None) -> None:
     with mlflow.start_run(run_name=name, nested=True):
         mlflow.set_tags({"variant": name, **{k: str(v)[:MLFLOW_PARAM_MAX_CHARS] for k, v in tags.items()}})
@@ -73,6 +77,6 @@ def log_variant_run(name: str, metrics: dict[str, float], tags: dict[str, str], 
             mlflow.log_artifact(str(folder / "metrics.json"))
             for i, (wave, text) in enumerate(list(zip(waveforms, texts))[:audio_samples]):
                 sf.write(folder / f"sample_{i:02d}.wav", wave.numpy(), sample_rate_hz, subtype="PCM_16")
-                spectrogram_png(wave, sample_rate_hz, f"{name}: {text[:60]}", folder / f"sample_{i:02d}.png")
+                spectrogram_png(wave, sample_rate_hz, hop_length, f"{name}: {text[:60]}", folder / f"sample_{i:02d}.png")
                 mlflow.log_artifact(str(folder / f"sample_{i:02d}.wav"), "audio")
                 mlflow.log_artifact(str(folder / f"sample_{i:02d}.png"), "spectrograms")

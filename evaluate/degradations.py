@@ -8,7 +8,7 @@ Usage::
     from evaluate.degradations import add_white_noise, low_pass, requantize
 
     noisy = add_white_noise(waveform, snr_db=10.0, seed=0)     # white Gaussian noise at 10 dB SNR
-    muffled = low_pass(waveform, sample_rate_hz=22050, cutoff_hz=4000.0)
+    muffled = low_pass(waveform, sample_rate_hz=16000, cutoff_hz=4000.0)
     coarse = requantize(waveform, bits=6)                       # 64 levels, as 6-bit PCM stores it
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def requantize(waveform: torch.Tensor | np.ndarray, bits: int) -> torch.Tensor:
     return torch.round(wave * levels).clamp(-levels, levels - 1) / levels
 
 
-# The controlled degradations every quality metric must rank correctly (tests/test_metric_validity.py,
+# The controlled degradations every quality metric must rank correctly (tests/evaluate/test_metric_validity.py,
 # python -m evaluate.metric_validity): condition -> f(waveform (T,), sample_rate_hz, seed).
 STANDARD_DEGRADATIONS = {
     "clean": lambda wave, sample_rate_hz, seed: _as_waveform(wave),

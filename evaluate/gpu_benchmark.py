@@ -1,11 +1,13 @@
-"""GPU figures for a Piper voice: the PyTorch teacher and its FP16/BF16 variants on CUDA, beside the original ONNX, one run.
+"""GPU figures for a registered family's voice: its PyTorch teacher and FP16/BF16 variants on CUDA,
+beside the graph the family ships (its reference runtime), in one run.
 
-Runs on a bare GPU machine with torch + numpy (+ onnx/onnxruntime, which the H200 image has):
-phoneme ids are prepared here, where espeak-ng lives, and travel as JSON.
+Runs on a bare GPU machine with torch, numpy, safetensors, onnx and onnxruntime (the CPU build
+is enough): phoneme ids are prepared here, where the text frontend (espeak-ng) lives, and travel
+as JSON with the family's name.
 
     # here: phonemize the evaluation sentences (and the calibration sentences the sensitivity table uses)
     python -m evaluate.gpu_benchmark prepare --eval-set harvard --out .device/bench_inputs.json
-    # on the GPU machine (see docs/benchmarks.md for the device call)
+    # on the GPU machine, with the voice file and the inputs copied there
     python -m evaluate.gpu_benchmark run --voice .device/voice/en_US-joe-medium.onnx \
         --inputs .device/bench_inputs.json --out $OUT/gpu_results.json --variants teacher,fp16,bf16
     # here: score the saved audio of each variant with the pipeline's quality metrics
@@ -14,8 +16,8 @@ phoneme ids are prepared here, where espeak-ng lives, and travel as JSON.
     # here: merge into the MLflow run and the table
     python -m compress +experiment=baseline data=harvard evaluate.gpu_results=docs/results/h200_baseline.json
 
-Each variant is built on the device from the same imported weights: ``teacher`` is the FP32
-model; ``fp16``/``bf16`` run every part in half precision except ``--keep-fp32``
+Each variant is built on the device from the same teacher (``family.load_teacher``): ``teacher``
+is the FP32 model; ``fp16``/``bf16`` run every part in half precision except ``--keep-fp32``
 (models/precision.py, the code the compress stage uses). One at a time, each is timed at batch 1
 and 16 with its own VRAM peaks, compared with the teacher's outputs (durations, SNR), and the
 first ``--audio-utterances`` waveforms are saved as float16 in ``audio_<variant>.npz`` beside
@@ -25,7 +27,7 @@ the calibration sentences; MCD joins it only where librosa is installed.
 Metric names match evaluate/runner.py: rtf_cuda_b1, rtf_cuda_b16, vram_peak_mib,
 latency_first_audio_ms_cuda; figures on the GPU host's CPU carry ``hostcpu`` in their name.
 ``vram_peak_mib`` (batch 1) includes the outputs of every utterance, which the timing loop keeps
-on the GPU (about 66 MiB of float32 audio for the 360 Harvard utterances), alike for each variant.
+on the GPU (tens of MiB of float32 audio for a few hundred sentences), alike for each variant.
 """
 from __future__ import annotations
 
@@ -36,40 +38,48 @@ import json
 import os
 import platform
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
 
 from evaluate.rtf import measure_batch1, measure_batched
-from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.sampling import VitsSampling
+from models.family import Family
+from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
 from models.precision import VARIANT_NAMES, compare_outputs, part_sensitivity, to_half_precision
+from models.registry import FAMILIES, get_family
 
 MIB = 1024 * 1024
 HALF_VARIANTS = {name: dtype for dtype, name in VARIANT_NAMES.items()}  # fp16 -> float16, bf16 -> bfloat16
-# Measured on CPU, 16 calibration utterances: alone in half precision the text encoder and the
-# duration predictor change phoneme durations (fp16: in 12% / 56% of utterances, bf16: 62% / 100%),
-# because the ceil() after them flips; the flow and the decoder, which hold most of the compute,
-# leave durations alone (fp16 SNR 42 / 56 dB, bf16 24 / 39 dB). The GPU table says if CUDA agrees.
+# Alone in half precision, the text encoder and the duration predictor change phoneme durations
+# (the ceil() after them flips at rounding boundaries); the flow and the decoder, which hold most
+# of the compute, leave durations alone. The run's part_sensitivity table shows it on the device.
 DEFAULT_KEEP_FP32 = ("encoder", "duration")
 # Files come back from the GPU machine up to 16 MiB each; the waveforms leave room for the zip and texts.
 AUDIO_WAVEFORM_BYTES_MAX = 15 * MIB
+# Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
 
 
-def prepare(eval_set: str, out: str, seed: int) -> None:
-    from models.piper.voice_files import PiperVoiceFiles
-    from models.text.espeak_frontend import EspeakFrontend
+def prepare(eval_set: str, out: str, seed: int, family_name: str | None = None, voice: str | None = None,
+            cache_dir: Path = DEFAULT_CACHE_DIR) -> None:
+    """Phoneme ids of ``eval_set`` and of the calibration sentences, by the teacher's own frontend.
+
+    ``family_name``: a registered family (default: the first registered); ``voice``: one of its
+    voices (default: the family's default voice).
+    """
     from texts import load_sentences
 
-    config = PiperVoiceFiles.resolve("bundled:joe").config()
-    frontend = EspeakFrontend(config["espeak"]["voice"], config["phoneme_id_map"])
+    family = get_family(family_name or next(iter(FAMILIES)))
+    voice = voice or family.default_voice
+    teacher = family.load_teacher(voice, Path(cache_dir))
 
     def utterances(sentences: list[str]) -> list[dict]:
-        sequences = [seq for sentence in sentences for seq in frontend(sentence)]
+        sequences = [seq for sentence in sentences for seq in teacher.text_to_utterances(sentence)]
         return [{"text": s.text, "phoneme_ids": list(s.phoneme_ids)} for s in sequences]
 
-    payload = {"eval_set": eval_set, "seed": seed, "sample_rate_hz": config["audio"]["sample_rate"],
+    payload = {"family": family.name, "voice": voice, "eval_set": eval_set, "seed": seed,
+               "sample_rate_hz": teacher.sample_rate_hz,
                "utterances": utterances(load_sentences(eval_set)),
                # The half-precision sensitivity table is measured on these, never on the evaluation set.
                "calibration_utterances": utterances(load_sentences("calibration"))}
@@ -80,49 +90,17 @@ def prepare(eval_set: str, out: str, seed: int) -> None:
     print(f"{len(payload['utterances'])} utterances, {len(payload['calibration_utterances'])} calibration -> {out}")
 
 
-class TorchVitsOnDevice(nn.Module):
-    """A PiperVits module behind the synthesize(request) call that evaluate.rtf times.
-
-    Outputs stay on the model's device (no copy inside the timed call). ``parts``/``replace_part``
-    pass through, so models.precision builds half-precision copies of it.
-    """
-
-    def __init__(self, model, sample_rate_hz: int):
-        super().__init__()
-        self.model, self.sample_rate_hz = model, sample_rate_hz
-
-    def parts(self) -> dict[str, nn.Module]:
-        return self.model.parts()
-
-    def replace_part(self, role: str, module: nn.Module) -> None:
-        self.model.replace_part(role, module)
-
-    @torch.inference_mode()
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        device = next(self.model.parameters()).device
-        noise = request.sampling
-        batch, length = request.phoneme_ids.shape
-        duration_noise, prior_noise = noise.draw(batch, length, self.model.hp.latent_channels)  # float32
-        audio, audio_lengths, durations = self.model(
-            request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
-            duration_noise.to(device), prior_noise.to(device),
-            noise.noise_scale, noise.length_scale, noise.noise_scale_w,
-        )
-        # Audio leaves the device, as a server would send it: the copy is timed, and kept results
-        # do not pile up in the VRAM peak.
-        return SynthesisResult(audio.float().cpu(), audio_lengths.cpu(), self.sample_rate_hz, durations=durations.cpu())
-
-
 def _sequences(utterances: list[dict]) -> list[Utterance]:
     return [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
 
 
 def _to_cpu(results: list[SynthesisResult]) -> list[SynthesisResult]:
-    return [SynthesisResult(r.audio.float().cpu(), r.audio_lengths.cpu(), r.sample_rate_hz, durations=r.durations.cpu())
+    return [SynthesisResult(r.audio.float().cpu(), r.audio_lengths.cpu(), r.sample_rate_hz,
+                            durations=None if r.durations is None else r.durations.cpu())
             for r in results]
 
 
-def _measure_on_device(synthesizer: TorchVitsOnDevice, sequences, noises, warm_runs: int, device: str):
+def _measure_on_device(synthesizer: TTSModel, sequences, noises, warm_runs: int, device: str):
     """Speed and VRAM of one variant, alone on the device.
 
     Returns (figures, batch-1 outputs on the CPU, seconds of audio synthesized at batch 1).
@@ -181,43 +159,67 @@ def _mcd_or_reason():
     return mel_cepstral_distortion, None
 
 
-def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: int,
+def _device_vs_original(device_outputs: list[SynthesisResult], original_outputs: list[SynthesisResult]) -> dict:
+    """Device teacher vs the shipped graph on identical noise: durations, then waveforms where they agree.
+
+    A ceil() at a rounding boundary can flip one phoneme's duration; that is counted, not hidden.
+    Outputs without durations are compared where their lengths agree.
+    """
+    matched, max_rel_diff = 0, 0.0
+    for device_out, original_out in zip(device_outputs, original_outputs):
+        if device_out.durations is None or original_out.durations is None:
+            if not torch.equal(device_out.audio_lengths, original_out.audio_lengths):
+                continue
+        elif not torch.equal(device_out.durations, original_out.durations):
+            continue
+        matched += 1
+        n = int(original_out.audio_lengths[0])
+        reference = original_out.audio[0, :n]  # (T,)
+        diff = (device_out.audio[0, :n] - reference).abs().max() / reference.abs().max()
+        max_rel_diff = max(max_rel_diff, float(diff))
+    return {"cuda_vs_onnx_max_diff_rel_peak": max_rel_diff,
+            "cuda_vs_onnx_same_durations_fraction": matched / len(original_outputs)}
+
+
+def _reference_runtime(family: Family, voice: str, threads: int) -> TTSModel | None:
+    """The graph ``family`` ships, run as it ships on the host CPU; None for a family that ships none."""
+    return None if family.reference is None else family.reference.load(voice, threads)
+
+
+def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: int,
         device: str = "cuda", variants: tuple[str, ...] = ("teacher",),
         keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, audio_utterances: int = 40,
-        sensitivity_utterances: int = 16, host_cpu_threads: int | None = None) -> dict:
-    """``device="cpu"`` runs the same code path without a GPU (a smoke test); names then say cpu."""
-    import onnx
-
-    from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-    from models.piper.importer import onnx_to_state_dict
-    from models.piper.vits import PiperVits
-
+        sensitivity_utterances: int = 16, host_cpu_threads: int | None = None,
+        cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
+    """``voice`` as the inputs' family loads it (``family.load_teacher``); ``device="cpu"`` runs the
+    same code path without a GPU (a smoke test); names then say cpu."""
     unknown = sorted(set(variants) - {"teacher", *HALF_VARIANTS})
     if unknown or "teacher" not in variants:
         raise ValueError(f"variants {list(variants)}: unknown {unknown}; give teacher (the reference) "
                          f"and any of {sorted(HALF_VARIANTS)}")
     with open(inputs, encoding="utf-8") as handle:
         payload = json.load(handle)
+    if "family" not in payload:
+        raise ValueError(f"{inputs} names no model family: re-run `python -m evaluate.gpu_benchmark prepare`")
+    family = get_family(payload["family"])
     half_variants = [name for name in variants if name in HALF_VARIANTS]
     if half_variants and "calibration_utterances" not in payload:
         raise ValueError(f"{inputs} has no calibration_utterances, which the {half_variants} sensitivity "
                          "table needs: re-run `python -m evaluate.gpu_benchmark prepare`")
     sequences = _sequences(payload["utterances"])
     texts = [sequence.text for sequence in sequences]
-    noises = [VitsSampling(seed=payload["seed"] + i) for i in range(len(sequences))]
-    sample_rate_hz = int(payload["sample_rate_hz"])
-    hp, state = onnx_to_state_dict(onnx.load(voice_onnx))
-    model = PiperVits(hp)
-    model.load_state_dict(state, strict=True)
-    model.eval()
-    base = TorchVitsOnDevice(model, sample_rate_hz)  # FP32 on the CPU; every variant is built from it
+    noises = [family.sampling(seed=payload["seed"] + i) for i in range(len(sequences))]
+    base = family.load_teacher(voice, Path(cache_dir)).eval()  # FP32 on the CPU; every variant is built from it
+    if base.sample_rate_hz != int(payload["sample_rate_hz"]):
+        raise ValueError(f"--voice {voice} speaks at {base.sample_rate_hz} Hz, the inputs were prepared for "
+                         f"{payload['sample_rate_hz']} Hz: prepare them with this voice")
     # The teacher is the fp32 reference: no TF32 in convolutions or matmuls.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     on_cuda = device.startswith("cuda")
     out_dir = os.path.dirname(os.path.abspath(out))
     os.makedirs(out_dir, exist_ok=True)
-    results: dict[str, dict[str, float]] = {"original_onnx": {}}
+    results: dict[str, dict[str, float]] = {}
     skipped: dict[str, str] = {}
     audio_files: dict[str, dict] = {}
 
@@ -251,26 +253,15 @@ def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentenc
     threads = host_cpu_threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     subset, subset_noises = sequences[:host_cpu_sentences], noises[:host_cpu_sentences]
-    original = PiperOnnxRuntimeVoice(voice_onnx, threads=threads)
-    ort_speed, ort_outputs = measure_batch1(original.synthesize, subset, subset_noises, warm_runs, 1, "cpu")
     cpu_speed, _ = measure_batch1(base.synthesize, subset, subset_noises, warm_runs, 1, "cpu")
-    results["original_onnx"].update(rtf_hostcpu_b1=ort_speed.rtf_b1,
-                                    latency_first_audio_ms_hostcpu=ort_speed.latency_first_audio_ms)
     results["teacher"].update(rtf_hostcpu_b1=cpu_speed.rtf_b1,
                               latency_first_audio_ms_hostcpu=cpu_speed.latency_first_audio_ms)
-
-    # Device teacher vs original ONNX on identical noise: durations, then waveforms where they agree.
-    # (A ceil() at a rounding boundary can flip one phoneme's duration; that is counted, not hidden.)
-    matched, max_rel_diff = 0, 0.0
-    for device_out, ort_out in zip(teacher_outputs, ort_outputs):
-        if not torch.equal(device_out.durations, ort_out.durations):
-            continue
-        matched += 1
-        n = int(ort_out.audio_lengths[0])
-        diff = (device_out.audio[0, :n] - ort_out.audio[0, :n]).abs().max() / ort_out.audio[0, :n].abs().max()
-        max_rel_diff = max(max_rel_diff, float(diff))
-    results["teacher"].update(cuda_vs_onnx_max_diff_rel_peak=max_rel_diff,
-                              cuda_vs_onnx_same_durations_fraction=matched / len(ort_outputs))
+    original = _reference_runtime(family, voice, threads)
+    if original is not None:
+        ort_speed, ort_outputs = measure_batch1(original.synthesize, subset, subset_noises, warm_runs, 1, "cpu")
+        results["original_onnx"] = {"rtf_hostcpu_b1": ort_speed.rtf_b1,
+                                    "latency_first_audio_ms_hostcpu": ort_speed.latency_first_audio_ms}
+        results["teacher"].update(_device_vs_original(teacher_outputs, ort_outputs))
 
     # Which parts tolerate half precision, on this device: each part alone, calibration sentences.
     mcd_db, mcd_missing = _mcd_or_reason()
@@ -285,7 +276,7 @@ def run(voice_onnx: str, inputs: str, out: str, warm_runs: int, host_cpu_sentenc
                     "cuda": torch.version.cuda, "host_cpu_threads": threads, "python": platform.python_version(),
                     "cpu_capability": torch.backends.cpu.get_cpu_capability()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(sys.argv), "eval_set": payload["eval_set"], "utterances": len(sequences),
+        "command": " ".join(sys.argv), "family": family.name, "eval_set": payload["eval_set"], "utterances": len(sequences),
         "host_cpu_utterances": len(subset), "warm_runs": warm_runs,
         "audio_seconds": teacher_audio_seconds, "audio": audio_files,
         "variants": results,
@@ -309,8 +300,15 @@ def main() -> None:
     prep.add_argument("--eval-set", default="harvard")
     prep.add_argument("--out", required=True)
     prep.add_argument("--seed", type=int, default=0)
-    bench = sub.add_parser("run", help="time the teacher and its half-precision variants on CUDA beside the original ONNX")
-    bench.add_argument("--voice", required=True, help="the original Piper .onnx (with .onnx.json beside it)")
+    prep.add_argument("--family", default=next(iter(FAMILIES)), choices=sorted(FAMILIES),
+                      help="a registered model family (default: %(default)s, the first registered)")
+    prep.add_argument("--voice", default=None, help="one of the family's voices (default: its default voice)")
+    prep.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="converted teacher weights")
+    bench = sub.add_parser("run", help="time the teacher and its half-precision variants on CUDA beside the "
+                           "graph the family ships")
+    bench.add_argument("--voice", required=True, help="the voice the inputs were prepared with, as the family loads "
+                       "it: a voice name or file (a graph with its config beside it)")
+    bench.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="converted teacher weights")
     bench.add_argument("--inputs", required=True)
     bench.add_argument("--out", required=True, help="results JSON; audio_<variant>.npz files go beside it")
     bench.add_argument("--warm-runs", type=int, default=5)
@@ -324,14 +322,15 @@ def main() -> None:
     bench.add_argument("--sensitivity-utterances", type=int, default=16, help="calibration utterances per table")
     args = parser.parse_args()
     if args.command == "prepare":
-        prepare(args.eval_set, args.out, args.seed)
+        prepare(args.eval_set, args.out, args.seed, args.family, args.voice, args.cache_dir)
     else:
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             parser.error("--device cuda needs a CUDA GPU: torch.cuda.is_available() is False")
         variants = tuple(name for name in args.variants.split(",") if name)
         keep_fp32 = tuple(role for role in args.keep_fp32.split(",") if role)
         run(args.voice, args.inputs, args.out, args.warm_runs, args.host_cpu_sentences, args.device,
-            variants, keep_fp32, args.audio_utterances, args.sensitivity_utterances, args.host_cpu_threads)
+            variants, keep_fp32, args.audio_utterances, args.sensitivity_utterances, args.host_cpu_threads,
+            args.cache_dir)
 
 
 if __name__ == "__main__":

@@ -1,48 +1,39 @@
-r"""Engines for the PyTorch variants on CUDA, side by side in one call: eager, CUDA graphs over
-static shape buckets, torch.compile and AOTInductor (models/piper/engines.py), per variant, with
-compile time and speed-up over the eager FP32 teacher. Torch + numpy + safetensors only (the GPU machine).
+r"""A family's variants on CUDA engines, side by side in one call: for each (variant, backend) of
+the family's plan (``family.gpu_engines``: eager, CUDA graphs over static shape buckets,
+torch.compile, AOTInductor, ...), the speed and the compile time, with the speed-up over the
+eager FP32 teacher. The variants are rebuilt on the GPU machine from a bundle (hyperparameters and
+teacher weights, plus a distilled student's weights where the family has one).
 
-    # here: phoneme ids (python -m evaluate.gpu_benchmark prepare ...) and the teacher's weights
+    # here: phoneme ids (python -m evaluate.gpu_benchmark prepare ...) and the bundle
     #       (python -m compress.distil prepare ... --out .device/distil)
-    # there:
+    # on the GPU machine:
     python -m evaluate.gpu_engines --bundle .device/distil --inputs .device/bench_inputs.json \
-        --lite models/checkpoints/lite_joe_medium.safetensors --utterances 100 --deadline-s 540 \
+        --student models/checkpoints/lite_joe_medium.safetensors --utterances 100 --deadline-s 540 \
         --package-dir /tmp/aoti --out $OUT/engines.json
 
-Each (variant, backend) builds one engine and is measured twice where it makes sense: the
-backend alone (``compile``) and the backend replayed through CUDA graphs (``*_cuda_graphs``);
-AOTInductor packages run without graphs (their runner cannot be captured). Every engine draws the same noise on the GPU, so outputs compare with the
-variant's eager run (durations equal, SNR). Past ``--deadline-s`` no new engine starts; the JSON
-is rewritten after each engine, so a stopped call keeps what it measured.
+Each (variant, backend) builds one engine and is measured once per graph mode the family gives
+that backend: the backend alone (``compile``) and replayed through CUDA graphs
+(``compile_cuda_graphs``). Every engine draws the same noise on the GPU, so outputs compare with
+the variant's eager run (durations equal, SNR). Past ``--deadline-s`` no new engine starts; the
+JSON is rewritten after each engine, so a stopped call keeps what it measured.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from evaluate.rtf import measure_batch1, measure_batched
-from models.piper.engines import BucketedEngine, EagerEngine, StageBackend
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.sampling import VitsSampling
-from models.piper.lite import STUDENT_PARTS, load_student
-from models.piper.vits import PiperVits, hyperparams_from_dict
-from models.precision import to_half_precision
+from models.registry import get_family
 
 MIB = 1024 * 1024
-# (variant, backend) in the order they run: the eager references first (every later engine's SNR
-# is against its variant's eager run), then the issue's candidates (Lite FP16, teacher), then the rest.
-PLAN = (("teacher", "eager"), ("lite_fp16", "eager"), ("lite", "eager"), ("fp16", "eager"),
-        ("teacher", "cuda_graphs"), ("lite_fp16", "cuda_graphs"), ("lite", "cuda_graphs"), ("fp16", "cuda_graphs"),
-        ("lite_fp16", "compile"), ("lite_fp16", "aoti"), ("teacher", "compile"), ("teacher", "aoti"),
-        ("lite", "compile"), ("lite", "aoti"), ("fp16", "compile"), ("fp16", "aoti"))
 
 
 def _snr_db(reference: list[SynthesisResult], candidate: list[SynthesisResult]) -> float:
@@ -81,47 +72,59 @@ def _first_pass(engine, sequences, noises) -> float:
     return time.perf_counter() - started
 
 
+def _read_bundle(bundle_dir: str) -> dict:
+    path = Path(bundle_dir) / "bundle.json"
+    bundle = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("family", "sample_rate_hz"):
+        if key not in bundle:
+            raise ValueError(f"{path} has no {key!r}: write the bundle with `python -m compress.distil prepare`")
+    return bundle
+
+
+def _durations_equal(reference: list[SynthesisResult], candidate: list[SynthesisResult]) -> bool:
+    """Every utterance's phoneme durations equal; outputs without durations compare their lengths."""
+    return all(torch.equal(a.audio_lengths, b.audio_lengths) if a.durations is None or b.durations is None
+               else torch.equal(a.durations, b.durations) for a, b in zip(reference, candidate))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", required=True, help="folder from `python -m compress.distil prepare`")
     parser.add_argument("--inputs", required=True, help="JSON from `python -m evaluate.gpu_benchmark prepare`")
-    parser.add_argument("--lite", required=True, help="Lite student weights (safetensors)")
+    parser.add_argument("--student", default=None, help="distilled student weights (safetensors); without them "
+                        "the student variants are left out of the plan")
     parser.add_argument("--utterances", type=int, default=100)
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--deadline-s", type=float, default=540, help="start no engine past this many seconds")
-    parser.add_argument("--only", default="", help="comma-separated variant/backend pairs of PLAN to run, e.g. "
-                        "teacher/eager,lite/compile (all if empty)")
+    parser.add_argument("--only", default="", help="comma-separated variant/backend pairs of the family's plan to "
+                        "run, e.g. teacher/eager,teacher/compile (all if empty)")
     parser.add_argument("--package-dir", default="/tmp/aoti_packages", help="where AOTInductor packages go")
     parser.add_argument("--out", required=True)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     started = time.perf_counter()
 
+    bundle = _read_bundle(args.bundle)
+    family = get_family(bundle["family"])
+    suite = family.gpu_engines
+    if suite is None:
+        parser.error(f"family {family.name!r} registers no GPU engines (gpu_engines in its registry entry)")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: TF32 would flatter the teacher
     torch.backends.cudnn.allow_tf32 = False
-    bundle = json.loads(open(f"{args.bundle}/bundle.json", encoding="utf-8").read())
-    hp = hyperparams_from_dict(bundle["hyperparams"])
-    teacher = PiperVits(hp)
-    teacher.load_state_dict({k: v.float() for k, v in load_file(f"{args.bundle}/teacher.safetensors").items()})
-    teacher.eval()
-    lite = copy.deepcopy(teacher)
-    parts, _ = load_student(hp, args.lite)
-    for role in STUDENT_PARTS:
-        lite.replace_part(role, parts[role])
-    half = lambda model: to_half_precision(model, torch.float16, keep_fp32=("encoder", "duration"))  # a copy
-    models = {"teacher": lambda: teacher, "fp16": lambda: half(teacher), "lite": lambda: lite,
-              "lite_fp16": lambda: half(lite)}
+    models = suite.variants(Path(args.bundle), None if args.student is None else Path(args.student))
     inputs = json.loads(open(args.inputs, encoding="utf-8").read())
+    if inputs.get("family") != family.name:
+        parser.error(f"--inputs were prepared for family {inputs.get('family')!r}, the bundle is {family.name!r}")
     utterances = inputs["utterances"][: args.utterances]
     sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
-    noises = [VitsSampling(seed=inputs["seed"] + i) for i in range(len(sequences))]
+    noises = [family.sampling(seed=inputs["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = bundle["sample_rate_hz"]
     only = {key for key in args.only.split(",") if key}
-    plan = [(variant, backend) for variant, backend in PLAN if not only or f"{variant}/{backend}" in only]
-
-    unknown = only - {f"{variant}/{backend}" for variant, backend in PLAN}
+    unknown = only - {f"{variant}/{backend}" for variant, backend in suite.plan}
     if unknown:
-        parser.error(f"--only names pairs not in the plan: {sorted(unknown)}")
+        parser.error(f"--only names pairs not in the plan of family {family.name!r}: {sorted(unknown)}")
+    plan = [(variant, backend) for variant, backend in suite.plan
+            if variant in models and (not only or f"{variant}/{backend}" in only)]
 
     results: dict[str, dict] = {}
     eager_outputs: dict[str, list[SynthesisResult]] = {}
@@ -129,44 +132,35 @@ def main() -> None:
         if time.perf_counter() - started > args.deadline_s:
             results[f"{variant}/{backend}"] = {"error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
         else:
-            _run_engines(variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
+            _run_engines(suite, variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
                          eager_outputs, report=lambda: _write_report(args, results, len(sequences), inputs["eval_set"]))
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
         _write_report(args, results, len(sequences), inputs["eval_set"])  # after each engine: a timeout keeps the rest
 
 
-def _run_engines(variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
+def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
                  args: argparse.Namespace, results: dict, eager_outputs: dict, report) -> None:
-    """Build one (variant, backend) engine; measure it alone and, where it applies, through CUDA graphs.
+    """Build one (variant, backend) engine; measure it in each of the family's graph modes for that backend.
 
     Rows go into ``results`` (an error row when a measurement fails), eager outputs into ``eager_outputs``.
     """
     try:
         model = make_model().to(args.device)
-        # torch.compile caches per code object: the stage classes are shared by every variant,
+        # torch.compile caches per code object: modules of one class are shared by every variant,
         # so without a reset later variants hit the recompile limit and silently run eager.
         torch._dynamo.reset()
         built = time.perf_counter()
-        if backend == "eager":
-            engine = EagerEngine(model, sample_rate_hz)
-        else:
-            kind = "eager" if backend == "cuda_graphs" else backend
-            engine = BucketedEngine(model, sample_rate_hz, graphs=False, backend=StageBackend(
-                kind, package_dir=os.path.join(args.package_dir, variant)))
+        engine = suite.build_engine(model, backend, sample_rate_hz, Path(args.package_dir) / variant)
         build_s = time.perf_counter() - built
     except Exception as error:
         results[f"{variant}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
         print(f"{variant}/{backend}", "failed:", results[f"{variant}/{backend}"]["error"], flush=True)
         return
-    # cuda_graphs: the bucketed engine without graphs is eager with padding, so only the graphed run counts.
-    # aoti: the AOTInductor runner is not capturable (torch 2.11: "operation not permitted when
-    # stream is capturing"), and a failed capture poisons the CUDA context for every later engine.
-    modes = {"eager": [False], "cuda_graphs": [True], "aoti": [False]}.get(backend, [False, True])
-    for graphs in modes:
+    for graphs in suite.graph_modes[backend]:
         key = f"{variant}/{backend}" + ("_cuda_graphs" if graphs and backend != "cuda_graphs" else "")
         try:
-            if backend != "eager":
+            if hasattr(engine, "use_graphs"):
                 engine.use_graphs(graphs)
             first_pass_s = _first_pass(engine, sequences, noises)
             row, outputs = _measure(engine, sequences, noises, args.warm_runs, args.device)
@@ -176,8 +170,7 @@ def _run_engines(variant: str, backend: str, make_model, sample_rate_hz: int, se
                 eager_outputs[variant] = outputs
             elif variant in eager_outputs:
                 row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)
-                row["durations_equal_vs_eager"] = float(all(
-                    torch.equal(a.durations, b.durations) for a, b in zip(eager_outputs[variant], outputs)))
+                row["durations_equal_vs_eager"] = float(_durations_equal(eager_outputs[variant], outputs))
             results[key] = row
         except Exception as error:  # one engine failing must not lose the others' figures
             results[key] = {"error": f"{type(error).__name__}: {error}"[:500]}

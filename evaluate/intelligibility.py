@@ -1,20 +1,20 @@
 """Intelligibility as word error rate: pocketsphinx transcribes the audio, edit distance to the text.
 
 pocketsphinx's general English language model misrecognises about 0.30 of the words of clean
-Piper speech, which leaves little room to see a compressed voice get worse. The recognizer here
+synthesized speech, which leaves little room to see a compressed voice get worse. The recognizer here
 is fitted to the evaluation set instead: a trigram language model written from the very
 sentences being evaluated, and a pronunciation dictionary holding only their words. The
 acoustic model then decides between a few plausible word sequences, and errors come from the
 audio, not from the language model's ignorance.
 
 Pronunciations come from pocketsphinx's bundled CMUdict; a word it lacks (names, rare plurals)
-gets the pronunciation espeak-ng gives it, mapped to CMUdict phones; that is the same frontend
-the Piper voice speaks from. Words neither can pronounce are listed in
+gets the pronunciation espeak-ng gives it, mapped to CMUdict phones; that is the frontend the
+espeak-based voices speak from. Words neither can pronounce are listed in
 ``DomainRecognizer.out_of_vocabulary_words``: they cannot be recognised, so each one counts as
 an error for every voice alike.
 
-Corpus WER measured with the original joe voice (``PiperOnnxRuntimeVoice``, Piper's default
-noise scales), clean and with white noise at 20/10/0 dB SNR:
+Corpus WER of the bundled joe voice as it ships (its original ONNX graph, default noise scales),
+clean and with white noise at 20/10/0 dB SNR:
 
     ==========================  ==========================  =====  =====  =====  =====
     audio                       language model              clean  20 dB  10 dB  0 dB
@@ -67,7 +67,7 @@ _CMUDICT_PATH = _MODEL_DIR / "cmudict-en-us.dict"
 _ESPEAK_VOICE = "en-us"
 _LOG = logging.getLogger(__name__)
 
-# espeak-ng IPA (as piper-phonemize writes it) -> CMUdict phones. Longest symbols are matched first.
+# espeak-ng IPA -> CMUdict phones. Longest symbols are matched first.
 _IPA_TO_CMU = {
     "tʃ": "CH", "dʒ": "JH", "eɪ": "EY", "aɪ": "AY", "ɔɪ": "OY", "aʊ": "AW", "oʊ": "OW", "oː": "AO",
     "ɪ": "IH", "ᵻ": "IH", "i": "IY", "ɛ": "EH", "e": "EY", "æ": "AE", "a": "AE", "ə": "AH", "ɐ": "AH",

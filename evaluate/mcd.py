@@ -8,20 +8,25 @@ in dB. c0 (loudness) is left out. Waveforms with the same number of frames are c
 by frame; otherwise the frames are aligned by dynamic time warping first. The result is the
 mean over compared frame pairs.
 
-Reference points, joe voice, mean over Harvard sentences: identical audio 0; the same text
-with another noise seed 1.2 dB; another sentence (DTW-aligned) 4.3 dB; white noise at 20/10/0 dB
-SNR 5.2/6.3/7.1 dB; 4 kHz low-pass 5.7 dB; 6-bit requantisation 5.1 dB. The last three are
-high because the floor keeps near-silent bands: noise or a missing band there counts in full.
+The analysis frame (STFT hop and window) comes from the caller: ``hop_length`` in samples, the
+model's own hop where it has one, so that MCD frames are the model's acoustic frames; the window
+is four hops. Without one, the frame of the usual 22.05 kHz TTS recipes (hop 256, window 1024)
+is kept as a duration, 11.6 ms hops and 46 ms windows at any rate, so MCDs of models with
+different hops stay comparable.
+
+On the scale: identical audio is 0 dB; the same text with another noise seed sits near 1 dB,
+another sentence (DTW-aligned) near 4 dB. White noise, a low-pass or requantisation score high
+(5-7 dB) because the floor keeps near-silent bands: noise or a missing band there counts in full.
 
 Usage::
 
     from evaluate.mcd import MelCepstralDistortion, mel_cepstral_distortion
 
-    mel_cepstral_distortion(test_waveform, teacher_waveform, sample_rate_hz=22050)   # -> float, dB
+    mel_cepstral_distortion(test_waveform, teacher_waveform, sample_rate_hz=model.sample_rate_hz)  # -> float, dB
 
-    mcd = MelCepstralDistortion()
+    mcd = MelCepstralDistortion(hop_length=hop)                     # hop: the model's, in samples; or None
     for test_waveform, teacher_waveform in pairs:                  # each (T,) float, same text
-        mcd.update(test_waveform, teacher_waveform, sample_rate_hz=22050)
+        mcd.update(test_waveform, teacher_waveform, sample_rate_hz=model.sample_rate_hz)
     mcd.compute()                                                   # -> tensor, mean dB over utterances
 """
 from __future__ import annotations
@@ -39,8 +44,10 @@ from evaluate.audio_input import mono_float32
 
 NUM_MEL_BANDS = 80
 NUM_CEPSTRA = 24  # c1..c24, the usual MCD order
-FRAME_LENGTH_S = 1024 / 22050  # 46 ms: Piper's STFT window at 22.05 kHz, scaled for other rates
-HOP_LENGTH_S = 256 / 22050  # 11.6 ms: Piper's hop, one acoustic frame of the voice
+# The hop when the caller gives none: 256 samples at 22.05 kHz (LJSpeech-style recipes: Tacotron 2,
+# HiFi-GAN, VITS), 11.6 ms, as a duration so that every sample rate gets the same frames in time.
+DEFAULT_HOP_S = 256 / 22050
+WINDOW_HOPS = 4  # STFT window = 4 hops (1024 samples at hop 256), librosa's own window-to-hop ratio
 POWER_FLOOR = 1e-8  # -80 dBFS in power
 _DB_PER_NEPER = 10.0 / math.log(10.0)
 
@@ -50,16 +57,26 @@ def _as_waveform(waveform: torch.Tensor | np.ndarray, name: str) -> np.ndarray:
     return mono_float32(waveform, name)
 
 
-def mel_cepstra(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int) -> np.ndarray:
-    """Mel-cepstra c1..c24 of one waveform, (T_frames, 24), natural-log amplitude scale."""
+def analysis_frame(sample_rate_hz: int, hop_length: int | None = None) -> tuple[int, int]:
+    """(STFT window, hop) in samples: ``hop_length`` and four of it, or the default frame at this rate."""
     if sample_rate_hz <= 0:
         raise ValueError(f"sample_rate_hz must be a positive number of samples per second, got {sample_rate_hz}")
+    if hop_length is None:
+        return round(WINDOW_HOPS * DEFAULT_HOP_S * sample_rate_hz), round(DEFAULT_HOP_S * sample_rate_hz)
+    if isinstance(hop_length, bool) or not isinstance(hop_length, int) or hop_length < 1:
+        raise ValueError(f"hop_length must be a positive number of samples (the model's hop) or None, got {hop_length!r}")
+    return WINDOW_HOPS * hop_length, hop_length
+
+
+def mel_cepstra(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int, hop_length: int | None = None) -> np.ndarray:
+    """Mel-cepstra c1..c24 of one waveform, (T_frames, 24), natural-log amplitude scale."""
+    window_length, hop = analysis_frame(sample_rate_hz, hop_length)
     audio = _as_waveform(waveform, "waveform")
     mel_power = librosa.feature.melspectrogram(
         y=audio,
         sr=sample_rate_hz,
-        n_fft=round(FRAME_LENGTH_S * sample_rate_hz),
-        hop_length=round(HOP_LENGTH_S * sample_rate_hz),
+        n_fft=window_length,
+        hop_length=hop,
         n_mels=NUM_MEL_BANDS,
     )  # (80, T_frames)
     log_amplitude = 0.5 * np.log(np.maximum(mel_power, POWER_FLOOR))  # (80, T_frames)
@@ -69,11 +86,13 @@ def mel_cepstra(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int) -> np.
 
 
 def mel_cepstral_distortion(
-    test: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray, sample_rate_hz: int
+    test: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray, sample_rate_hz: int,
+    hop_length: int | None = None,
 ) -> float:
-    """MCD in dB of ``test`` (T_test,) against ``reference`` (T_ref,), both at ``sample_rate_hz``."""
-    test_cepstra = mel_cepstra(_as_waveform(test, "test"), sample_rate_hz)  # (F_test, 24)
-    reference_cepstra = mel_cepstra(_as_waveform(reference, "reference"), sample_rate_hz)  # (F_ref, 24)
+    """MCD in dB of ``test`` (T_test,) against ``reference`` (T_ref,), both at ``sample_rate_hz``,
+    on frames of ``hop_length`` samples (None: the default frame, module docstring)."""
+    test_cepstra = mel_cepstra(_as_waveform(test, "test"), sample_rate_hz, hop_length)  # (F_test, 24)
+    reference_cepstra = mel_cepstra(_as_waveform(reference, "reference"), sample_rate_hz, hop_length)  # (F_ref, 24)
     if len(test_cepstra) != len(reference_cepstra):
         _, path = librosa.sequence.dtw(X=test_cepstra.T, Y=reference_cepstra.T, metric="euclidean")  # (P, 2)
         test_cepstra, reference_cepstra = test_cepstra[path[:, 0]], reference_cepstra[path[:, 1]]
@@ -82,19 +101,23 @@ def mel_cepstral_distortion(
 
 
 class MelCepstralDistortion(Metric):
-    """Mean MCD (dB) over the utterance pairs given to ``update``; lower is closer to the teacher."""
+    """Mean MCD (dB) over the utterance pairs given to ``update``; lower is closer to the teacher.
+
+    ``hop_length``: the model's hop in samples, or None for the default frame (module docstring).
+    """
 
     higher_is_better = False
     full_state_update = False
 
-    def __init__(self, **kwargs):
+    def __init__(self, hop_length: int | None = None, **kwargs):
         super().__init__(**kwargs)
+        self.hop_length = hop_length
         self.add_state("distortions_db", default=[], dist_reduce_fx="cat")
 
     def update(
         self, test: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray, sample_rate_hz: int
     ) -> None:
-        distortion_db = mel_cepstral_distortion(test, reference, sample_rate_hz)
+        distortion_db = mel_cepstral_distortion(test, reference, sample_rate_hz, self.hop_length)
         self.distortions_db.append(torch.tensor([distortion_db], dtype=torch.float64))
 
     def compute(self) -> torch.Tensor:

@@ -1,15 +1,18 @@
 """Every quality metric on the teacher's audio, clean and under controlled degradations.
 
 Shows on a real sentence set (not only in the tests) that each metric ranks the degradations
-the right way, and how far a clean teacher sits from 10 dB SNR:
+the right way, and how far a clean teacher sits from 10 dB SNR. The teacher is a registered
+family's PyTorch model (models/registry.py), its default voice unless ``--voice`` names another:
 
     python -m evaluate.metric_validity --eval-set harvard --sentences 60 --out outputs/metric_validity.json
+    python -m evaluate.metric_validity --family <family> --voice <one of its voices> --out outputs/metric_validity.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -19,16 +22,20 @@ from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from evaluate.intelligibility import DomainRecognizer, WordErrorRate
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
-from models.interface import SynthesisRequest
-from models.sampling import VitsSampling
-from models.piper.voice import PiperVoice
+from models.interface import SynthesisRequest, TTSModel
+from models.registry import FAMILIES, family_of, get_family
 from texts import load_sentences
 
+# Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
 
-def score_conditions(voice: PiperVoice, sentences: list[str]) -> dict[str, dict[str, float]]:
+
+def score_conditions(voice: TTSModel, sentences: list[str]) -> dict[str, dict[str, float]]:
+    """Condition -> metric -> value over ``sentences`` spoken by ``voice``, utterance i with seed i."""
+    family = family_of(voice)
     sequences = [seq for sentence in sentences for seq in voice.text_to_utterances(sentence)]
     clean = [
-        voice.synthesize(SynthesisRequest.from_utterances([seq], sampling=VitsSampling(seed=i))).waveforms()[0]
+        voice.synthesize(SynthesisRequest.from_utterances([seq], sampling=family.sampling(seed=i))).waveforms()[0]
         for i, seq in enumerate(tqdm(sequences, desc="teacher"))
     ]
     texts = [seq.text for seq in sequences]
@@ -56,14 +63,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--eval-set", default="eval")
     parser.add_argument("--sentences", type=int, default=60)
-    parser.add_argument("--voice", default="bundled:joe")
+    parser.add_argument("--family", default=next(iter(FAMILIES)), choices=sorted(FAMILIES),
+                        help="a registered model family (default: %(default)s, the first registered)")
+    parser.add_argument("--voice", default=None, help="one of the family's voices (default: its default voice)")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="converted teacher weights")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.sentences < 1:
         parser.error(f"--sentences must be >= 1, got {args.sentences}")
+    family = get_family(args.family)
+    voice = args.voice or family.default_voice
     torch.manual_seed(0)
-    table = score_conditions(PiperVoice.load(args.voice), load_sentences(args.eval_set)[: args.sentences])
-    payload = {"eval_set": args.eval_set, "sentences": args.sentences, "conditions": table}
+    table = score_conditions(family.load_teacher(voice, args.cache_dir), load_sentences(args.eval_set)[: args.sentences])
+    payload = {"family": family.name, "voice": voice, "eval_set": args.eval_set, "sentences": args.sentences,
+               "conditions": table}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2)

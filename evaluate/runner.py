@@ -3,10 +3,11 @@
 This is the single evaluation path: the teacher, the original ONNX and every compressed
 variant go through ``evaluate_variant`` with the same settings, so their numbers compare.
 The reference variant (the teacher) is scored first; MCD and speaker similarity of every
-other variant are measured against its audio for the same text and the same noise.
+other variant are measured against its audio for the same text and the same sampling.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -17,19 +18,20 @@ from evaluate.settings import EvaluateSettings
 from evaluate.memory import PeakRssSampler
 from evaluate.rtf import measure_batch1, measure_batched
 from models.interface import Utterance
-from models.sampling import VitsSampling
+from models.sampling import Sampling
 
 
 @dataclass
 class EvaluationSet:
-    """Sentences after the frontend, with the frontend's time per sentence and fixed noise."""
+    """Sentences after the frontend, with the frontend's time per sentence and fixed sampling."""
 
     sequences: list[Utterance]
     frontend_s: list[float]
-    noises: list[VitsSampling]
+    samplings: list[Sampling]  # one per sequence, in the model family's sampling type
 
     @classmethod
-    def build(cls, sentences: list[str], model, noise) -> "EvaluationSet":
+    def build(cls, sentences: list[str], model, sampling: Sampling) -> "EvaluationSet":
+        """``sampling``: the first utterance's; utterance i draws from ``sampling.seed + i``."""
         sequences, frontend_s = [], []
         for sentence in sentences:
             start = time.perf_counter()
@@ -38,11 +40,8 @@ class EvaluationSet:
             sequences += parts
             # Time to first audio only waits for the first sentence's phonemes.
             frontend_s += [elapsed / len(parts)] * len(parts)
-        noises = [
-            VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=noise.seed + i)
-            for i in range(len(sequences))
-        ]
-        return cls(sequences, frontend_s, noises)
+        samplings = [dataclasses.replace(sampling, seed=sampling.seed + i) for i in range(len(sequences))]
+        return cls(sequences, frontend_s, samplings)
 
 
 @dataclass
@@ -113,12 +112,12 @@ def evaluate_variant(
     warm_runs, warmup_runs = (settings.warm_runs, settings.warmup_runs) if timed else (1, 0)
     with PeakRssSampler() as rss:
         speed, results = measure_batch1(
-            variant.model.synthesize, evaluation_set.sequences, evaluation_set.noises,
+            variant.model.synthesize, evaluation_set.sequences, evaluation_set.samplings,
             warm_runs, warmup_runs, variant.device, evaluation_set.frontend_s, progress,
         )
         batched_rtf = measure_batched(
             variant.model.synthesize, evaluation_set.sequences, settings.cpu_batch_size,
-            evaluation_set.noises[0], warm_runs, warmup_runs, variant.device,
+            evaluation_set.samplings[0], warm_runs, warmup_runs, variant.device,
         ) if timed else None
     waveforms = [result.waveforms()[0] for result in results]
     sample_rate_hz = results[0].sample_rate_hz

@@ -9,15 +9,15 @@ KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")
 
 
 @dataclass(frozen=True)
-class NoiseSettings:
-    noise_scale: float
+class SamplingSettings:
+    """What every family's sampling shares; a family's own options come with the model (model.sampling)."""
+
+    seed: int  # utterance i uses seed + i
     length_scale: float
-    noise_scale_w: float
-    seed: int
 
     def __post_init__(self):
-        if min(self.noise_scale, self.noise_scale_w) < 0 or self.length_scale <= 0:
-            raise ConfigError(f"evaluate.noise={self}: scales must be >= 0 and length_scale > 0")
+        if self.length_scale <= 0:
+            raise ConfigError(f"evaluate.sampling.length_scale={self.length_scale}: must be > 0")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class EvaluateSettings:
     warmup_runs: int
     cpu_batch_size: int
     reference_variant: str
-    noise: NoiseSettings
+    sampling: SamplingSettings
     metrics: tuple[str, ...]
     audio_samples: int
     gpu_results: str | None = None

@@ -1,37 +1,32 @@
-"""Export any PyTorch Piper variant to ONNX with Piper's input contract and dynamic batch and lengths.
+"""Export any family's graph to ONNX from its graph contract (models/graph_contract.py).
 
-    from export.onnx_export import export_piper
-    export_piper(PiperVoice.load("bundled:joe"), "outputs/export/teacher.onnx")
+    from export.onnx_export import export_graph
+    contract = family_of(voice).graph_contracts(voice)["synthesizer"]
+    export_graph(contract, "outputs/export/teacher.onnx")
 
-    python -m export.onnx_export --voice bundled:joe --out outputs/export/teacher.onnx
+    python -m export.onnx_export --family <family> --voice <voice> --out outputs/export/teacher.onnx
 
-The graph takes Piper's inputs, ``input`` (B, T_text) int64, ``input_lengths`` (B,) int64,
-``scales`` (3,) float32 = [noise_scale, length_scale, noise_scale_w] and ``sid`` (B,) int64 for
-multi-speaker voices, plus the explicit standard-normal noise ``duration_noise`` (B, 2, T_text)
-and ``prior_noise`` (B, C_lat, T_frames_max). Outputs: ``output`` (B, 1, 1, T_audio) like Piper's
-graphs, and ``durations`` (B, 1, T_text) float32 frames per phoneme, the output of the graph's one
-``Ceil``, as ``models.piper.onnx_runtime.prepare_graph`` exposes it for the original voice. So
-``PiperOnnxRuntimeVoice(voice, graph_path=...)`` runs an exported graph unchanged.
+The contract names the inputs and outputs, declares the dynamic axes and may fix the exported
+graph up (``postprocess``); the exporter only traces, names nodes and writes atomically.
 
-Exporter: torch's dynamo exporter (opset 18). The frame count is data dependent; PiperVits states
-it as an unbacked symbol (models/piper/vits.py), which keeps T_frames dynamic. The TorchScript
-exporter (``dynamo=False``) would freeze it to the example's value, so the full synthesizer is
-never exported that way; ``export_decoder`` (no data-dependent shapes) offers both, because
-modelopt's quantized modules export only with ``dynamo=False``.
+Exporter: torch's dynamo exporter (opset 18) by default. It keeps data-dependent lengths (a frame
+count known only after duration prediction) dynamic where the TorchScript exporter
+(``contract.dynamo=False``) would freeze them to the example's value; the TorchScript exporter is
+kept for modules that export only with it (modelopt's quantized modules), whose shapes are not
+data dependent. ``export_decoder`` exports a decoder part alone with either.
 
-After export, nodes are renamed from the exporter's module scopes to TorchScript-style paths
-("/dec/conv_pre/Conv"; a PrecisionIsland's inner ``module`` level is dropped), so node names
-match across variants and the original Piper graph.
+After a dynamo export, nodes are renamed from the exporter's module scopes to TorchScript-style
+paths ("/dec/conv_pre/Conv"; a PrecisionIsland's inner ``module`` level is dropped), so node names
+match across variants and the family's original graph.
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import contextlib
-import copy
 import io
 import logging
-import math
+import os
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -41,71 +36,12 @@ import torch
 from torch import nn
 
 from core.atomic_io import atomic_write
-from models.piper.vits import PiperVits
+from models.graph_contract import SYNTHESIZER, GraphContract
+from models.registry import FAMILIES, get_family
 
 OPSET = 18  # what torch 2.13's dynamo exporter emits (asking for 17 gives 18)
-INPUT_NAMES = ("input", "input_lengths", "scales", "duration_noise", "prior_noise")
-OUTPUT_NAMES = ("output", "durations")
-# Example shapes for tracing; the graph is dynamic in all of them. Batch 2 with unequal lengths:
-# torch.export specializes a dimension whose example size is 1.
-EXAMPLE_TEXT_LENGTHS = (24, 17)
-EXAMPLE_FRAMES_PER_ID = 16  # VitsSampling.max_frames_per_phoneme_id
-
-
-def piper_vits_of(voice_or_vits) -> PiperVits:
-    """The PiperVits inside a PiperVoice (``.model``), or the PiperVits itself."""
-    vits = getattr(voice_or_vits, "model", voice_or_vits)
-    if not isinstance(vits, PiperVits):
-        raise TypeError(f"export_piper needs a PiperVoice or PiperVits, got {type(voice_or_vits).__name__}")
-    return vits
-
-
-class PiperExportWrapper(nn.Module):
-    """Tensor-only forward with Piper's graph contract (module docstring)."""
-
-    def __init__(self, vits: PiperVits):
-        super().__init__()
-        self.vits = vits
-
-    def forward(self, input, input_lengths, scales, duration_noise, prior_noise, sid=None):  # noqa: A002 (Piper's name)
-        audio, _, durations = self.vits(input, input_lengths, duration_noise, prior_noise,
-                                        scales[0], scales[1], scales[2], sid)
-        return audio.unsqueeze(1).unsqueeze(1), durations  # (B, 1, 1, T_audio), (B, T_text)
-
-
-def example_inputs(vits: PiperVits, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Deterministic tracing inputs by graph input name: batch 2, unequal text lengths."""
-    hp = vits.hp
-    generator = torch.Generator().manual_seed(0)
-    batch, text_length = len(EXAMPLE_TEXT_LENGTHS), max(EXAMPLE_TEXT_LENGTHS)
-    ids = torch.randint(1, hp.num_symbols, (batch, text_length), generator=generator)  # (B, T_text)
-    lengths = torch.tensor(EXAMPLE_TEXT_LENGTHS, dtype=torch.long)
-    ids = ids * (torch.arange(text_length) < lengths.unsqueeze(1))
-    inputs = {
-        "input": ids,
-        "input_lengths": lengths,
-        "scales": torch.tensor([0.667, 1.0, 0.8]),
-        "duration_noise": torch.randn(batch, 2, text_length, generator=generator),
-        "prior_noise": torch.randn(batch, hp.latent_channels, text_length * EXAMPLE_FRAMES_PER_ID, generator=generator),
-    }
-    if hp.num_speakers > 1:
-        inputs["sid"] = torch.arange(batch) % hp.num_speakers
-    return {name: tensor.to(device) for name, tensor in inputs.items()}
-
-
-def _dynamic_shapes(input_names: list[str]) -> tuple:
-    batch = torch.export.Dim("batch_size")
-    phonemes = torch.export.Dim("phonemes")
-    frames = torch.export.Dim("frames")
-    axes = {
-        "input": {0: batch, 1: phonemes},
-        "input_lengths": {0: batch},
-        "scales": None,
-        "duration_noise": {0: batch, 2: phonemes},
-        "prior_noise": {0: batch, 2: frames},
-        "sid": {0: batch},
-    }
-    return tuple(axes[name] for name in input_names)
+TORCHSCRIPT_OPSET = 17  # what export_decoder's TorchScript graphs (modelopt Q/DQ) have been exported and checked at
+DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))  # conf/paths
 
 
 @contextlib.contextmanager
@@ -179,74 +115,53 @@ def remove_dead_nodes(model: onnx.ModelProto) -> int:
     return removed
 
 
-def expose_ceil_as_durations(model: onnx.ModelProto) -> None:
-    """Make the one ``Ceil`` (frames per phoneme, (B, 1, T_text) float) the ``durations`` output."""
-    ceil_nodes = [node for node in model.graph.node if node.op_type == "Ceil"]
-    if len(ceil_nodes) != 1:
-        raise ValueError(f"expected exactly one Ceil node (the duration rounding), found {len(ceil_nodes)}")
-    ceil_output = ceil_nodes[0].output[0]
-    unused = "durations_int64"
-    for node in model.graph.node:
-        for names in (node.input, node.output):
-            for i, name in enumerate(names):
-                if name == "durations":
-                    names[i] = unused
-                elif name == ceil_output:
-                    names[i] = "durations"
-    outputs = [output for output in model.graph.output if output.name != "durations"]
-    del model.graph.output[:]
-    model.graph.output.extend(outputs)
-    model.graph.output.append(
-        onnx.helper.make_tensor_value_info("durations", onnx.TensorProto.FLOAT, ["batch_size", 1, "phonemes"])
-    )
-    remove_dead_nodes(model)
-
-
-def convtranspose_hop(model: onnx.ModelProto) -> int:
-    """Samples per frame as PiperOnnxRuntimeVoice reads it: the product of the ConvTranspose strides."""
-    return int(math.prod(
-        onnx.helper.get_attribute_value(attr)[0]
-        for node in model.graph.node if node.op_type == "ConvTranspose"
-        for attr in node.attribute if attr.name == "strides"
-    ))
-
-
 def _save(model: onnx.ModelProto, path: Path) -> None:
     atomic_write(path, lambda tmp: onnx.save(model, tmp))
 
 
-def export_piper(voice_or_vits, path: str | Path, opset: int = OPSET) -> Path:
-    """Export a Piper variant (PiperVoice or PiperVits, any parts) to ``path``, written atomically.
+def _dynamic_shapes(contract: GraphContract) -> tuple:
+    """torch.export dims by input, one Dim per dimension name so inputs that share a name share a size."""
+    dims = {name: torch.export.Dim(name)
+            for axes in contract.input_axes.values() for name in axes.values()}
+    return tuple(
+        {axis: dims[name] for axis, name in contract.input_axes[input_name].items()}
+        if input_name in contract.input_axes else None
+        for input_name in contract.input_names
+    )
 
-    The model runs on the CPU for export (a copy if it lives elsewhere); it is not modified.
-    Raises ValueError when the graph would not run in PiperOnnxRuntimeVoice (no single Ceil, or a
-    decoder whose ConvTranspose strides do not multiply to the hop length).
+
+def export_graph(contract: GraphContract, path: str | Path, opset: int = OPSET) -> Path:
+    """Export ``contract.module`` on its example inputs to ``path``, written atomically.
+
+    Raises what ``contract.postprocess`` raises when the exported graph breaks the family's
+    contract (a family's runtime could not run it).
     """
-    vits = piper_vits_of(voice_or_vits)
-    if next(vits.parameters()).device.type != "cpu":
-        vits = copy.deepcopy(vits).cpu()
-    wrapper = PiperExportWrapper(vits).eval()
-    inputs = example_inputs(vits)
-    names = list(inputs)
-    with torch.no_grad():
-        example_audio, example_durations = wrapper(*inputs.values())
-    frames = int(example_durations.sum(dim=1).clamp_min(1).max())
+    path = Path(path)
+    inputs = tuple(contract.example_inputs.values())
+    if not contract.dynamo:
+        with torch.no_grad(), _quiet_exporter():
+            atomic_write(path, lambda tmp: torch.onnx.export(
+                contract.module, inputs, tmp, dynamo=False, opset_version=opset,
+                input_names=list(contract.input_names), output_names=list(contract.output_names),
+                dynamic_axes={**contract.input_axes, **contract.output_axes},
+            ))
+        if contract.postprocess is not None:
+            model = onnx.load(str(path))
+            contract.postprocess(model)
+            remove_dead_nodes(model)
+            _save(model, path)
+        return path
     with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
-            wrapper, tuple(inputs.values()), dynamo=True, opset_version=opset,
-            input_names=names, output_names=list(OUTPUT_NAMES),
-            dynamic_shapes=_dynamic_shapes(names), optimize=True, verbose=False,
+            contract.module, inputs, dynamo=True, opset_version=opset,
+            input_names=list(contract.input_names), output_names=list(contract.output_names),
+            dynamic_shapes=_dynamic_shapes(contract), optimize=True, verbose=False,
         )
     model = program.model_proto
     name_nodes_by_module(model)
-    expose_ceil_as_durations(model)
-    hop_samples = example_audio.shape[-1] // frames
-    if convtranspose_hop(model) != hop_samples:
-        raise ValueError(
-            f"the decoder makes {hop_samples} samples per frame but its ConvTranspose strides multiply to "
-            f"{convtranspose_hop(model)}: PiperOnnxRuntimeVoice reads the hop from those strides"
-        )
-    path = Path(path)
+    if contract.postprocess is not None:
+        contract.postprocess(model)
+        remove_dead_nodes(model)  # a fix-up that renames outputs leaves nodes no output needs
     _save(model, path)
     return path
 
@@ -260,43 +175,48 @@ class _DecoderWrapper(nn.Module):
         return self.decoder(z)  # (B, C_lat, T_frames) -> (B, 1, T_audio)
 
 
-def export_decoder(decoder: nn.Module, path: str | Path, latent_channels: int, dynamo: bool = True,
-                   opset: int = OPSET, example_frames: int = 32) -> Path:
-    """Export a decoder part alone: ``z`` (B, C_lat, T_frames) -> ``audio`` (B, 1, T_audio), dynamic B and T.
-
-    ``dynamo=False`` uses the TorchScript exporter, the only one modelopt's quantized modules
-    export with; the decoder has no data-dependent shapes, so its axes stay dynamic either way.
-    """
-    wrapper = _DecoderWrapper(decoder).eval()
+def decoder_contract(decoder: nn.Module, latent_channels: int, dynamo: bool = True,
+                     example_frames: int = 32) -> GraphContract:
+    """A decoder part alone: ``z`` (B, C_lat, T_frames) -> ``audio`` (B, 1, T_audio), dynamic B and T."""
     z = torch.randn(2, latent_channels, example_frames, generator=torch.Generator().manual_seed(0))
-    z = z.to(next(decoder.parameters()).device)
-    path = Path(path)
-    with torch.no_grad(), _quiet_exporter():
-        if dynamo:
-            program = torch.onnx.export(
-                wrapper, (z,), dynamo=True, opset_version=opset, input_names=["z"], output_names=["audio"],
-                dynamic_shapes=({0: torch.export.Dim("batch_size"), 2: torch.export.Dim("frames")},),
-            )
-            model = program.model_proto
-            name_nodes_by_module(model)
-            _save(model, path)
-        else:
-            atomic_write(path, lambda tmp: torch.onnx.export(
-                wrapper, (z,), tmp, dynamo=False, opset_version=17, input_names=["z"], output_names=["audio"],
-                dynamic_axes={"z": {0: "batch_size", 2: "frames"}, "audio": {0: "batch_size", 2: "samples"}},
-            ))
-    return path
+    return GraphContract(
+        module=_DecoderWrapper(decoder).eval(),
+        example_inputs={"z": z.to(next(decoder.parameters()).device)},
+        output_names=("audio",),
+        input_axes={"z": {0: "batch_size", 2: "frames"}},
+        output_axes={"audio": {0: "batch_size", 2: "samples"}},
+        audio_output="audio",
+        dynamo=dynamo,
+    )
+
+
+def export_decoder(decoder: nn.Module, path: str | Path, latent_channels: int, dynamo: bool = True,
+                   opset: int | None = None, example_frames: int = 32) -> Path:
+    """Export a decoder part alone (``decoder_contract``); ``opset`` defaults to OPSET for dynamo and
+    TORCHSCRIPT_OPSET for ``dynamo=False``, the TorchScript exporter modelopt's quantized modules
+    export with. The decoder has no data-dependent shapes, so its axes stay dynamic either way.
+    """
+    opset = opset if opset is not None else (OPSET if dynamo else TORCHSCRIPT_OPSET)
+    return export_graph(decoder_contract(decoder, latent_channels, dynamo, example_frames), path, opset)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Export a voice's PyTorch port: ``python -m export.onnx_export --voice bundled:joe --out teacher.onnx``."""
-    from models.piper.voice import PiperVoice
-
+    """Export a family's teacher: ``python -m export.onnx_export --family <family> --out teacher.onnx``."""
     parser = argparse.ArgumentParser(prog="python -m export.onnx_export", description=__doc__.split("\n")[0])
-    parser.add_argument("--voice", default="bundled:joe")
+    parser.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    parser.add_argument("--voice", help="default: the family's default voice")
+    parser.add_argument("--graph", default=SYNTHESIZER, help="which of the family's graphs to export")
+    parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="converted voice weights")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    path = export_piper(PiperVoice.load(args.voice), args.out)
+    family = get_family(args.family)
+    if family.graph_contracts is None:
+        parser.error(f"family {family.name} exports no ONNX graph")
+    model = family.load_teacher(args.voice or family.default_voice, args.cache_dir)
+    contracts = family.graph_contracts(model)
+    if args.graph not in contracts:
+        parser.error(f"--graph {args.graph!r}: family {family.name} has {sorted(contracts)}")
+    path = export_graph(contracts[args.graph], args.out)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB)")
 
 

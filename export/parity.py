@@ -5,13 +5,16 @@
     # {"sentences": 2, "durations_equal_fraction": 1.0, "max_diff_of_peak": 3e-3, "budget_of_peak": 1e-2,
     #  "within_budget": True, "snr_db_min": 48.1, "snr_db_mean": 51.0}
 
-Each sentence runs alone (batch 1) in both engines with the same noise tensors (seed i for
-sentence i, Piper's scales). Waveforms are compared only where every duration agrees (a moved
-duration shifts all later samples). Budgets relative to the peak: fp32 1e-4, fp16 1e-2 (issue #4);
-int8 and bf16 have none and are judged by SNR and by the quality metrics the pipeline runs.
+Each sentence runs alone (batch 1) in both engines with the same sampling (seed i for sentence i,
+the family's default sampling otherwise), fed to the graph by the family's graph contract
+(models/graph_contract.py), which draws the noise the PyTorch model draws. Waveforms are compared
+only where every duration agrees (a moved duration shifts all later samples); a graph without a
+durations output is compared on every sentence. Budgets relative to the peak: fp32 1e-4, fp16
+1e-2; int8 and bf16 have none and are judged by SNR and by the quality metrics the pipeline runs.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,43 +22,61 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from models.graph_contract import SYNTHESIZER, GraphContract
 from models.interface import SynthesisRequest, Utterance
-from models.sampling import VitsSampling
 from models.precision import waveform_snr_db
+from models.registry import family_of
+from models.sampling import Sampling
 
 BUDGETS_OF_PEAK = {"fp32": 1e-4, "fp16": 1e-2}
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 
 
-def onnx_torch_parity(voice, graph_path: str | Path, sequences: Sequence[Utterance], precision: str = "fp32",
-                      threads: int = 1, noise: VitsSampling = VitsSampling()) -> dict:
-    """JSON-able parity metrics of ``graph_path`` against ``voice`` (a PyTorch PiperVoice) on ``sequences``."""
+def check_requests(model, contract: GraphContract, sequences: Sequence[Utterance],
+                   sampling: Sampling | None = None) -> list[SynthesisRequest]:
+    """One batch-1 request per sentence, seed i for sentence i, with the contract's example voice."""
+    sampling = sampling if sampling is not None else family_of(model).sampling()
+    return [SynthesisRequest.from_utterances([sequence], sampling=dataclasses.replace(sampling, seed=index),
+                                             voice=contract.example_voice)
+            for index, sequence in enumerate(sequences)]
+
+
+def synthesizer_contract(model) -> GraphContract:
+    """The family's end-to-end graph contract (``SYNTHESIZER``): fed from a request, audio out."""
+    family = family_of(model)
+    contracts = family.graph_contracts(model) if family.graph_contracts is not None else {}
+    contract = contracts.get(SYNTHESIZER)
+    if contract is None or contract.feeds is None or contract.audio_output is None:
+        raise ValueError(f"family {family.name} has no {SYNTHESIZER!r} graph fed from a request with an audio "
+                         f"output; its graphs: {sorted(contracts)}")
+    return contract
+
+
+def onnx_torch_parity(model, graph_path: str | Path, sequences: Sequence[Utterance], precision: str = "fp32",
+                      threads: int = 1, sampling: Sampling | None = None,
+                      contract: GraphContract | None = None) -> dict:
+    """JSON-able parity metrics of ``graph_path`` against ``model`` (PyTorch) on ``sequences``.
+
+    ``contract`` is the graph's (default: the family's synthesizer); ``sampling`` the family's default.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {list(PRECISIONS)}")
     if not sequences:
         raise ValueError("onnx_torch_parity needs at least one phoneme sequence")
+    contract = contract if contract is not None else synthesizer_contract(model)
+    if contract.feeds is None or contract.audio_output is None:
+        raise ValueError("onnx_torch_parity needs a contract with feeds and an audio output (a graph fed from a "
+                         "request); a part exported alone has neither")
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     session = ort.InferenceSession(str(graph_path), options, providers=["CPUExecutionProvider"])
-    input_names = {graph_input.name for graph_input in session.get_inputs()}
-    latent_channels = voice.model.hp.latent_channels
+    output_names = [contract.audio_output] + ([contract.durations_output] if contract.durations_output else [])
     diffs_of_peak, snrs_db, durations_equal = [], [], 0
-    for index, sequence in enumerate(sequences):
-        drawn = VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index)
-        duration_noise, prior_noise = drawn.draw(1, len(sequence.phoneme_ids), latent_channels)
-        fixed = VitsSampling(noise.noise_scale, noise.length_scale, noise.noise_scale_w, seed=index,
-                             duration_noise=duration_noise, prior_noise=prior_noise)
-        request = SynthesisRequest.from_utterances([sequence], sampling=fixed)
-        reference = voice.synthesize(request)
-        feeds = {
-            "input": request.phoneme_ids.numpy(), "input_lengths": request.phoneme_lengths.numpy(),
-            "scales": np.array([noise.noise_scale, noise.length_scale, noise.noise_scale_w], np.float32),
-            "duration_noise": duration_noise.numpy(), "prior_noise": prior_noise.numpy(),
-        }
-        if "sid" in input_names:
-            feeds["sid"] = np.zeros(1, np.int64)
-        audio, durations = session.run(["output", "durations"], feeds)
-        if not np.array_equal(durations.reshape(1, -1).astype(np.int64), reference.durations.numpy()):
+    for request in check_requests(model, contract, sequences, sampling):
+        reference = model.synthesize(request)
+        audio, *durations = session.run(output_names, contract.feeds(request))
+        if durations and not np.array_equal(durations[0].reshape(1, -1).astype(np.int64),
+                                            reference.durations.numpy()):
             continue
         durations_equal += 1
         ours = torch.from_numpy(audio.reshape(-1).astype(np.float32))

@@ -7,7 +7,7 @@
 "The same" is checked in onnxruntime on the caller's feeds (real sentences; onnxsim's own check
 feeds random ids, which can ask for more frames than the noise covers): every output within
 ``tolerance_of_peak`` of the exported graph's, relative to that output's peak. On a tie the
-exported graph is kept unchanged. The dynamo exporter already folds constants, so on the Piper
+exported graph is kept unchanged. The dynamo exporter already folds constants, so on the bundled
 teacher neither tool removes a node (1172 -> 1172 both); on TorchScript-exported graphs they cut
 about 60% (ENV_NOTES).
 """

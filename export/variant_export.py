@@ -4,13 +4,17 @@
     report = export_variant("fp16", fp16_voice, work_dir, calibration_sequences, settings.export, settings.engine)
     report.to_dict()          # JSON-able; also written to work_dir / "fp16.export.json"
 
-Steps, each recorded in the report:
-1. export_piper -> ``<name>.onnx`` (Piper contract, dynamic batch and lengths);
+The graphs come from the model's family (``family_of(model).graph_contracts(model)``). The
+family's end-to-end graph (``synthesizer``; else its first) is the variant's main graph and goes
+through every step:
+1. export_graph -> ``<name>.onnx`` (the family's contract, dynamic batch and lengths);
 2. simplify_graph -> ``<name>.simplified.onnx`` (the smallest of exported/onnxsim/onnxslim that matches);
 3. check_graph (checker, shape inference, op histogram) and readiness_report (TensorRT 10);
 4. onnx_torch_parity on ``export.parity_sentences`` sentences (fp32 1e-4, fp16 1e-2 of peak; SNR otherwise);
 5. an onnxruntime session with engine.onnxruntime settings, saving ``<name>.ort.onnx``;
 6. a TensorRT engine ``<name>.plan`` where TensorRT is installed; ``engine_status`` says built / unavailable / failed.
+Any further graph (an autoregressive family's decode step, say) is exported to
+``<name>.<graph>.onnx`` and checked; ``ExportReport.graphs`` lists every graph by name.
 
 ``sequences`` must come from the calibration set (never the eval set): they feed the simplify
 check and parity.
@@ -26,16 +30,17 @@ import numpy as np
 
 from core.atomic_io import write_text_atomic
 from export.graph_checks import check_graph
-from export.onnx_export import export_piper, piper_vits_of
+from export.onnx_export import export_graph
 from export.onnxruntime_engine import build_session
-from export.parity import onnx_torch_parity
+from export.parity import check_requests, onnx_torch_parity
 from export.settings import EngineSettings, ExportSettings
 from export.simplify import simplify_graph
 from export.tensorrt_engine import build_engine
 from export.tensorrt_support import readiness_report
-from models.interface import SynthesisRequest, Utterance
-from models.sampling import VitsSampling
+from models.graph_contract import SYNTHESIZER, GraphContract
+from models.interface import Utterance
 from models.precision import PrecisionIsland
+from models.registry import family_of
 
 _ISLAND_PRECISIONS = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}
 
@@ -57,6 +62,11 @@ class ExportReport:
     engine_reason: str | None = None
     engine_path: Path | None = None
     report_path: Path | None = field(default=None)
+    # Every exported graph by the family's graph name (the main one as simplified), and the checks
+    # of those besides the main one; a manifest lists the same names.
+    graphs: dict[str, str] = field(default_factory=dict)
+    other_graph_checks: dict[str, dict] = field(default_factory=dict)
+    rewrites: list[str] = field(default_factory=list)  # export rewrites the main graph's module carries
 
     def to_dict(self) -> dict:
         return {key: str(value) if isinstance(value, Path) else value for key, value in dataclasses.asdict(self).items()}
@@ -64,49 +74,60 @@ class ExportReport:
 
 def variant_precision(model) -> str:
     """fp16/bf16 when any part is a PrecisionIsland of that dtype, else fp32."""
-    for part in piper_vits_of(model).parts().values():
+    for part in model.parts().values():
         if isinstance(part, PrecisionIsland):
             return _ISLAND_PRECISIONS[str(part.dtype)]
     return "fp32"
 
 
-def _feeds(model, sequences: list[Utterance]) -> list[dict[str, np.ndarray]]:
-    """Graph inputs for each sentence alone, Piper's noise scales, seed i."""
-    vits = piper_vits_of(model)
-    feeds = []
-    for index, sequence in enumerate(sequences):
-        noise = VitsSampling(seed=index)
-        request = SynthesisRequest.from_utterances([sequence], sampling=noise)
-        duration_noise, prior_noise = noise.draw(1, len(sequence.phoneme_ids), vits.hp.latent_channels)
-        feed = {"input": request.phoneme_ids.numpy(), "input_lengths": request.phoneme_lengths.numpy(),
-                "scales": np.array([noise.noise_scale, noise.length_scale, noise.noise_scale_w], np.float32),
-                "duration_noise": duration_noise.numpy(), "prior_noise": prior_noise.numpy()}
-        if vits.hp.num_speakers > 1:
-            feed["sid"] = np.zeros(1, np.int64)
-        feeds.append(feed)
-    return feeds
+def graph_file_name(variant: str, graph: str, main_graph: str) -> str:
+    """``<variant>.onnx`` for the main graph (the name the pipeline and registration use), else
+    ``<variant>.<graph>.onnx``."""
+    return f"{variant}.onnx" if graph == main_graph else f"{variant}.{graph}.onnx"
+
+
+def _feeds(model, contract: GraphContract, sequences: list[Utterance]) -> list[dict[str, np.ndarray]]:
+    """Graph inputs for each sentence alone, the family's default sampling, seed i."""
+    return [contract.feeds(request) for request in check_requests(model, contract, sequences)]
 
 
 def export_variant(name: str, model, work_dir: str | Path, sequences: list[Utterance],
                    settings: ExportSettings, engine: EngineSettings | None = None,
                    precision: str | None = None) -> ExportReport:
-    """Export variant ``name`` (a PiperVoice, any parts) under ``work_dir``; see the module docstring."""
+    """Export variant ``name`` (a model of a registered family, any parts) under ``work_dir``; see the module docstring."""
     engine = engine or EngineSettings()
     sequences = list(sequences)[: settings.parity_sentences]
     if len(sequences) < settings.parity_sentences:
         raise ValueError(f"export.parity_sentences={settings.parity_sentences} but only {len(sequences)} sequences given")
     precision = precision or variant_precision(model)
     work_dir = Path(work_dir)
-    onnx_path = export_piper(model, work_dir / f"{name}.onnx", opset=settings.opset)
+    family = family_of(model)
+    if family.graph_contracts is None:
+        raise ValueError(f"family {family.name} exports no ONNX graph (Family.graph_contracts is None)")
+    contracts = family.graph_contracts(model)
+    main_graph = SYNTHESIZER if SYNTHESIZER in contracts else next(iter(contracts))
+    contract = contracts[main_graph]
+    # Simplify's check and parity run the graph on requests; a graph fed otherwise (a decode step)
+    # is exported and checked as it is.
+    fed_from_requests = contract.feeds is not None and contract.audio_output is not None
+    exported = {graph: export_graph(each, work_dir / graph_file_name(name, graph, main_graph), opset=settings.opset)
+                for graph, each in contracts.items()}
+    onnx_path = exported[main_graph]
     simplified_path = work_dir / f"{name}.simplified.onnx"
-    if settings.simplify:
-        simplify = simplify_graph(onnx_path, simplified_path, _feeds(model, sequences), settings.simplify_tolerance_of_peak)
+    if settings.simplify and fed_from_requests:
+        simplify = simplify_graph(onnx_path, simplified_path, _feeds(model, contract, sequences),
+                                  settings.simplify_tolerance_of_peak)
     else:
         simplified_path.write_bytes(onnx_path.read_bytes())
         simplify = {"chosen": "exported", "nodes": {}, "rejected": {}}
     checks = check_graph(simplified_path)
+    graphs = {graph: str(simplified_path if graph == main_graph else path) for graph, path in exported.items()}
+    graph_checks = {graph: check_graph(path) for graph, path in exported.items() if graph != main_graph}
     readiness = readiness_report(simplified_path) if settings.check_tensorrt_readiness else None
-    parity = onnx_torch_parity(model, simplified_path, sequences, precision=precision)
+    if fed_from_requests:
+        parity = onnx_torch_parity(model, simplified_path, sequences, precision=precision, contract=contract)
+    else:
+        parity = {"sentences": 0, "precision": precision, "skipped": f"graph {main_graph!r} is not fed from a request"}
     session = build_session(simplified_path, engine.onnxruntime, optimized_path=work_dir / f"{name}.ort.onnx")
     if engine.build_tensorrt:
         built = build_engine(simplified_path, work_dir / f"{name}.plan", engine.tensorrt)
@@ -116,6 +137,7 @@ def export_variant(name: str, model, work_dir: str | Path, sequences: list[Utter
     report = ExportReport(
         name=name, precision=precision, onnx_path=onnx_path, simplified_path=simplified_path,
         node_counts=simplify["nodes"], simplify=simplify, graph_checks=checks, op_histogram=checks["op_histogram"],
+        graphs=graphs, other_graph_checks=graph_checks, rewrites=list(contract.rewrites),
         readiness=readiness, parity=parity, ort_optimized_path=session.optimized_path,
         engine_status=engine_status, engine_reason=engine_reason, engine_path=engine_path,
         report_path=work_dir / f"{name}.export.json",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from models.graph_contract import GraphContract
 from models.interface import Capabilities, TTSModel
 from models.sampling import Sampling
 
@@ -38,6 +39,8 @@ class Family:
     # Stage defaults that depend on the family (parts kept in float32, blocks sensitive to INT8, ...),
     # under the keys of conf/stages; a run's config overrides them.
     stage_defaults: dict = field(default_factory=dict)
+    # model -> its ONNX graphs by name (models/graph_contract.py); None: the family exports no graph.
+    graph_contracts: Callable[[TTSModel], dict[str, GraphContract]] | None = None
 
     def sampling(self, **values) -> Sampling:
         """This family's sampling from config or request values; unknown options name the family."""

@@ -30,6 +30,21 @@ class Sampling:
         shared = {f.name for f in fields(Sampling)}
         return tuple(f.name for f in fields(cls) if f.name not in shared and f.init and f.type in ("float", "int"))
 
+    @classmethod
+    def of(cls, sampling: "Sampling") -> "Sampling":
+        """``sampling`` as this kind: kept when it already is one; the shared ``Sampling`` (seed and
+        pace only) gets this kind's defaults for the rest; another kind is refused."""
+        if isinstance(sampling, cls):
+            return sampling
+        if type(sampling) is Sampling:
+            return cls(seed=sampling.seed, length_scale=sampling.length_scale)
+        raise ValueError(f"this model samples with {cls.__name__}, got {type(sampling).__name__}")
+
+    @classmethod
+    def deterministic(cls, **values) -> "Sampling":
+        """Sampling with every random choice off: the same text gives the same audio on any batch."""
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class VitsSampling(Sampling):
@@ -47,6 +62,10 @@ class VitsSampling(Sampling):
     # Frames one phoneme id may take at length_scale 1; bounds the prior noise drawn up front
     # because the frame count is only known after duration prediction.
     max_frames_per_phoneme_id: int = 16
+
+    @classmethod
+    def deterministic(cls, **values) -> "VitsSampling":
+        return cls(**{"noise_scale": 0.0, "noise_scale_w": 0.0, **values})
 
     def draw(self, batch: int, text_length: int, latent_channels: int,
              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,6 +94,10 @@ class AutoregressiveSampling(Sampling):
     temperature: float = 1.0
     repetition_penalty: float = 1.35
     max_tokens: int = 1500  # a stop without EOS
+
+    @classmethod
+    def deterministic(cls, **values) -> "AutoregressiveSampling":
+        return cls(**{"top_k": 1, **values})
 
     def __post_init__(self):
         if self.top_k < 1 or not 0 < self.top_p <= 1 or self.temperature <= 0 or self.repetition_penalty <= 0:

@@ -1,51 +1,47 @@
 """Dynamic batching: sentences from many requests run as one padded batch, then split back.
 
-    batcher = DynamicBatcher(lambda jobs: synthesize_jobs(model, jobs, latent_channels),
+    batcher = DynamicBatcher(lambda jobs: synthesize_jobs(model, jobs, noise_channels),
                              max_batch_size=8, max_wait_ms=10, length_buckets=(64, 128, 256),
                              executor=model_thread)
     await batcher.start()
-    waveform = await batcher.submit(SentenceJob(phoneme_ids, NoiseScales(0.667, 1.0, 0.8), seed=0))
+    waveform = await batcher.submit(SentenceJob(phoneme_ids, family.sampling(seed=0)))
 
 A sentence waits at most ``max_wait_ms`` for others of its group: the same length bucket (so a
-short sentence is not padded to a long one) and the same noise scales (the model takes one set
-of scales per batch). A full group leaves at once; ``BatchBudget`` fills a batch before
-``max_batch_size`` when its sentences are long or slow (it bounds the activation memory). Up to
-``batches_in_flight`` batches run at a time on ``executor`` (which needs as many threads);
-sentences that arrive meanwhile gather into the next batches. Two in flight let a GPU engine
-prepare one batch on the host (noise, padding) while the device runs the other:
-export/torch_engines.BucketedEngine serialises only its device section. One (the default) suits
-engines that already use every core.
+short sentence is not padded to a long one), the same sampling but for the seed (the model takes
+one set of sampling options per batch) and the same voice. A full group leaves at once;
+``BatchBudget`` fills a batch before ``max_batch_size`` when its sentences are long or slow (it
+bounds the activation memory). Up to ``batches_in_flight`` batches run at a time on ``executor``
+(which needs as many threads); sentences that arrive meanwhile gather into the next batches. Two
+in flight let a GPU engine prepare one batch on the host (noise, padding) while the device runs
+the other: a family's bucketed engine serialises only its device section. One (the default)
+suits engines that already use every core.
 
-Batching never changes a sentence's audio: each sentence draws its own noise from its own seed,
-exactly as an unbatched call would (``sentence_noise``), and the tensors are zero-padded into
-the batch. What remains is float rounding in batched kernels and the decoder's convolutions
-seeing padding past a sentence's last frame: about 1e-4 on [-1, 1] samples
-(tests/test_serve_batching.py).
+This is the batching of non-autoregressive families, whose whole sentence is one model call.
+``make_scheduler`` picks it from the family's capabilities; an autoregressive family decodes
+tokens step by step and needs a token-step scheduler, which the server refuses to start without.
+
+Batching never changes a sentence's audio: a sampling type that draws explicit noise tensors
+(``draw``) gets each sentence's own noise from its own seed, exactly as an unbatched call would
+(``sentence_noise``), zero-padded into the batch. What remains is float rounding in batched
+kernels and the decoder's convolutions seeing padding past a sentence's last frame: about 1e-4
+on [-1, 1] samples (tests/serve/test_serve_batching.py).
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from models.interface import SynthesisRequest, TTSModel, VoiceCondition
-from models.sampling import VitsSampling
-
-
-@dataclass(frozen=True)
-class NoiseScales:
-    """The scales one batch shares: the model takes them as scalars."""
-
-    noise_scale: float = 0.667
-    length_scale: float = 1.0
-    noise_scale_w: float = 0.8
+from models.interface import Capabilities, SynthesisRequest, TTSModel, VoiceCondition
+from models.sampling import Sampling
 
 
 @dataclass(frozen=True)
@@ -53,55 +49,72 @@ class SentenceJob:
     """One sentence of one request: what the batcher groups."""
 
     phoneme_ids: tuple[int, ...]
-    scales: NoiseScales = field(default_factory=NoiseScales)
-    seed: int = 0
+    sampling: Sampling = field(default_factory=Sampling)  # the family's sampling, with this sentence's seed
     speaker_id: int | None = None
+    # Conditioning a whole batch shares (a prompt, an emotion, a reference clip); ``voice_key`` names it,
+    # so sentences of equal conditioning from different requests can share a batch.
+    voice: VoiceCondition | None = field(default=None, compare=False)
+    voice_key: tuple = ()
+
+    @property
+    def group(self) -> tuple:
+        """What sentences of one batch share: the sampling but for its seed, the voice, speaker ids or none."""
+        return dataclasses.replace(self.sampling, seed=None), self.voice_key, self.speaker_id is None
 
 
-def sentence_noise(job: SentenceJob, latent_channels: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """(duration_noise (1, 2, T_text), prior_noise (1, C_lat, T_frames_cap)) of ``job`` alone.
+def sentence_noise(job: SentenceJob, noise_channels: int, device: str = "cpu") -> tuple[torch.Tensor, ...]:
+    """The noise tensors of ``job`` alone, each (1, C, T): for VITS-style sampling (duration_noise
+    (1, 2, T_text), prior_noise (1, C_latent, T_frames_cap)).
 
-    The same draw as an unbatched ``SynthesisRequest`` of this one sentence with
-    ``VitsSampling(seed=job.seed, ...)`` on ``device``, so batching cannot change the sentence's noise.
+    The same draw as an unbatched ``SynthesisRequest`` of this one sentence with ``job.sampling`` on
+    ``device``, so batching cannot change the sentence's noise.
     """
-    noise = VitsSampling(length_scale=job.scales.length_scale, seed=job.seed)
-    return noise.draw(1, len(job.phoneme_ids), latent_channels, device)
+    return job.sampling.draw(1, len(job.phoneme_ids), noise_channels, device)
 
 
-def batch_request(jobs: list[SentenceJob], latent_channels: int, device: str = "cpu") -> SynthesisRequest:
-    """One padded request for ``jobs`` (same scales), each with its own noise padded in.
+def _batch_sampling(jobs: list[SentenceJob], noise_channels: int | None, device: str) -> Sampling:
+    """The batch's sampling: the shared options, and per-row noise where the sampling type draws tensors."""
+    shared = jobs[0].sampling
+    if not callable(getattr(shared, "draw", None)):
+        return shared
+    if noise_channels is None:
+        raise ValueError(f"{type(shared).__name__} draws noise tensors: give the model's noise_channels")
+    noises = [sentence_noise(job, noise_channels, device) for job in jobs]
+    # One padding op per tensor, not one indexed copy per row: on a GPU engine each row copy is a
+    # launch from Python (py-spy on the H200: 28 % of the model thread was in this function).
+    duration_noise, prior_noise = (
+        pad_sequence([noise[k][0].T for noise in noises], batch_first=True).transpose(1, 2)  # (B, C, T) padded
+        for k in range(2))
+    return dataclasses.replace(shared, duration_noise=duration_noise, prior_noise=prior_noise)
+
+
+def batch_request(jobs: list[SentenceJob], noise_channels: int | None, device: str = "cpu") -> SynthesisRequest:
+    """One padded request for ``jobs`` (one group), each with its own noise padded in.
 
     ``device``: where the noise is drawn and padded (a GPU engine's: host draws would cost more
     than its synthesis)."""
-    scales = {job.scales for job in jobs}
-    if len(scales) != 1:
-        raise ValueError(f"a batch shares one set of noise scales, got {sorted(map(str, scales))}")
-    if len({job.speaker_id is None for job in jobs}) != 1:
-        raise ValueError("a batch needs a speaker_id on every sentence or on none")
-    noises = [sentence_noise(job, latent_channels, device) for job in jobs]
-    # One padding op per tensor, not one indexed copy per row: on a GPU engine each row copy is a
-    # launch from Python (py-spy on the H200: 28 % of the model thread was in this function).
-    duration_noise = pad_sequence([duration[0].T for duration, _ in noises], batch_first=True)  # (B, T_text, 2)
-    prior_noise = pad_sequence([prior[0].T for _, prior in noises], batch_first=True)  # (B, T_frames_cap, C_lat)
+    groups = {job.group for job in jobs}
+    if len(groups) != 1:
+        raise ValueError("a batch shares one sampling (but for the seed), one voice and speaker ids on every "
+                         f"sentence or on none; got {len(groups)} groups: {sorted(map(str, groups))}")
     phoneme_ids = pad_sequence([torch.tensor(job.phoneme_ids, dtype=torch.long) for job in jobs],
                                batch_first=True)  # (B, T_text)
-    duration_noise, prior_noise = duration_noise.transpose(1, 2), prior_noise.transpose(1, 2)  # channels first
-    (scale,) = scales
-    speaker_id = None if jobs[0].speaker_id is None else torch.tensor([job.speaker_id for job in jobs])
+    speaker_id = None if jobs[0].speaker_id is None else torch.tensor([job.speaker_id for job in jobs])  # (B,)
+    voice = jobs[0].voice
+    if speaker_id is not None:
+        voice = dataclasses.replace(voice or VoiceCondition(), speaker_id=speaker_id)
     return SynthesisRequest(
         phoneme_ids=phoneme_ids,
         phoneme_lengths=torch.tensor([len(job.phoneme_ids) for job in jobs], dtype=torch.long),
-        sampling=VitsSampling(noise_scale=scale.noise_scale, length_scale=scale.length_scale,
-                              noise_scale_w=scale.noise_scale_w, duration_noise=duration_noise,
-                              prior_noise=prior_noise),
-        voice=None if speaker_id is None else VoiceCondition(speaker_id=speaker_id),
+        sampling=_batch_sampling(jobs, noise_channels, device),
+        voice=voice,
     )
 
 
-def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], latent_channels: int,
+def synthesize_jobs(model: TTSModel, jobs: list[SentenceJob], noise_channels: int | None,
                     noise_device: str = "cpu") -> list[np.ndarray]:
     """One batched ``synthesize`` for ``jobs``; each sentence's waveform (T_i,) float32, trimmed."""
-    result = model.synthesize(batch_request(jobs, latent_channels, noise_device))
+    result = model.synthesize(batch_request(jobs, noise_channels, noise_device))
     return [waveform.numpy().astype(np.float32, copy=False) for waveform in result.waveforms()]
 
 
@@ -189,7 +202,7 @@ class DynamicBatcher:
         """A future for ``job``'s waveform (T,) float32; cancel it to drop the job if it has not run."""
         if self._closing or self._task is None:
             raise BatcherClosedError("the batcher is not running (not started, or shutting down)")
-        key = (self.bucket_of(len(job.phoneme_ids)), job.scales, job.speaker_id is None)
+        key = (self.bucket_of(len(job.phoneme_ids)), job.group)
         future = asyncio.get_running_loop().create_future()
         self._groups.setdefault(key, []).append(_Waiting(job, future, time.monotonic()))
         self._wakeup.set()
@@ -210,7 +223,7 @@ class DynamicBatcher:
         longest = 0
         for rows, waiting in enumerate(group[:size], start=1):
             longest = max(longest, len(waiting.job.phoneme_ids))
-            if not self.budget.fits(rows, longest, waiting.job.scales.length_scale):
+            if not self.budget.fits(rows, longest, waiting.job.sampling.length_scale):
                 return rows - 1
         return size
 
@@ -275,3 +288,33 @@ class DynamicBatcher:
         for waiting, waveform in zip(batch, waveforms):
             if not waiting.future.done():
                 waiting.future.set_result(waveform)
+
+
+class SentenceScheduler(Protocol):
+    """What the speech service needs of a scheduler: whole sentences in, waveforms out."""
+
+    pending: int
+
+    async def start(self) -> None: ...
+
+    def submit(self, job: SentenceJob) -> asyncio.Future: ...
+
+    async def close(self) -> None: ...
+
+
+class SchedulerUnavailableError(ValueError):
+    """The served family needs a scheduling strategy this server does not have."""
+
+
+def scheduler_for(capabilities: Capabilities, family: str) -> Callable[..., SentenceScheduler]:
+    """The scheduling strategy of ``family``, built as ``DynamicBatcher`` is: length buckets for models
+    that make a sentence in one call.
+
+    An autoregressive family decodes one token step at a time; batching it by sentence would hold every
+    row until the longest finishes, so it needs a token-step scheduler (rows joining and leaving between
+    steps), which this server does not have: it refuses the family at start."""
+    if capabilities.autoregressive:
+        raise SchedulerUnavailableError(
+            f"family {family} is autoregressive (capabilities.autoregressive): it needs a token-step scheduler, "
+            "which this server does not offer; serve a non-autoregressive family")
+    return DynamicBatcher

@@ -1,22 +1,28 @@
-"""The model `python -m serve` runs: the champion's manifest, or a named variant.
+"""The model `python -m serve` runs: the champion's manifest, or a named variant of the configured family.
 
     served = load_served_model(settings)   # settings: serve.settings.ServeSettings
     served.model.synthesize(request)       # any TTSModel
+    served.capabilities                    # what the API may pass it (models/interface.py)
 
-``source: champion`` loads ``manifest_path`` (export/manifest.py) into onnxruntime; when no
-manifest exists it serves ``fallback_variant`` instead and says so in ``ServedModel.note``.
-A manifest that exists but is broken stops the server: serving a different model silently
-would be worse.
+Every model comes through the family registry (models/registry.py): the teacher from
+``family.load_teacher``, the family's own graph and exported graphs from ``family.reference``.
+``source: champion`` loads ``manifest_path`` (export/manifest.py), which names its family; when no
+manifest exists it serves ``fallback_variant`` instead and says so in ``ServedModel.note``. A
+manifest that exists but is broken stops the server: serving a different model silently would be
+worse.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from export.manifest import load_manifest
-from models.interface import TTSModel
+from models.family import Family
+from models.interface import Capabilities, TTSModel
+from models.registry import get_family
 from serve.settings import HALF_PRECISION_VARIANTS, SERVABLE_VARIANTS, ServeSettings
 
 log = logging.getLogger(__name__)
@@ -26,18 +32,27 @@ log = logging.getLogger(__name__)
 class ServedModel:
     model: TTSModel
     model_id: str  # the variant name clients pass as `model`
-    family: str  # decides which request fields apply ("piper": no emotion, prompt or zero-shot voice)
+    family: Family  # its capabilities decide which request fields apply
     engine: str  # "onnxruntime", "torch" (eager), "torch_cuda_graphs", "torch_compile" or "torch_aoti"
     voice: str
-    latent_channels: int  # width of the prior noise each request draws (serve/batching.py)
+    # Channels of the per-sentence noise a sampling type with explicit noise draws (serve/batching.py);
+    # None for models that draw no noise tensors.
+    noise_channels: int | None = None
     note: str = ""  # how the model was chosen, for logs and GET /v1/models-style listings
     noise_device: str = "cpu"  # where request noise is drawn: the device of a bucketed GPU engine
     captures_graphs: bool = False  # a bucketed engine replaying CUDA graphs: each new shape is captured once
+    text_buckets: tuple[int, ...] = ()  # phoneme-id lengths a bucketed engine pads to; () runs exact shapes
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.family.capabilities
 
     @property
     def decoder_streaming(self) -> bool:
-        """Whether the decoder can run on windows of latent frames (torch VITS engine only)."""
-        return self.engine == "torch"
+        """Whether audio can leave in windows of decoder frames: the family streams by decoder frames and
+        this engine hands out the decoder's input (``decoder_latent``; the eager torch engine)."""
+        return (self.capabilities.streaming_unit == "decoder_frames"
+                and callable(getattr(self.model, "decoder_latent", None)))
 
     @property
     def voice_name(self) -> str:
@@ -46,7 +61,7 @@ class ServedModel:
             return self.voice.split(":", 1)[1]
         stem = Path(self.voice).name.removesuffix(".onnx")
         parts = stem.split("-")
-        return parts[1] if len(parts) == 3 else stem  # Piper names voices <lang>-<name>-<quality>
+        return parts[1] if len(parts) == 3 else stem  # voice files named <lang>-<name>-<quality>
 
 
 def device_memory_reserved(device: str) -> int:
@@ -68,14 +83,31 @@ def device_memory_note(device: str) -> str:
             f"(peak {torch.cuda.max_memory_reserved(device) / 2**30:.1f} GiB)")
 
 
-def _bucketed(voice, settings: ServeSettings):
-    """The voice behind models.piper.engines' bucketed engine: eager stages replayed as CUDA graphs
-    (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on a GPU too), or
-    AOTInductor packages (aoti)."""
+def _noise_channels(model) -> int | None:
+    """The latent width a model with explicit-noise sampling scales its prior noise by: an attribute of
+    graph runtimes; the torch teacher keeps it in its hyperparameters."""
+    channels = getattr(model, "latent_channels", None)
+    if channels is None:
+        channels = getattr(getattr(getattr(model, "model", None), "hp", None), "latent_channels", None)
+    return channels
+
+
+def _family_engines(family: Family):
+    """The family's torch engines module, ``models/<family>/engines.py``."""
+    try:
+        return importlib.import_module(f"models.{family.name}.engines")
+    except ModuleNotFoundError as error:
+        raise ValueError(f"family {family.name} has no bucketed torch engines (models/{family.name}/engines.py): "
+                         "use serve.torch_engine=eager") from error
+
+
+def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tuple[TTSModel, bool, tuple[int, ...]]:
+    """(the teacher on the family's bucketed engine, whether it replays CUDA graphs, its text buckets): eager
+    stages replayed as CUDA graphs (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on
+    a GPU too), or AOTInductor packages (aoti)."""
     import torch
 
-    from models.piper.engines import BucketedEngine, EngineVoice, StageBackend
-
+    engines = _family_engines(family)
     kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
     if settings.device.startswith("cuda"):
         # Process-wide, and right here only: the eager engine would re-time its convolutions for every
@@ -83,55 +115,57 @@ def _bucketed(voice, settings: ServeSettings):
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
-    engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=graphs,
-                            backend=StageBackend(kind, package_dir=settings.aoti_package_dir or None),
-                            batch_buckets=settings.batch_buckets)
-    return EngineVoice(voice, engine)
+    engine = engines.BucketedEngine(teacher.model, teacher.sample_rate_hz, graphs=graphs,
+                                    backend=engines.StageBackend(kind, package_dir=settings.aoti_package_dir or None),
+                                    batch_buckets=settings.batch_buckets)
+    return engines.EngineVoice(teacher, engine), engine.graphs, tuple(engines.TEXT_BUCKETS)
 
 
-def load_variant(variant: str, voice: str, threads: int, device: str,
+def load_variant(family: Family, variant: str, voice: str, threads: int, device: str,
                  settings: ServeSettings | None = None) -> ServedModel:
-    """``original_onnx`` (the voice's own graph in onnxruntime), ``teacher`` (the PyTorch port; eager,
-    or on the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with
-    every part but ``settings.half_keep_fp32`` in half precision, on the same engines)."""
+    """``original_onnx`` (the family's own graph in onnxruntime), ``teacher`` (the PyTorch model; eager, or on
+    the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with every part but
+    ``settings.half_keep_fp32`` in half precision, on the same engines). ``voice``: "" for the family's own."""
+    voice = voice or family.default_voice
     if variant == "original_onnx":
-        from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-
-        model = PiperOnnxRuntimeVoice(voice, threads=threads)
-        return ServedModel(model, variant, "piper", "onnxruntime", voice, model.latent_channels)
+        if family.reference is None:
+            raise ValueError(f"family {family.name} ships no graph of its own: serve teacher, fp16 or bf16")
+        model = family.reference.load(voice, threads)
+        return ServedModel(model, variant, family, "onnxruntime", voice, _noise_channels(model))
     if variant == "teacher" or variant in HALF_PRECISION_VARIANTS:
-        from models.piper.voice import PiperVoice
-
-        model = PiperVoice.load(voice).to(device)
+        # Without settings: ServeSettings' defaults, read off the class (an instance would need a source).
+        defaults = settings or ServeSettings
+        model = family.load_teacher(voice, Path(defaults.cache_dir)).to(device)
         if variant in HALF_PRECISION_VARIANTS:
             from models.precision import to_half_precision
 
-            keep_fp32 = settings.half_keep_fp32 if settings is not None else ServeSettings.half_keep_fp32
-            model = to_half_precision(model, HALF_PRECISION_VARIANTS[variant], keep_fp32=keep_fp32)
-        latent_channels = model.model.hp.latent_channels
+            model = to_half_precision(model, HALF_PRECISION_VARIANTS[variant], keep_fp32=defaults.half_keep_fp32)
         if settings is None or settings.torch_engine == "eager":
-            return ServedModel(model, variant, "piper", "torch", voice, latent_channels)
-        engine_voice = _bucketed(model, settings)
-        return ServedModel(engine_voice, variant, "piper", f"torch_{settings.torch_engine}", voice,
-                           latent_channels, noise_device=device, captures_graphs=engine_voice.engine.graphs)
+            return ServedModel(model, variant, family, "torch", voice, _noise_channels(model))
+        engine_model, captures_graphs, text_buckets = _bucketed(family, model, settings)
+        return ServedModel(engine_model, variant, family, f"torch_{settings.torch_engine}", voice,
+                           _noise_channels(model), noise_device=device, captures_graphs=captures_graphs,
+                           text_buckets=text_buckets)
     raise ValueError(f"variant {variant!r} cannot be served without a manifest: use one of {list(SERVABLE_VARIANTS)}")
 
 
 def load_served_model(settings: ServeSettings) -> ServedModel:
+    family = get_family(settings.family)
     if settings.source != "champion":
-        return load_variant(settings.source, settings.voice, settings.threads, settings.device, settings)
+        return load_variant(family, settings.source, settings.voice, settings.threads, settings.device, settings)
     manifest_path = Path(settings.manifest_path)
     if not manifest_path.exists():
         note = f"no champion manifest at {manifest_path}: serving {settings.fallback_variant}"
         log.warning(note)
-        served = load_variant(settings.fallback_variant, settings.voice, settings.threads, settings.device)
+        served = load_variant(family, settings.fallback_variant, settings.voice, settings.threads, settings.device)
         return dataclasses.replace(served, note=note)
-    from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-
     manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
-    model = PiperOnnxRuntimeVoice(manifest.voice, settings.threads, graph_path=manifest.graph_path(manifest_path))
+    family = get_family(manifest.family)
+    if family.reference is None:
+        raise ValueError(f"{manifest_path}: family {family.name} has no runtime for exported graphs")
+    model = family.reference.load_graph(manifest.voice, settings.threads, manifest.graph_path(manifest_path))
     if model.sample_rate_hz != manifest.sample_rate_hz:
         raise ValueError(f"{manifest_path}: sample_rate_hz {manifest.sample_rate_hz} but voice "
                          f"{manifest.voice!r} speaks at {model.sample_rate_hz} Hz")
-    return ServedModel(model, manifest.variant, manifest.family, manifest.engine, manifest.voice,
-                       model.latent_channels, note=f"champion from {manifest_path}")
+    return ServedModel(model, manifest.variant, family, manifest.engine, manifest.voice, _noise_channels(model),
+                       note=f"champion from {manifest_path}")

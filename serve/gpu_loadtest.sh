@@ -3,14 +3,15 @@
 # serve.loadtest against it (a warm-up level, then throughput and latency, then streaming time to
 # first audio at concurrency 1), writes the JSON reports and the server log to $OUT, and stops the server.
 #
-# On the device machine, in the repository root (torch, numpy, onnx and onnxruntime are there;
-# everything else comes as cp312 wheels in $WHEELS, listed in serve/gpu_wheels.txt, installed into
-# $SITE with --target so the machine's own packages stay as they are). The voice travels as a
-# converted float16 voice (python -m models.piper.voice ... --out .device/voice16/...), half the ONNX's bytes:
+# On a GPU machine with Python 3.12, torch, numpy, onnx and onnxruntime, in the repository root; the other
+# packages come as cp312 wheels in $WHEELS (default .whl312; serve/gpu_wheels.txt lists them), installed into
+# $SITE with --target so the machine's own packages stay as they are. Copy the voice as a converted float16
+# voice (the family's converter, e.g. python -m models.<family>.voice ... --out .device/voice16/...), half
+# the ONNX's bytes:
 #   OUT=$OUT bash serve/gpu_loadtest.sh
 #   OUT=$OUT ENGINE=eager bash serve/gpu_loadtest.sh           # the eager PyTorch teacher, for comparison
 #   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
-# It writes a dozen files; the device tool returns at most 8, so write elsewhere and pack them:
+# It writes a dozen files; to bring them back as one, write elsewhere and pack them:
 #   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
 # Settings (environment, defaults after ':-'; the defaults are the configuration of the measured run in
 # docs/benchmarks.md); the H200 target is >= 500 req/s at P95 <= 100 ms and, streaming, a first
@@ -20,10 +21,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the folder the reports go to}
 WHEELS=${WHEELS:-.whl312}
 SITE=${SITE:-/tmp/serve_site}
-VOICE=${VOICE:-.device/voice16/en_US-joe-medium.safetensors}  # or a Piper .onnx, or bundled:joe where installed
+VOICE=${VOICE:-.device/voice16/en_US-joe-medium.safetensors}  # or the voice's .onnx, or bundled:joe where installed
 SOURCE=${SOURCE:-teacher}            # teacher: the PyTorch port (CUDA); fp16/bf16: it in half precision; original_onnx: onnxruntime on the host CPU
 DEVICE=${DEVICE:-cuda}
-ENGINE=${ENGINE:-compile}            # the teacher's engine: eager | cuda_graphs | compile | aoti (models/piper/engines.py)
+ENGINE=${ENGINE:-compile}            # the teacher's engine: eager | cuda_graphs | compile | aoti (models/<family>/engines.py)
 PORT=${PORT:-8000}
 CONCURRENCY=${CONCURRENCY:-1,16,32,40,48,64}  # Little's law: 500 req/s at ~100 ms needs ~50 in flight
 REQUESTS=${REQUESTS:-2000}           # per level; MAX_SECONDS stops a level first on a slow engine
@@ -40,7 +41,7 @@ PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes 
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
 if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
-  echo "SOURCE=original_onnx runs the voice's ONNX graph: set VOICE to a Piper .onnx (or bundled:joe)" >&2
+  echo "SOURCE=original_onnx runs the voice's ONNX graph: set VOICE to the voice's .onnx (or bundled:joe)" >&2
   exit 2
 fi
 mkdir -p "$OUT" "$SITE"

@@ -8,14 +8,15 @@
 Model ``tts`` (Triton listens on 127.0.0.1 only). Per request:
 
 * inputs: ``text`` BYTES (1,) UTF-8; optional ``seed`` INT64 (1,) (default 0) and ``scales`` FP32 (3,)
-  (noise_scale, length_scale, noise_scale_w; default Piper's 0.667, 1.0, 0.8);
+  (noise_scale, length_scale, noise_scale_w; default VITS sampling's 0.667, 1.0, 0.8);
 * outputs: ``audio`` FP32 (-1,) at the voice's sample rate, every sentence of the text one after
   the other; ``audio_length`` INT64 (1,) samples; ``batch_size`` INT64 (1,): how many requests
   Triton's batcher handed the callable together with this one (PyTriton restricts Triton's
   statistics API, so this is how a client sees batching).
 
-The callable runs the same variant as ``PiperOnnxRuntimeVoice`` and draws each request's noise as
-that voice does for the request alone, so a request's audio does not depend on what it was
+The callable runs the variant in the family's reference runtime (``family.reference``; families
+with VITS-style sampling, whose graphs take these scales and noise tensors) and draws each
+request's noise as that runtime does for the request alone, so a request's audio does not depend on what it was
 batched with. Triton hands the callable every request its batcher gathered (up to
 ``--max-batch-size``); they run as one padded onnxruntime batch per set of scales.
 """
@@ -30,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-from models.interface import SynthesisRequest
+from models.interface import SynthesisRequest, TTSModel
+from models.registry import FAMILIES, get_family
 from models.sampling import VitsSampling
 from serve.triton_repo import VARIANTS
 
@@ -41,24 +42,34 @@ DEFAULT_SCALES = (VitsSampling.noise_scale, VitsSampling.length_scale, VitsSampl
 LOGGER = logging.getLogger("serve.pytriton_server")
 
 
-def load_voice(manifest_path: Path | None, variant: str | None, voice: str, threads: int) -> PiperOnnxRuntimeVoice:
-    """The variant in onnxruntime: a champion's graph from its manifest, or ``original_onnx``."""
+def load_voice(manifest_path: Path | None, variant: str | None, voice: str, threads: int,
+               family: str = next(iter(FAMILIES))) -> TTSModel:
+    """The variant in onnxruntime: a champion's graph from its manifest (which names its family), or
+    ``original_onnx`` of ``family``'s ``voice`` ("" for the family's default voice)."""
     if (manifest_path is None) == (variant is None):
         raise ValueError("give exactly one of --manifest PATH or --variant NAME")
     if manifest_path is not None:
         from export.manifest import load_manifest
 
         manifest = load_manifest(Path(manifest_path))
-        return PiperOnnxRuntimeVoice(manifest.voice, threads=threads, graph_path=manifest.graph_path(manifest_path))
+        return _reference(manifest.family).load_graph(manifest.voice, threads, manifest.graph_path(manifest_path))
     if variant not in VARIANTS:
         raise ValueError(f"--variant {variant!r}: use one of {list(VARIANTS)}, or --manifest for a champion")
-    return PiperOnnxRuntimeVoice(voice, threads=threads)
+    return _reference(family).load(voice or get_family(family).default_voice, threads)
+
+
+def _reference(family: str):
+    """``family``'s reference runtime; a ValueError for a family that ships no graph."""
+    runtime = get_family(family).reference
+    if runtime is None:
+        raise ValueError(f"family {family} ships no graph of its own: Triton serves onnxruntime graphs")
+    return runtime
 
 
 class SpeechCallable:
     """Triton's inference callable: a list of requests in, one response dict per request out."""
 
-    def __init__(self, voice: PiperOnnxRuntimeVoice):
+    def __init__(self, voice: TTSModel):
         self.voice = voice
 
     def _items(self, requests) -> list[tuple[int, str, int, tuple[float, float, float]]]:
@@ -135,7 +146,7 @@ def use_running_libpython() -> None:
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([libdir, *paths])
 
 
-def serve(voice: PiperOnnxRuntimeVoice, http_port: int, grpc_port: int, metrics_port: int,
+def serve(voice: TTSModel, http_port: int, grpc_port: int, metrics_port: int,
           max_batch_size: int, max_queue_delay_us: int) -> None:
     """Bind the callable and block until interrupted (SIGINT/SIGTERM stop Triton cleanly)."""
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
@@ -174,7 +185,9 @@ def main(argv: list[str] | None = None) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--manifest", type=Path, help="a champion's manifest.json (export/manifest.py)")
     source.add_argument("--variant", help=f"one of {list(VARIANTS)}")
-    parser.add_argument("--voice", default="bundled:joe", help="the voice of --variant")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default=next(iter(FAMILIES)),
+                        help="the family of --variant (a manifest names its own)")
+    parser.add_argument("--voice", default="", help="the voice of --variant; default: the family's own")
     parser.add_argument("--http-port", type=int, default=8010)
     parser.add_argument("--grpc-port", type=int, default=8011)
     parser.add_argument("--metrics-port", type=int, default=8012)
@@ -186,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.max_batch_size < 1:
         parser.error(f"--max-batch-size {args.max_batch_size}: must be >= 1")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    voice = load_voice(args.manifest, args.variant, args.voice, args.threads)
+    voice = load_voice(args.manifest, args.variant, args.voice, args.threads, args.family)
     serve(voice, args.http_port, args.grpc_port, args.metrics_port, args.max_batch_size, args.max_queue_delay_us)
 
 

@@ -29,7 +29,7 @@ class SpeechRequest(BaseModel):
     voice: str | VoiceReference = Field(..., description=(
         "A voice id from GET /v1/voices (e.g. `joe`), an alias from `serve.voice_aliases` (OpenAI's voice "
         "names, all mapped to the served voice), or `{\"id\": ...}`. Uploaded reference voices (`voice_...`) "
-        "answer 400 `zero_shot_unsupported` for the piper family."))
+        "speak for families with zero-shot voices and answer 400 `zero_shot_unsupported` for the others."))
     response_format: Literal["wav", "pcm", "flac"] = Field("wav", description=(
         "`wav`: 16-bit mono PCM WAV (streamed: header sizes 0xFFFFFFFF); `pcm`: raw 16-bit little-endian mono "
         "samples at the voice's rate (22050 Hz for joe; also in the `X-Sample-Rate` header); `flac`: 16-bit "
@@ -41,19 +41,21 @@ class SpeechRequest(BaseModel):
         "`speech.audio.delta` (base64 bytes of the chosen format) then `speech.audio.done`. `sse` takes "
         "wav or pcm."))
     noise_scale: float | None = Field(None, ge=0.0, le=2.0, description=(
-        "VITS prior noise (variation in timbre and pitch); default 0.667. 0 makes it deterministic."))
+        "Prior noise of VITS-style families (variation in timbre and pitch); default: the family's (0.667 for "
+        "VITS). 0 makes it deterministic. Families without it: 400 `unsupported_parameter`."))
     noise_scale_w: float | None = Field(None, ge=0.0, le=2.0, description=(
-        "VITS duration-predictor noise (variation in rhythm); default 0.8."))
+        "Duration-predictor noise of VITS-style families (variation in rhythm); default: the family's (0.8 for "
+        "VITS). Families without it: 400 `unsupported_parameter`."))
     seed: int | None = Field(None, ge=0, le=2**31 - 1, description=(
         "Noise seed: the same text, voice, scales and seed give the same audio, batched or not. Sentence k of "
         "the input uses seed + k. Default: `serve.default_seed` (0), or a fresh seed when that is null."))
     emotion: str | None = Field(None, max_length=200, description=(
-        "Emotion label for expressive families (EmotiVoice). The piper family has none: 400 "
+        "Emotion label for families that take style prompts (e.g. EmotiVoice). Families without them: 400 "
         "`unsupported_parameter`."))
     prompt: str | None = Field(None, max_length=2000, description=(
-        "Style prompt for expressive families. The piper family has none: 400 `unsupported_parameter`."))
+        "Style prompt for families that take one. Families without them: 400 `unsupported_parameter`."))
     instructions: str | None = Field(None, max_length=4096, description=(
-        "OpenAI's name for a style prompt; treated as `prompt`."))
+        "OpenAI's name for a style prompt; treated as `prompt` (give one of the two)."))
 
 
 class VoiceObject(BaseModel):
@@ -70,6 +72,7 @@ class VoiceObject(BaseModel):
     duration_s: float | None = Field(None, description="Length of the uploaded clip in seconds.")
     sample_rate_hz: int | None = Field(None, description="Sample rate of the uploaded clip as sent.")
     created_at: int | None = Field(None, description="Upload time, unix seconds.")
+    transcript: str | None = Field(None, description="What the uploaded clip says, as given at upload.")
     embedding_cached: bool | None = Field(None, description=(
         "On upload: true when the clip's speaker embedding came from the cache (same bytes seen before)."))
 

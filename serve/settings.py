@@ -8,8 +8,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from core.config import ConfigError, build_dataclass
+from models.registry import FAMILIES
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 # fp16 and bf16 are the teacher with its parts in half precision, built as compress/half_precision.py
@@ -17,7 +19,7 @@ from core.config import ConfigError, build_dataclass
 SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16")
 HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
-TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # models/piper/engines.py
+TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # a family's bucketed engines (models/<family>/engines.py)
 
 
 class ServeConfigError(ConfigError):
@@ -26,6 +28,7 @@ class ServeConfigError(ConfigError):
 
 @dataclass(frozen=True)
 class ServeSettings:
+    family: str = ""  # the served model's family (models/registry.py); a manifest names its own
     host: str = "127.0.0.1"
     port: int = 8000
     # "champion": the manifest at manifest_path (falls back to fallback_variant when there is none);
@@ -33,7 +36,8 @@ class ServeSettings:
     source: str = "champion"
     manifest_path: str = ""
     fallback_variant: str = "original_onnx"
-    voice: str = "bundled:joe"  # for variant sources; a manifest names its own voice
+    voice: str = ""  # for variant sources, "" for the family's default voice; a manifest names its own
+    cache_dir: str = str(Path.home() / ".cache" / "tts-compress")  # converted teacher weights voice
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
@@ -93,6 +97,8 @@ class ServeSettings:
         def fail(key: str, accepted: str):
             raise ServeConfigError(f"serve.{key}={getattr(self, key)!r}: {accepted}")
 
+        if self.family not in FAMILIES:
+            fail("family", f"use a registered family: {sorted(FAMILIES)}")
         if self.source != "champion" and self.source not in SERVABLE_VARIANTS:
             fail("source", f"use 'champion' or one of {list(SERVABLE_VARIANTS)}")
         if self.fallback_variant not in SERVABLE_VARIANTS:

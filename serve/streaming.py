@@ -1,13 +1,14 @@
 """Audio that leaves before the utterance is done: decoder-chunk streaming and SSE framing.
 
-Decoder chunks (the VITS family in the torch engine): everything up to the decoder runs once
-per sentence (``PiperVoice.decoder_latent``), then the HiFi-GAN decoder runs on windows of
+Decoder chunks (families whose ``capabilities.streaming_unit`` is ``decoder_frames``, on an engine
+that offers ``decoder_latent``): everything up to the decoder runs once per sentence
+(``model.decoder_latent``), then the decoder (HiFi-GAN in VITS) runs on windows of
 ``chunk_frames`` latent frames, each with ``context_frames`` more on both sides that are decoded
 and dropped. The decoder is a stack of convolutions whose reach is about 12 frames on each
 side, so with 16 context frames every kept sample sees the same input as in one-shot decoding:
 concatenated chunks match the one-shot waveform to about 1e-6, with no crossfade needed
-(tests/test_serve_streaming.py). onnxruntime graphs are one opaque call: they stream sentence
-by sentence instead.
+(tests/serve/test_serve_streaming.py). onnxruntime graphs are one opaque call, and other families
+hand out whole sentences: they stream sentence by sentence instead.
 
 SSE: ``speech.audio.delta`` events carry base64 audio bytes, then one ``speech.audio.done``,
 as in OpenAI's speech API.
@@ -26,16 +27,17 @@ import torch
 from serve.batching import SentenceJob, batch_request
 
 
-def decoder_chunks(voice, job: SentenceJob, latent_channels: int, chunk_frames: int,
+def decoder_chunks(voice, job: SentenceJob, noise_channels: int | None, chunk_frames: int,
                    context_frames: int) -> Iterator[np.ndarray]:
-    """Waveform pieces (T_chunk,) float32 of one sentence; ``voice`` must be a ``PiperVoice``.
+    """Waveform pieces (T_chunk,) float32 of one sentence; ``voice`` offers ``decoder_latent`` and a
+    ``decoder`` part (``ServedModel.decoder_streaming``).
 
     Same noise as the batched path (``batch_request`` of the one job), so the concatenation
-    equals ``synthesize_jobs(voice, [job], latent_channels)[0]`` up to float rounding.
+    equals ``synthesize_jobs(voice, [job], noise_channels)[0]`` up to float rounding.
     """
     if chunk_frames < 1 or context_frames < 0:
         raise ValueError(f"chunk_frames must be >= 1 and context_frames >= 0, got {chunk_frames}, {context_frames}")
-    latent = voice.decoder_latent(batch_request([job], latent_channels))
+    latent = voice.decoder_latent(batch_request([job], noise_channels))
     decoder = voice.parts()["decoder"]
     frames = int(latent.frame_lengths[0])
     z = latent.z[:, :, :frames]  # (1, C_lat, T_frames)

@@ -1,11 +1,16 @@
-"""Speak each line of a text file into its own WAV, with a Piper voice in PyTorch or onnxruntime.
+"""Speak each line of a text file into its own WAV, with a family's voice in PyTorch or onnxruntime.
 
     python -m serve.synthesize --text-file lines.txt --out-dir wavs/ --voice bundled:joe \
         --engine torch --noise-scale 0.667 --length-scale 1.0 --noise-scale-w 0.8 --seed 0 --device cpu
 
+``--family`` picks the family (models/registry.py; the first registered by default), ``--voice``
+its voice (the family's default voice when left out). ``--noise-scale`` and ``--noise-scale-w``
+are options of VITS-style sampling; a family without them refuses them by name.
+
 Writes ``0001.wav``, ``0002.wav``, ... (16-bit PCM at the voice's sample rate), one per non-empty
-line, and ``durations.json``: for each WAV, the frames per phoneme id of each of its sentences,
-so that two engines or two variants can be compared phoneme by phoneme.
+line, and ``durations.json``: for each WAV, the frames per phoneme id of each of its sentences
+(null for families whose results carry no durations), so that two engines or two variants can be
+compared phoneme by phoneme.
 All lines are phonemized before any audio is made: one unspeakable line fails the run at once.
 """
 from __future__ import annotations
@@ -20,11 +25,14 @@ from pathlib import Path
 import soundfile
 import torch
 
-from models.interface import SynthesisRequest, TTSModel
-from models.sampling import VitsSampling
-from models.interface import UnspeakableTextError
+from models.family import Family
+from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError
+from models.registry import FAMILIES, get_family
+from models.sampling import Sampling
 
 ENGINES = ("torch", "onnxruntime")
+DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))  # converted weights
+SAMPLING_FLAGS = ("noise_scale", "noise_scale_w")  # flags that are options of a family's sampling type
 
 
 def read_lines(text_file: Path) -> list[tuple[int, str]]:
@@ -39,44 +47,42 @@ def read_lines(text_file: Path) -> list[tuple[int, str]]:
     return numbered
 
 
-def check_noise(noise: VitsSampling) -> None:
-    """Reject scales the model would take silently: negative noise, non-positive length."""
-    for name in ("noise_scale", "noise_scale_w"):
-        if getattr(noise, name) < 0:
-            raise ValueError(f"{name} is {getattr(noise, name)}: give a value >= 0 (0 makes synthesis deterministic)")
-    if noise.length_scale <= 0:
-        raise ValueError(f"length_scale is {noise.length_scale}: give a value > 0 (>1 speaks slower)")
+def check_sampling(sampling: Sampling) -> None:
+    """Reject values the model would take silently: a negative option (noise scales), a non-positive pace."""
+    for name in sampling.option_names():
+        if getattr(sampling, name) < 0:
+            raise ValueError(f"{name} is {getattr(sampling, name)}: give a value >= 0 (0 makes synthesis deterministic)")
+    if sampling.length_scale <= 0:
+        raise ValueError(f"length_scale is {sampling.length_scale}: give a value > 0 (>1 speaks slower)")
 
 
-def load_engine(voice: str, engine: str, device: str = "cpu") -> TTSModel:
-    """The voice in PyTorch (``torch``) or as the original graph in onnxruntime (``onnxruntime``)."""
+def load_engine(family: Family, voice: str, engine: str, device: str = "cpu") -> TTSModel:
+    """The family's voice in PyTorch (``torch``) or as its original graph in onnxruntime (``onnxruntime``,
+    on the CPU); ``voice`` "" is the family's default voice."""
+    voice = voice or family.default_voice
     if engine == "torch":
-        from models.piper.voice import PiperVoice
-
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("torch here sees no CUDA GPU: use --device cpu")
-        return PiperVoice.load(voice).to(device)
+        return family.load_teacher(voice, DEFAULT_CACHE_DIR).to(device)
     if engine == "onnxruntime":
-        import onnxruntime
-
-        from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-
-        provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[device]
-        if provider not in onnxruntime.get_available_providers():
-            raise ValueError(f"onnxruntime here has no {provider}: use --device cpu or --engine torch")
-        return PiperOnnxRuntimeVoice(voice, providers=[provider])
+        if family.reference is None:
+            raise ValueError(f"family {family.name} ships no graph of its own: use --engine torch")
+        if device != "cpu":
+            raise ValueError("the family's graph runs in onnxruntime on the CPU here: use --device cpu, or "
+                             "--engine torch on the GPU")
+        return family.reference.load(voice, 0)
     raise ValueError(f"unknown engine {engine!r}: choose one of {', '.join(ENGINES)}")
 
 
 def synthesize_lines(
-    model: TTSModel, lines: list[str], noise: VitsSampling, line_numbers: list[int] | None = None
-) -> list[tuple[torch.Tensor, list[list[int]]]]:
-    """(waveform (T_audio,), per-sentence durations in frames per phoneme id) for each line.
+    model: TTSModel, lines: list[str], sampling: Sampling, line_numbers: list[int] | None = None
+) -> list[tuple[torch.Tensor, list[list[int]] | None]]:
+    """(waveform (T_audio,), per-sentence durations in frames per phoneme id or None) for each line.
 
     The sentences of one line run as one padded batch; their trimmed waveforms are concatenated.
     ``line_numbers`` names the lines in errors (file line numbers); 1, 2, ... by default.
     """
-    check_noise(noise)
+    check_sampling(sampling)
     line_numbers = line_numbers or list(range(1, len(lines) + 1))
     sequences_per_line = []
     for number, line in zip(line_numbers, lines):
@@ -86,8 +92,9 @@ def synthesize_lines(
             raise UnspeakableTextError(f"line {number}: {error}") from error
     outputs = []
     for sequences in sequences_per_line:
-        result = model.synthesize(SynthesisRequest.from_utterances(sequences, sampling=noise))
-        durations = [result.durations[i, : len(seq.phoneme_ids)].tolist() for i, seq in enumerate(sequences)]
+        result = model.synthesize(SynthesisRequest.from_utterances(sequences, sampling=sampling))
+        durations = None if result.durations is None else [
+            result.durations[i, : len(seq.phoneme_ids)].tolist() for i, seq in enumerate(sequences)]
         outputs.append((torch.cat(result.waveforms()), durations))
     return outputs
 
@@ -106,7 +113,7 @@ def _atomic_target(path: Path):
         raise
 
 
-def write_outputs(outputs: list[tuple[torch.Tensor, list[list[int]]]], out_dir: Path, sample_rate_hz: int) -> None:
+def write_outputs(outputs: list[tuple[torch.Tensor, list[list[int]] | None]], out_dir: Path, sample_rate_hz: int) -> None:
     """``0001.wav``, ... and ``durations.json`` (one WAV per JSON line, so diffs point at the line)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_rows = []
@@ -123,21 +130,24 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--text-file", type=Path, required=True, help="one utterance per line")
     parser.add_argument("--out-dir", type=Path, required=True)
-    parser.add_argument("--voice", default="bundled:joe", help="'bundled:joe' or a Piper .onnx path")
+    parser.add_argument("--family", choices=sorted(FAMILIES), default=next(iter(FAMILIES)))
+    parser.add_argument("--voice", default="", help="a voice of the family (e.g. 'bundled:joe' or an .onnx path); "
+                                                    "default: the family's own")
     parser.add_argument("--engine", choices=ENGINES, default="torch")
-    parser.add_argument("--noise-scale", type=float, default=0.667)  # Piper's defaults, as in VitsSampling
+    parser.add_argument("--noise-scale", type=float, default=None, help="default: the family's sampling default")
     parser.add_argument("--length-scale", type=float, default=1.0)
-    parser.add_argument("--noise-scale-w", type=float, default=0.8)
+    parser.add_argument("--noise-scale-w", type=float, default=None, help="default: the family's sampling default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
-    noise = VitsSampling(noise_scale=args.noise_scale, length_scale=args.length_scale,
-                         noise_scale_w=args.noise_scale_w, seed=args.seed)
+    family = get_family(args.family)
+    options = {name: getattr(args, name) for name in SAMPLING_FLAGS if getattr(args, name) is not None}
     try:
-        check_noise(noise)  # before the voice loads: bad flags should fail in milliseconds
+        sampling = family.sampling(length_scale=args.length_scale, seed=args.seed, **options)
+        check_sampling(sampling)  # before the voice loads: bad flags should fail in milliseconds
         numbered = read_lines(args.text_file)
-        model = load_engine(args.voice, args.engine, args.device)
-        outputs = synthesize_lines(model, [text for _, text in numbered], noise, [n for n, _ in numbered])
+        model = load_engine(family, args.voice, args.engine, args.device)
+        outputs = synthesize_lines(model, [text for _, text in numbered], sampling, [n for n, _ in numbered])
     except (FileNotFoundError, ValueError) as error:  # UnspeakableTextError is a ValueError
         parser.error(str(error))
     write_outputs(outputs, args.out_dir, model.sample_rate_hz)

@@ -15,7 +15,7 @@ Writes two model entries:
   ``--model-control-mode=explicit --load-model=tts_<variant>`` so the empty slot is not loaded.
 
 The graph takes phoneme ids, not text: the client runs the voice's frontend
-(``PiperOnnxRuntimeVoice.text_to_utterances``) and draws the noise. Triton's dynamic batcher joins
+(the family reference runtime's ``text_to_utterances``) and draws the noise. Triton's dynamic batcher joins
 only requests whose tensors have the same shape, so clients pad ``input`` (with its true
 ``input_lengths``) to a length bucket and send noise sized for that bucket; padding does not
 change a row's audio (the graph masks by ``input_lengths``).
@@ -31,9 +31,9 @@ import onnx
 
 from core.atomic_io import write_text_atomic
 from export.manifest import load_manifest
-from models.piper.onnx_runtime import _latent_channels, prepare_graph
+from models.piper.onnx_runtime import _latent_channels
 from models.piper.triton_graph import SCALE_NAMES, triton_graph
-from models.piper.voice_files import PiperVoiceFiles
+from models.registry import get_family
 
 VARIANTS = ("original_onnx",)  # what --variant builds without a manifest
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
@@ -72,8 +72,9 @@ class VariantGraph:
 
 
 def load_variant_graph(manifest_path: Path | None = None, variant: str | None = None,
-                       voice: str = "bundled:joe") -> VariantGraph:
-    """The champion named by ``manifest_path``, or ``variant`` (one of VARIANTS) built from ``voice``."""
+                       voice: str = "", family: str = "piper") -> VariantGraph:
+    """The champion named by ``manifest_path``, or ``variant`` (one of VARIANTS) built from ``family``'s
+    ``voice`` ("" for the family's default voice) by its reference runtime."""
     if (manifest_path is None) == (variant is None):
         raise ValueError("give exactly one of --manifest PATH or --variant NAME")
     if manifest_path is not None:
@@ -81,7 +82,11 @@ def load_variant_graph(manifest_path: Path | None = None, variant: str | None = 
         return VariantGraph(manifest.variant, manifest.voice, onnx.load(str(manifest.graph_path(manifest_path))))
     if variant not in VARIANTS:
         raise ValueError(f"--variant {variant!r}: use one of {list(VARIANTS)}, or --manifest for a champion")
-    return VariantGraph(variant, voice, prepare_graph(PiperVoiceFiles.resolve(voice).onnx_path))
+    runtime = get_family(family).reference
+    if runtime is None:
+        raise ValueError(f"family {family} ships no graph of its own to serve with Triton")
+    voice = voice or get_family(family).default_voice
+    return VariantGraph(variant, voice, runtime.prepare_graph(runtime.graph_path(voice)))
 
 
 def _tensor(name: str, data_type: str, dims: list[int], batch_only: bool = False) -> dict:
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--manifest", type=Path, help="a champion's manifest.json (export/manifest.py)")
     source.add_argument("--variant", help=f"one of {list(VARIANTS)}")
-    parser.add_argument("--voice", default="bundled:joe", help="the voice of --variant")
+    parser.add_argument("--voice", default="", help="the voice of --variant; default: the family's own")
     parser.add_argument("--out", type=Path, required=True, help="the model repository folder")
     parser.add_argument("--max-batch-size", type=int, default=BatchingSettings.max_batch_size)
     parser.add_argument("--preferred-batch-sizes", default=",".join(map(str, BatchingSettings.preferred_batch_sizes)))

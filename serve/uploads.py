@@ -1,6 +1,6 @@
 """Check and decode an uploaded reference clip (POST /v1/voices) with a real audio library.
 
-    clip = decode_reference(data, limits)     # -> ReferenceClip at 16 kHz, or UploadRejected
+    clip = decode_reference(data, limits)     # -> DecodedClip at 16 kHz, or UploadRejected
 
 Every rejection is an ``UploadRejected`` with an HTTP status and an error code the API returns
 as JSON: too big (413), not audio / empty / too short / too long / silent / clipped / a sample
@@ -38,13 +38,13 @@ class UploadLimits:
 
 
 @dataclass(frozen=True)
-class ReferenceClip:
+class DecodedClip:
     waveform: np.ndarray  # (T,) float32 at TARGET_SAMPLE_RATE_HZ
     source_sample_rate_hz: int
     duration_s: float
 
 
-def decode_reference(data: bytes, limits: UploadLimits) -> ReferenceClip:
+def decode_reference(data: bytes, limits: UploadLimits) -> DecodedClip:
     if len(data) == 0:
         raise UploadRejected("the uploaded file is empty: send a WAV or FLAC clip of speech", "empty_audio")
     if len(data) > limits.max_bytes:
@@ -85,4 +85,4 @@ def decode_reference(data: bytes, limits: UploadLimits) -> ReferenceClip:
         import librosa  # lazy: heavy, and only uploads need it; the server imports this module at start
 
         waveform = librosa.resample(waveform, orig_sr=sample_rate_hz, target_sr=TARGET_SAMPLE_RATE_HZ)
-    return ReferenceClip(waveform.astype(np.float32), sample_rate_hz, duration_s)
+    return DecodedClip(waveform.astype(np.float32), sample_rate_hz, duration_s)

@@ -181,7 +181,7 @@ class EagerEngine:
 
     @torch.inference_mode()
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        noise = request.sampling
+        noise = VitsSampling.of(request.sampling)
         batch, length = request.phoneme_ids.shape
         duration_noise, prior_noise = noise.draw(batch, length, self.model.hp.latent_channels, self.device)
         audio, audio_lengths, durations = self.model(
@@ -287,7 +287,7 @@ class BucketedEngine:
             raise ValueError(f"the bucketed engine runs single-speaker voices: no {list(request.voice.given())}")
         batch, length = request.phoneme_ids.shape
         bucket, rows = text_bucket(length), self._batch_bucket(batch)
-        duration_noise, prior_noise = request.sampling.draw(batch, length, self.model.hp.latent_channels, self.device)
+        duration_noise, prior_noise = VitsSampling.of(request.sampling).draw(batch, length, self.model.hp.latent_channels, self.device)
         # Rows past ``batch`` are one-phoneme fillers: cheap, and never read back.
         phoneme_ids = torch.zeros(rows, bucket, dtype=torch.long)  # (B_bucket, T_bucket)
         phoneme_ids[:batch, :length] = request.phoneme_ids
@@ -297,7 +297,7 @@ class BucketedEngine:
         phoneme_lengths = host_to_device(phoneme_lengths, self.device)
         padded_duration_noise = torch.zeros(rows, 2, bucket, device=self.device)
         padded_duration_noise[:batch, :, :length] = duration_noise
-        scales = scales_tensor(request.sampling, self.device)
+        scales = scales_tensor(VitsSampling.of(request.sampling), self.device)
         with self.device_lock:
             return self._synthesize_prepared(batch, length, rows, bucket, phoneme_ids, phoneme_lengths,
                                              padded_duration_noise, prior_noise, scales)

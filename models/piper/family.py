@@ -5,6 +5,7 @@ from pathlib import Path
 
 from models.family import Family, ReferenceRuntime
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.piper.onnx_contract import graph_contracts
 from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
 from models.piper.tiny import tiny_voice
 from models.piper.voice import PiperVoice
@@ -32,4 +33,5 @@ FAMILY = Family(
     tiny_model=tiny_voice,
     default_voice="bundled:joe",
     reference=REFERENCE,
+    graph_contracts=graph_contracts,
 )

@@ -22,6 +22,7 @@ import torch
 
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME
+from models.piper.onnx_contract import convtranspose_hop, duration_ceil, piper_feeds
 from models.piper.voice_files import PiperVoiceFiles
 from models.sampling import VitsSampling
 from models.text.espeak_frontend import EspeakFrontend
@@ -29,19 +30,19 @@ from models.text.espeak_frontend import EspeakFrontend
 
 def _with_duration_output(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str | None]:
     """Add the output of the graph's single ``Ceil`` node (durations, (B, 1, T_text)) as an output."""
-    ceil_nodes = [node for node in model.graph.node if node.op_type == "Ceil"]
-    if len(ceil_nodes) != 1:
+    ceil = duration_ceil(model)
+    if ceil is None:
         return model, None
-    name = ceil_nodes[0].output[0]
+    name = ceil.output[0]
     model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     return model, name
 
 
 def _duration_output_name(model: onnx.ModelProto) -> str | None:
     """The durations output ``_with_duration_output`` added, if the graph has one."""
-    ceil_outputs = [node.output[0] for node in model.graph.node if node.op_type == "Ceil"]
+    ceil = duration_ceil(model)
     graph_outputs = {output.name for output in model.graph.output}
-    return ceil_outputs[0] if len(ceil_outputs) == 1 and ceil_outputs[0] in graph_outputs else None
+    return ceil.output[0] if ceil is not None and ceil.output[0] in graph_outputs else None
 
 
 def _latent_channels(model: onnx.ModelProto) -> int:
@@ -122,11 +123,7 @@ class PiperOnnxRuntimeVoice:
                 )
         self._duration_output = _duration_output_name(model)
         # Samples per frame = product of the decoder's upsampling strides (256 for Piper voices).
-        self.hop_length = int(np.prod([
-            onnx.helper.get_attribute_value(attr)[0]
-            for node in model.graph.node if node.op_type == "ConvTranspose"
-            for attr in node.attribute if attr.name == "strides"
-        ]))
+        self.hop_length = convtranspose_hop(model)
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -145,22 +142,7 @@ class PiperOnnxRuntimeVoice:
 
     def session_feeds(self, request: SynthesisRequest) -> dict[str, np.ndarray]:
         """The graph inputs for ``request``, by input name: what ``synthesize`` runs (and calibration replays)."""
-        noise = request.sampling
-        duration_noise, prior_noise = noise.draw(
-            request.phoneme_ids.shape[0], request.phoneme_ids.shape[1], self.latent_channels
-        )
-        feeds = {
-            "duration_noise": duration_noise.numpy(),
-            "prior_noise": prior_noise.numpy(),
-            "input": request.phoneme_ids.numpy().astype(np.int64),
-            "input_lengths": request.phoneme_lengths.numpy().astype(np.int64),
-            "scales": np.array([noise.noise_scale, noise.length_scale, noise.noise_scale_w], np.float32),
-        }
-        if self.num_speakers > 1:
-            if request.voice is None or request.voice.speaker_id is None:
-                raise ValueError("this multi-speaker voice needs speaker_id on the request")
-            feeds["sid"] = request.voice.speaker_id.numpy().astype(np.int64)
-        return feeds
+        return piper_feeds(request, self.latent_channels, self.num_speakers)
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         outputs = self.session.run(None, self.session_feeds(request))

@@ -166,7 +166,7 @@ class PiperVoice(nn.Module):
         hp = self.model.hp
         if hp.num_speakers > 1 and speaker_id is None:
             raise ValueError(f"this voice has {hp.num_speakers} speakers: set speaker_id")
-        noise = request.sampling
+        noise = VitsSampling.of(request.sampling)
         batch, text_length = request.phoneme_ids.shape
         duration_noise, prior_noise = noise.draw(batch, text_length, hp.latent_channels)
         device = self.device

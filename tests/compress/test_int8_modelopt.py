@@ -21,6 +21,7 @@ from compress.int8_modelopt import Int8ModeloptSettings, build, qdq_summary
 from core.config import ConfigError
 from compress.run_config import settings_from_config
 from compress.variants import StageContext, Variant
+from models.registry import get_family
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.interface import SynthesisRequest
@@ -84,7 +85,8 @@ def teacher() -> Variant:
 def ctx(teacher, tmp_path_factory) -> StageContext:
     sequences = [teacher.model.text_to_utterances(text)[0] for text in load_sentences("calibration")[:2]]
     work_dir = tmp_path_factory.mktemp("int8_modelopt")
-    return StageContext(calibration_sequences=sequences, work_dir=work_dir, cpu_threads=2, cache_dir=work_dir)
+    return StageContext(calibration_sequences=sequences, work_dir=work_dir, cpu_threads=2, cache_dir=work_dir,
+                        family=get_family("piper"), voice="bundled:joe")
 
 
 @pytest.fixture(scope="module")

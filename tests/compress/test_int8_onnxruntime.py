@@ -19,6 +19,7 @@ from onnx import numpy_helper
 import compress.int8_onnxruntime as int8_ort
 from compress.int8_onnxruntime import Int8OrtSettings, block_of, build
 from compress.variants import StageContext, Variant
+from models.registry import get_family
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
 from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
@@ -51,7 +52,8 @@ def original() -> Variant:
 def ctx(original, tmp_path_factory) -> StageContext:
     sequences = [original.model.text_to_utterances(text)[0] for text in load_sentences("calibration")[:3]]
     work_dir = tmp_path_factory.mktemp("int8_ort")
-    return StageContext(calibration_sequences=sequences, work_dir=work_dir, cpu_threads=2, cache_dir=work_dir)
+    return StageContext(calibration_sequences=sequences, work_dir=work_dir, cpu_threads=2, cache_dir=work_dir,
+                        family=get_family("piper"), voice="bundled:joe")
 
 
 @pytest.fixture(scope="module")

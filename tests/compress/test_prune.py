@@ -14,6 +14,7 @@ from compress.decoder_training import load_decoder
 from compress.prune import PruneSettings, build, prune_decoder
 from core.config import ConfigError
 from compress.variants import StageContext, Variant
+from models.registry import get_family
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
@@ -40,7 +41,7 @@ def calibration_sequences(teacher) -> list:
 
 def context(work_dir, calibration_sequences) -> StageContext:
     return StageContext(calibration_sequences=calibration_sequences, work_dir=work_dir, cpu_threads=1,
-                        cache_dir=work_dir / "cache")
+                        cache_dir=work_dir / "cache", family=get_family("piper"), voice="bundled:joe")
 
 
 def synthesize(voice: PiperVoice, text: str):

@@ -19,7 +19,9 @@ def test_debug_preset_builds_settings(debug_config):
         ("evaluate.metrics=[dnsmos,pesq]", "unknown ['pesq']"),
         ("variants=[teacher,int4]", "unknown ['int4']"),
         ("evaluate.reference_variant=original_onnx", None),  # valid: the ONNX can be the reference
-        ("evaluate.noise.noise_scale=-1", "scales must be >= 0"),
+        ("evaluate.sampling.length_scale=0", "length_scale=0"),
+        ("+model.sampling.top_k=5", "unknown ['top_k'] for family 'piper'"),
+        ("model.family=tacotron", "registered: ['piper']"),
         ("evaluate.warm_runs=0", "warm_runs"),
         ("data.max_eval_sentences=0", "max_eval_sentences"),
         ("model.device=tpu", "model.device='tpu'"),
@@ -59,3 +61,23 @@ def test_bad_stage_config_stops_the_run_at_start(debug_config, override, message
 def test_a_stage_variant_needs_its_source(debug_config):
     with pytest.raises(ConfigError, match="list 'original_onnx' in variants"):
         settings_from_config(debug_config("variants=[teacher,int8_ort]"))
+
+
+def test_the_model_config_brings_its_family_sampling_and_stage_defaults(debug_config):
+    """conf/model/piper_joe.yaml: Piper's noise scales and the parts its stages keep or touch."""
+    settings = settings_from_config(debug_config("variants=[original_onnx,teacher,fp16,pruned,int8_modelopt]"))
+    assert settings.model.sampling == {"noise_scale": 0.667, "noise_scale_w": 0.8}
+    assert settings.stages["fp16"].keep_fp32 == ("encoder", "duration")
+    assert settings.stages["prune"].parts == ("decoder",)
+    assert settings.stages["int8_modelopt"].sensitivity_blocks == ("dec.conv_pre", "dec.resblocks.0")
+
+
+def test_the_debug_preset_is_the_piper_debug_preset(tmp_path):
+    from tests.conftest import compose_config
+
+    assert compose_config(tmp_path, ["+experiment=debug"]) == compose_config(tmp_path, ["+experiment=debug_piper"])
+
+
+def test_stage_part_names_are_checked_against_the_family_at_start(debug_config):
+    with pytest.raises(ConfigError, match="family 'piper' has no part \\['vocoder'\\]"):
+        settings_from_config(debug_config("variants=[teacher,fp16]", "stages.fp16.keep_fp32=[vocoder]"))

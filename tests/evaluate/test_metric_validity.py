@@ -1,11 +1,11 @@
 """Each quality metric moves the right way when the teacher's audio is degraded on purpose.
 
-Four evaluation sentences are spoken once by the original joe voice (seeded noise, so the audio
-is the same on every run), then degraded: white noise at 20/10/0 dB SNR, a 4 kHz low-pass and
+Four evaluation sentences are spoken once by the bundled joe voice as it ships (its family's
+reference runtime; seeded noise, so the audio is the same on every run), then degraded: white noise at 20/10/0 dB SNR, a 4 kHz low-pass and
 6-bit requantisation. DNSMOS, MCD, speaker similarity and WER must each get worse, and their
 fixed points (MCD of a clip with itself, parity with ``speechmos``) must hold exactly.
 
-    python -m pytest tests/test_metric_validity.py
+    python -m pytest tests/evaluate/test_metric_validity.py
 """
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from evaluate.dnsmos import DNSMOSP808, DNSMOSP835, dnsmos_p808, dnsmos_p835
 from evaluate.intelligibility import DomainRecognizer, WordErrorRate, normalize_text
 from evaluate.mcd import MelCepstralDistortion, mel_cepstral_distortion
 from evaluate.speaker import SpeakerSimilarity, speaker_similarity
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 from models.interface import SynthesisRequest
-from models.sampling import VitsSampling
+from models.registry import get_family
 from texts import load_sentences
+
+FAMILY_NAME = "piper"  # the thresholds below were set on its default voice (joe)
 
 SENTENCES = [  # short single-sentence lines of the eval set; "Marisol" takes the espeak-pronunciation path
     "You look like someone who could use a sharper sword.",
@@ -46,10 +47,11 @@ def _strictly_increasing(values: list[float]) -> bool:
 @pytest.fixture(scope="module")
 def teacher() -> tuple[list[torch.Tensor], int]:
     """The original voice's waveforms of SENTENCES, each (T,), and their sample rate."""
-    voice = PiperOnnxRuntimeVoice(threads=2)
+    family = get_family(FAMILY_NAME)
+    voice = family.reference.load(family.default_voice, 2)
     waveforms = []
     for index, sentence in enumerate(SENTENCES):
-        request = SynthesisRequest.from_utterances(voice.text_to_utterances(sentence), sampling=VitsSampling(seed=index))
+        request = SynthesisRequest.from_utterances(voice.text_to_utterances(sentence), sampling=family.sampling(seed=index))
         waveforms.append(voice.synthesize(request).waveforms()[0])
     return waveforms, voice.sample_rate_hz
 
@@ -95,7 +97,7 @@ def test_dnsmos_equals_speechmos_on_the_same_16khz_audio(teacher):
         assert ours[name] == pytest.approx(reference[f"{name}_mos"], abs=1e-6)
 
 
-def test_dnsmos_rates_clean_piper_speech_good_and_white_noise_bad(dnsmos_scores):
+def test_dnsmos_rates_clean_teacher_speech_good_and_white_noise_bad(dnsmos_scores):
     assert dnsmos_scores["clean"]["p808"] >= 3.5
     white_noise = 0.1 * torch.randn(3 * 22050, generator=torch.Generator().manual_seed(0))  # (T,)
     assert dnsmos_p808(white_noise, 22050) < 2.6
@@ -131,6 +133,19 @@ def test_dnsmos_metrics_average_utterances(teacher):
 def test_mcd_of_a_clip_with_itself_is_zero(teacher):
     waveforms, sample_rate_hz = teacher
     assert mel_cepstral_distortion(waveforms[0], waveforms[0], sample_rate_hz) == 0.0
+
+
+def test_mcd_on_the_model_hop_matches_the_default_frame_at_its_rate(teacher):
+    """At 22.05 kHz the default frame is hop 256, window 1024: a model of that hop gets the same MCD."""
+    waveforms, sample_rate_hz = teacher
+    noisy = STANDARD_DEGRADATIONS["snr_10db"](waveforms[0], sample_rate_hz, 0)
+    assert sample_rate_hz == 22050
+    assert mel_cepstral_distortion(noisy, waveforms[0], sample_rate_hz, hop_length=256) == (
+        mel_cepstral_distortion(noisy, waveforms[0], sample_rate_hz))
+    assert mel_cepstral_distortion(noisy, waveforms[0], sample_rate_hz, hop_length=512) != (
+        mel_cepstral_distortion(noisy, waveforms[0], sample_rate_hz))
+    with pytest.raises(ValueError, match="hop_length"):
+        mel_cepstral_distortion(noisy, waveforms[0], sample_rate_hz, hop_length=0)
 
 
 def _mean_mcd_db(test_waveforms, reference_waveforms, sample_rate_hz) -> float:

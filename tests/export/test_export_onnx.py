@@ -1,6 +1,7 @@
-"""export_piper on a tiny random PiperVits: dynamic batch and lengths, sid, node names, the Piper contract.
+"""export_graph on Piper's contract for a tiny random PiperVits: dynamic batch and lengths, sid, node
+names; a decoder exported alone with either exporter.
 
-    python -m pytest -q tests/test_export_onnx.py
+    python -m pytest -q tests/export/test_export_onnx.py
 """
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ import pytest
 import torch
 
 from export.graph_checks import check_graph
-from export.onnx_export import export_decoder, export_piper
+from export.onnx_export import export_decoder, export_graph
+from models.graph_contract import SYNTHESIZER
+from models.interface import SynthesisRequest, Utterance
+from models.piper.onnx_contract import graph_contracts
 from models.piper.vits import PiperVits
 from models.piper.tiny import tiny_vits
 from models.precision import PrecisionIsland
+from models.sampling import VitsSampling
+
+
+def export_piper(vits: PiperVits, path):
+    return export_graph(graph_contracts(vits)[SYNTHESIZER], path)
 
 
 def run_both(vits: PiperVits, session: ort.InferenceSession, batch: int, text_length: int):
@@ -88,3 +97,15 @@ def test_precision_island_exports_under_the_fp32_node_names(tmp_path):
     conv_pre = next(node for node in model.graph.node if node.name == "/conv_pre/Conv")
     weight = next(t for t in model.graph.initializer if t.name == conv_pre.input[1])
     assert weight.data_type == onnx.TensorProto.FLOAT16
+
+
+def test_multi_speaker_contract_feeds_the_example_speaker():
+    contract = graph_contracts(tiny_vits(2))[SYNTHESIZER]
+    request = SynthesisRequest.from_utterances([Utterance("a", (), (1, 5, 9, 3))], sampling=VitsSampling(seed=3),
+                                               voice=contract.example_voice)
+    feeds = contract.feeds(request)
+    assert list(contract.input_names) == ["input", "input_lengths", "scales", "duration_noise", "prior_noise", "sid"]
+    assert sorted(feeds) == sorted(contract.input_names) and feeds["sid"].tolist() == [0]
+    assert feeds["prior_noise"].shape == (1, 8, 4 * 16)  # tiny latent: 8 channels; 16 frames per id
+    with pytest.raises(ValueError, match="speaker_id"):
+        contract.feeds(SynthesisRequest.from_utterances([Utterance("a", (), (1, 5))], sampling=VitsSampling()))

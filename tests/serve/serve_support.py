@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from conftest import compose_config
+from models.registry import get_family
 from serve.engines import ServedModel, load_variant
 from serve.settings import ServeSettings, serve_settings_from_config
 
@@ -28,7 +29,7 @@ def serve_settings(tmp_path: Path, *overrides: str) -> ServeSettings:
 @functools.lru_cache(maxsize=None)
 def served_variant(variant: str) -> ServedModel:
     """``original_onnx`` or ``teacher``, loaded once per test process."""
-    return load_variant(variant, "bundled:joe", threads=1, device="cpu")
+    return load_variant(get_family("piper"), variant, "bundled:joe", threads=1, device="cpu")
 
 
 class GatedModel:

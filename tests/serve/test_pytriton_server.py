@@ -120,7 +120,8 @@ async def _speak_all(url: str, texts_and_seeds: list[tuple[str, int]]) -> list[t
 
 
 def _reference(voice, text: str, seed: int) -> np.ndarray:
-    from models.interface import VitsSampling, SynthesisRequest
+    from models.interface import SynthesisRequest
+    from models.sampling import VitsSampling
 
     result = voice.synthesize(SynthesisRequest.from_utterances(voice.text_to_utterances(text),
                                                               sampling=VitsSampling(seed=seed)))

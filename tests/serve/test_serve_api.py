@@ -138,12 +138,12 @@ def test_bad_uploads_get_json_4xx(client, make, status, code):
 
 def test_uploads_without_the_speaker_encoder_answer_501_and_speech_still_works(client, monkeypatch):
     """A serving machine without resemblyzer/librosa (the GPU image): uploads say what is missing."""
-    import serve.app
+    import serve.voices
 
     def missing():
         raise ModuleNotFoundError("No module named 'librosa'", name="librosa")
 
-    monkeypatch.setattr(serve.app, "_speaker_encoder", missing)
+    monkeypatch.setattr(serve.voices, "_speaker_encoder", missing)
     error = _error(_upload(client, _wav(_speechlike(2, 16000), 16000)), 501, "voice_upload_unavailable")
     assert "'librosa'" in error["message"]
     assert client.post("/v1/audio/speech", json=SPEECH).status_code == 200
@@ -228,15 +228,15 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     its own text buckets up to the longest length bucket, at every batch bucket, at three paces, but
     only the batches serve.max_batch_phonemes lets the batcher form."""
     from models.piper.engines import TEXT_BUCKETS, text_bucket
-    from serve.app import WARMUP_LENGTH_SCALES, warmup_batches
+    from serve.speech import WARMUP_LENGTH_SCALES, warmup_batches
 
     settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8",
                               "serve.max_batch_phonemes=2048")
     onnx_batches = warmup_batches(onnx_served, settings)
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(4, 512)]  # 4 x 512 = 2048
     bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
-                                   captures_graphs=True)
-    ordered = [(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].scales.length_scale)
+                                   captures_graphs=True, text_buckets=TEXT_BUCKETS)
+    ordered = [(len(batch), text_bucket(len(batch[0].phoneme_ids)), batch[0].sampling.length_scale)
                for batch in warmup_batches(bucketed, settings)]
     # Largest first, so the first capture sizes the graphs' memory pool for all the others.
     assert ordered[0] == (2, 512, max(WARMUP_LENGTH_SCALES)) and ordered[-1] == (1, 32, min(WARMUP_LENGTH_SCALES))
@@ -245,7 +245,7 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     assert shapes == {(size, bound, scale) for size in (1, 2, 4, 8) for bound in TEXT_BUCKETS if bound <= 512
                       for scale in WARMUP_LENGTH_SCALES if size == 1 or size * bound * scale <= 2048}
     assert (8, 256, 1.0) in shapes and (8, 256, 1.25) not in shapes
-    no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti")  # nothing captured: one pass per batch size
+    no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti", text_buckets=TEXT_BUCKETS)  # nothing captured: one pass per batch size
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(no_graphs, settings)] == \
         [(1, 512), (2, 512), (4, 512)]
 

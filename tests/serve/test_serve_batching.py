@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from serve.app import create_app
-from serve.batching import BatchBudget, BatcherClosedError, DynamicBatcher, NoiseScales, SentenceJob, synthesize_jobs
+from serve.batching import BatchBudget, BatcherClosedError, DynamicBatcher, SentenceJob, synthesize_jobs
 from serve_support import serve_settings, served_variant
 
 TEXTS = ["Bring the red kite.", "Is it windy today over the hills and far away?", "Yes."]
@@ -30,57 +30,55 @@ def onnx_served():
 
 @pytest.fixture(scope="module")
 def jobs(onnx_served):
-    scales = NoiseScales()  # Piper's default scales: noise on, so seeds matter
-    return [SentenceJob(onnx_served.model.text_to_utterances(text)[0].phoneme_ids, scales, seed=10 + i)
+    # The family's default scales: noise on, so seeds matter.
+    return [SentenceJob(onnx_served.model.text_to_utterances(text)[0].phoneme_ids, VitsSampling(seed=10 + i))
             for i, text in enumerate(TEXTS)]
 
 
 def unbatched(served, text: str, job: SentenceJob) -> np.ndarray:
     """The sentence alone, through the plain TTSModel API with its seed: the reference."""
-    noise = VitsSampling(noise_scale=job.scales.noise_scale, length_scale=job.scales.length_scale,
-                         noise_scale_w=job.scales.noise_scale_w, seed=job.seed)
-    request = SynthesisRequest.from_utterances(served.model.text_to_utterances(text), sampling=noise)
+    request = SynthesisRequest.from_utterances(served.model.text_to_utterances(text), sampling=job.sampling)
     return served.model.synthesize(request).waveforms()[0].numpy()
 
 
 def test_batched_equals_unbatched(onnx_served, jobs):
     references = [unbatched(onnx_served, text, job) for text, job in zip(TEXTS, jobs)]
-    batched = synthesize_jobs(onnx_served.model, jobs, onnx_served.latent_channels)
-    reversed_batch = synthesize_jobs(onnx_served.model, jobs[::-1], onnx_served.latent_channels)[::-1]
+    batched = synthesize_jobs(onnx_served.model, jobs, onnx_served.noise_channels)
+    reversed_batch = synthesize_jobs(onnx_served.model, jobs[::-1], onnx_served.noise_channels)[::-1]
     for reference, ours, other_order in zip(references, batched, reversed_batch):
         assert ours.shape == reference.shape == other_order.shape
         assert np.abs(ours - reference).max() < BATCH_TOLERANCE
         assert np.abs(other_order - reference).max() < BATCH_TOLERANCE
     # The seed matters: another seed gives other audio, so the comparison above is not vacuous.
-    other_seed = synthesize_jobs(onnx_served.model, [SentenceJob(jobs[1].phoneme_ids, jobs[1].scales, seed=99)],
-                                 onnx_served.latent_channels)[0]
+    other_seed = synthesize_jobs(onnx_served.model, [SentenceJob(jobs[1].phoneme_ids, VitsSampling(seed=99))],
+                                 onnx_served.noise_channels)[0]
     length = min(len(other_seed), len(references[1]))
     assert np.abs(other_seed[:length] - references[1][:length]).max() > 0.05
 
 
-def test_batch_needs_one_set_of_scales(onnx_served, jobs):
-    mixed = [jobs[0], SentenceJob(jobs[1].phoneme_ids, NoiseScales(length_scale=2.0), seed=0)]
-    with pytest.raises(ValueError, match="one set of noise scales"):
-        synthesize_jobs(onnx_served.model, mixed, onnx_served.latent_channels)
+def test_batch_needs_one_sampling(onnx_served, jobs):
+    mixed = [jobs[0], SentenceJob(jobs[1].phoneme_ids, VitsSampling(length_scale=2.0, seed=0))]
+    with pytest.raises(ValueError, match="shares one sampling"):
+        synthesize_jobs(onnx_served.model, mixed, onnx_served.noise_channels)
 
 
-def _job(length: int, seed: int = 0, scales: NoiseScales = NoiseScales()) -> SentenceJob:
-    return SentenceJob(tuple([1] * length), scales, seed)
+def _job(length: int, seed: int = 0, length_scale: float = 1.0) -> SentenceJob:
+    return SentenceJob(tuple([1] * length), VitsSampling(seed=seed, length_scale=length_scale))
 
 
 def test_batcher_groups_by_bucket_and_scales():
     batches: list[list[int]] = []
 
     def run_batch(jobs):  # echoes each job's seed as its "waveform"
-        batches.append([job.seed for job in jobs])
-        return [np.array([job.seed], np.float32) for job in jobs]
+        batches.append([job.sampling.seed for job in jobs])
+        return [np.array([job.sampling.seed], np.float32) for job in jobs]
 
     async def scenario():
         batcher = DynamicBatcher(run_batch, max_batch_size=2, max_wait_ms=50, length_buckets=(10, 20),
                                  executor=ThreadPoolExecutor(1))
         await batcher.start()
         futures = [batcher.submit(_job(5, 1)), batcher.submit(_job(15, 2)), batcher.submit(_job(6, 3)),
-                   batcher.submit(_job(7, 4, NoiseScales(length_scale=0.5))), batcher.submit(_job(30, 5))]
+                   batcher.submit(_job(7, 4, length_scale=0.5)), batcher.submit(_job(30, 5))]
         results = [float((await future)[0]) for future in futures]
         await batcher.close()
         return results
@@ -104,17 +102,16 @@ def test_batcher_keeps_each_batch_within_the_budget():
     batches: list[list[int]] = []
 
     def run_batch(jobs):
-        batches.append([job.seed for job in jobs])
+        batches.append([job.sampling.seed for job in jobs])
         return [np.zeros(1, np.float32) for _ in jobs]
 
     async def scenario():
         batcher = DynamicBatcher(run_batch, max_batch_size=8, max_wait_ms=10_000, length_buckets=(200,),
                                  executor=ThreadPoolExecutor(1), budget=BatchBudget(300))
         await batcher.start()
-        slow = NoiseScales(length_scale=2.0)
         futures = [batcher.submit(_job(100, seed)) for seed in range(7)]  # 3 x 100 fit, a 4th would not
-        futures += [batcher.submit(_job(100, seed, slow)) for seed in (10, 11)]  # 2 x 100 x 2.0 > 300
-        futures.append(batcher.submit(_job(190, 20, NoiseScales(length_scale=3.0))))  # over budget alone
+        futures += [batcher.submit(_job(100, seed, length_scale=2.0)) for seed in (10, 11)]  # 2 x 100 x 2.0 > 300
+        futures.append(batcher.submit(_job(190, 20, length_scale=3.0)))  # over budget alone
         # Batches the budget filled leave at once, without max_wait_ms; the rest run on close.
         await asyncio.wait_for(asyncio.gather(*futures[:6], futures[7]), 5)
         await batcher.close()
@@ -128,7 +125,7 @@ def test_batcher_waits_at_most_max_wait_and_drops_cancelled():
     ran: list[list[int]] = []
 
     async def scenario():
-        batcher = DynamicBatcher(lambda jobs: ran.append([j.seed for j in jobs]) or [np.zeros(1)] * len(jobs),
+        batcher = DynamicBatcher(lambda jobs: ran.append([j.sampling.seed for j in jobs]) or [np.zeros(1)] * len(jobs),
                                  max_batch_size=8, max_wait_ms=30, length_buckets=(10,),
                                  executor=ThreadPoolExecutor(1))
         await batcher.start()
@@ -151,7 +148,7 @@ def test_batcher_waits_at_most_max_wait_and_drops_cancelled():
 
 def test_close_runs_what_is_waiting():
     async def scenario():
-        batcher = DynamicBatcher(lambda jobs: [np.full(1, j.seed, np.float32) for j in jobs], max_batch_size=8,
+        batcher = DynamicBatcher(lambda jobs: [np.full(1, j.sampling.seed, np.float32) for j in jobs], max_batch_size=8,
                                  max_wait_ms=10_000, length_buckets=(10,), executor=ThreadPoolExecutor(1))
         await batcher.start()
         futures = [batcher.submit(_job(3, seed)) for seed in range(3)]
@@ -174,7 +171,7 @@ def test_batches_in_flight_bounds_the_batches_running_at_once(in_flight):
         release.wait(5)
         with lock:
             running[0] -= 1
-        return [np.full(1, job.seed, np.float32) for job in jobs]
+        return [np.full(1, job.sampling.seed, np.float32) for job in jobs]
 
     async def scenario():
         batcher = DynamicBatcher(run_batch, max_batch_size=1, max_wait_ms=0, length_buckets=(10,),

@@ -71,7 +71,8 @@ def test_half_precision_source_serves_the_fp16_variant(tmp_path):
     champion of a run with GPU figures can be served on the torch engines."""
     import torch
 
-    from models.interface import VitsSampling, SynthesisRequest
+    from models.interface import SynthesisRequest
+    from models.sampling import VitsSampling
     from models.piper.voice import PiperVoice
     from models.precision import PrecisionIsland, waveform_snr_db
 

@@ -63,7 +63,8 @@ def test_redis_cache_same_contract():
 def speech_wav() -> bytes:
     """Two seconds of joe at 22.05 kHz, as a client would upload it."""
     served = served_variant("original_onnx")
-    from models.interface import VitsSampling, SynthesisRequest
+    from models.interface import SynthesisRequest
+    from models.sampling import VitsSampling
 
     request = SynthesisRequest.from_utterances(served.model.text_to_utterances(
         "The birch canoe slid on the smooth planks. Glue the sheet to the dark blue background."),
@@ -92,3 +93,18 @@ def test_reupload_hits_the_cache(tmp_path, speech_wav):
     assert speech.status_code == 400
     assert speech.json()["error"]["code"] == "zero_shot_unsupported"
     assert "family piper does not support zero-shot voices" in speech.json()["error"]["message"]
+
+
+def test_upload_keeps_the_clip_and_its_transcript(tmp_path, speech_wav):
+    """The clip (16 kHz mono) and the transcript stay with the voice, for families that speak with it."""
+    settings = serve_settings(tmp_path, "serve.warmup=false")
+    app = create_app(settings, served_variant("original_onnx"))
+    with TestClient(app) as client:
+        upload = client.post("/v1/voices", files={"file": ("joe.wav", speech_wav, "audio/wav")},
+                             data={"name": "me", "transcript": " The birch canoe slid on the smooth planks. "})
+    assert upload.status_code == 201, upload.text
+    voice = upload.json()
+    assert voice["transcript"] == "The birch canoe slid on the smooth planks."
+    clip = app.state.serve.reference_clips[voice["id"]]
+    assert clip.transcript == voice["transcript"] and clip.sample_rate_hz == 16_000
+    assert clip.waveform.ndim == 1 and abs(clip.waveform.shape[0] / 16_000 - voice["duration_s"]) < 0.01

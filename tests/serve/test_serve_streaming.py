@@ -13,9 +13,10 @@ import pytest
 import soundfile
 from fastapi.testclient import TestClient
 
+from models.sampling import VitsSampling
 from serve.app import create_app
 from serve.audio_format import wav_header
-from serve.batching import NoiseScales, SentenceJob, synthesize_jobs
+from serve.batching import SentenceJob, synthesize_jobs
 from serve.streaming import decoder_chunks
 from serve_support import serve_settings, served_variant, wait_until
 
@@ -30,13 +31,13 @@ def teacher():
 
 @pytest.fixture(scope="module")
 def job(teacher):
-    return SentenceJob(teacher.model.text_to_utterances(TEXT)[0].phoneme_ids, NoiseScales(), seed=3)
+    return SentenceJob(teacher.model.text_to_utterances(TEXT)[0].phoneme_ids, VitsSampling(seed=3))
 
 
 @pytest.mark.parametrize("chunk_frames", [7, 32])
 def test_decoder_chunks_equal_one_shot(teacher, job, chunk_frames):
-    one_shot = synthesize_jobs(teacher.model, [job], teacher.latent_channels)[0]
-    chunks = list(decoder_chunks(teacher.model, job, teacher.latent_channels, chunk_frames, context_frames=16))
+    one_shot = synthesize_jobs(teacher.model, [job], teacher.noise_channels)[0]
+    chunks = list(decoder_chunks(teacher.model, job, teacher.noise_channels, chunk_frames, context_frames=16))
     assert len(chunks) > 3  # several windows: the seams are really tested
     assert all(len(chunk) == chunk_frames * 256 for chunk in chunks[:-1])  # joe: 256 samples per frame
     streamed = np.concatenate(chunks)
@@ -49,8 +50,8 @@ def test_decoder_chunks_equal_one_shot(teacher, job, chunk_frames):
 
 def test_too_little_context_shows_at_the_seams(teacher, job):
     """The tolerance above means something: without context the seams are audibly wrong."""
-    one_shot = synthesize_jobs(teacher.model, [job], teacher.latent_channels)[0]
-    streamed = np.concatenate(list(decoder_chunks(teacher.model, job, teacher.latent_channels, 32, context_frames=0)))
+    one_shot = synthesize_jobs(teacher.model, [job], teacher.noise_channels)[0]
+    streamed = np.concatenate(list(decoder_chunks(teacher.model, job, teacher.noise_channels, 32, context_frames=0)))
     assert np.abs(streamed - one_shot).max() > 100 * SEAM_TOLERANCE
 
 
@@ -85,8 +86,8 @@ def test_http_stream_equals_one_shot_and_sse_carries_the_same_bytes(tmp_path, va
     assert wav_bytes[:44] == wav_header(22050)  # the header leaves first, with the streaming sizes
     streamed = np.frombuffer(wav_bytes[44:], "<i2").astype(np.float32) / 32767
     sequences = served.model.text_to_utterances(body["input"])
-    jobs = [SentenceJob(s.phoneme_ids, NoiseScales(), seed=7 + k) for k, s in enumerate(sequences)]
-    one_shot = np.concatenate(synthesize_jobs(served.model, jobs, served.latent_channels))
+    jobs = [SentenceJob(s.phoneme_ids, VitsSampling(seed=7 + k)) for k, s in enumerate(sequences)]
+    one_shot = np.concatenate(synthesize_jobs(served.model, jobs, served.noise_channels))
     assert streamed.shape == one_shot.shape
     assert np.abs(streamed - one_shot).max() < 2 / 32767 + SEAM_TOLERANCE  # 16-bit rounding + seams
 

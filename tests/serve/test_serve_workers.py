@@ -24,13 +24,13 @@ def _free_port() -> int:
 
 
 def test_settings_travel_to_workers_unchanged():
-    settings = ServeSettings(source="teacher", length_buckets=(64, 128), model_aliases=("tts-1",), workers=3,
+    settings = ServeSettings(family="piper", source="teacher", length_buckets=(64, 128), model_aliases=("tts-1",), workers=3,
                              port=8123)
     assert ServeSettings.from_json(settings.to_json()) == settings
     with pytest.raises(ServeConfigError, match="fixed port"):
-        ServeSettings(source="teacher", workers=2, port=0)
+        ServeSettings(family="piper", source="teacher", workers=2, port=0)
     with pytest.raises(ServeConfigError, match="workers"):
-        ServeSettings(source="teacher", workers=0)
+        ServeSettings(family="piper", source="teacher", workers=0)
 
 
 def test_two_workers_share_the_port(tmp_path):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from models.registry import get_family
 from models.sampling import VitsSampling
 from serve.synthesize import load_engine, main, synthesize_lines
 
@@ -39,7 +40,7 @@ def out_dirs(text_file, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def onnx_voice():
-    return load_engine("bundled:joe", "onnxruntime")
+    return load_engine(get_family("piper"), "bundled:joe", "onnxruntime")
 
 
 @pytest.mark.parametrize("engine", ["torch", "onnxruntime"])
@@ -109,4 +110,4 @@ def test_library_callers_get_value_errors(onnx_voice):
     with pytest.raises(ValueError, match="noise_scale is -1"):
         synthesize_lines(onnx_voice, ["Hello."], VitsSampling(noise_scale=-1.0))
     with pytest.raises(ValueError, match="unknown engine 'tensorrt'"):
-        load_engine("bundled:joe", "tensorrt")
+        load_engine(get_family("piper"), "bundled:joe", "tensorrt")

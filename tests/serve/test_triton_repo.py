@@ -36,6 +36,9 @@ def repository(variant, tmp_path_factory):
     return out, write_repository(variant, out, batching), batching
 
 
+SCALE_ORDER = ("noise_scale", "length_scale", "noise_scale_w")  # the graph's scales columns
+
+
 def test_per_request_scales_match_uniform_runs(variant):
     """Rows with different scales in one batch give each row the audio of a batch run at its scales.
 
@@ -53,7 +56,7 @@ def test_per_request_scales_match_uniform_runs(variant):
     audio, durations = session.run(["output", "durations"], {**feeds, "scales": scales})
     for row in range(2):
         uniform = voice.synthesize(SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(
-            *scales[row].tolist(), duration_noise=torch.from_numpy(feeds["duration_noise"]),
+            **dict(zip(SCALE_ORDER, scales[row].tolist())), duration_noise=torch.from_numpy(feeds["duration_noise"]),
             prior_noise=torch.from_numpy(feeds["prior_noise"]))))
         samples = int(uniform.audio_lengths[row])
         assert np.array_equal(durations[row, 0], uniform.durations[row].numpy())
@@ -61,7 +64,7 @@ def test_per_request_scales_match_uniform_runs(variant):
         body = samples - TAIL_SAMPLES
         np.testing.assert_allclose(ours[:body], reference[:body], atol=1e-6)
         np.testing.assert_allclose(ours[body:], reference[body:], atol=1e-4)
-    slower = voice.synthesize(SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(**dict(zip(("noise_scale", "length_scale", "noise_scale_w"), scales[1].tolist())))))
+    slower = voice.synthesize(SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(**dict(zip(SCALE_ORDER, scales[1].tolist())))))
     assert slower.durations[0].sum() > durations[0, 0].sum()  # length_scale 1.3 did not reach row 0
 
 

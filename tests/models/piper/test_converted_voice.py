@@ -8,6 +8,8 @@ from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice, save_converted_voice
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 
 def test_float32_converted_voice_is_the_same_voice(tmp_path):
     path = save_converted_voice("bundled:joe", tmp_path / "en_US-joe-medium.safetensors", torch.float32)

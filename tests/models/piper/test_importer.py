@@ -17,6 +17,8 @@ from models.piper.vits import PiperVits
 from models.piper.voice import load_converted_weights
 from models.piper.voice_files import PiperVoiceFiles
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Piper's "medium" training config (piper_train vits/config.py), which the joe voice was trained with.
 PIPER_MEDIUM = {
     "num_symbols": 256,

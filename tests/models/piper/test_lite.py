@@ -21,6 +21,8 @@ from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, b
 from models.piper.vits import VitsHyperParams
 from models.piper.voice import PiperVoice
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 CHECKPOINT = REPO_ROOT / "models" / "checkpoints" / "lite_joe_medium.safetensors"
 SENTENCE = "A quiet river ran past the old mill before dawn."
 

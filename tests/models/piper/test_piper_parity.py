@@ -17,6 +17,8 @@ from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Held-out lines written for this test (no Harvard sentences): a question, a one-word line,
 # a long sentence, a two-sentence line (one batch of 2) and one with a number.
 LINES = [

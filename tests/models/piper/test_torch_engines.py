@@ -17,6 +17,8 @@ from models.piper.vits import PiperVits, VitsHyperParams
 from models.piper.voice import PiperVoice
 from serve.settings import ServeConfigError, ServeSettings
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 SENTENCES = ("The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
              "It's easy to tell the depth of a well.")
 
@@ -137,7 +139,8 @@ def _small_vits() -> PiperVits:
     return PiperVits(hp).eval()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (run on the H200 via `device`)")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU: run `pytest -m gpu` on a CUDA machine")
 def test_graph_replays_match_uncaptured_runs_across_later_captures():
     """Every captured graph allocates from one shared pool. Replays of a graph captured early, after
     other shapes were captured, still return what the uncaptured stages return: no capture reuses

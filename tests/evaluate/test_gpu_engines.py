@@ -1,0 +1,76 @@
+"""evaluate/gpu_engines.py on the CPU: a family's variants rebuilt from a bundle, each engine measured,
+rows compared with the variant's eager run. Tiny random weights, so it runs in seconds."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import types
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from evaluate import gpu_engines
+from models.piper import gpu_bundle
+from models.piper.tiny import tiny_vits
+from models.registry import get_family
+
+FAMILY_NAME = "piper"  # the family whose suite is measured; its tiny architecture keeps this fast
+
+
+@pytest.fixture()
+def bundle_and_inputs(tmp_path):
+    teacher = tiny_vits(num_symbols=30, seed=0)
+    bundle_dir = tmp_path / "bundle"
+    bundle_dir.mkdir()
+    save_file({name: tensor.half().contiguous() for name, tensor in teacher.state_dict().items()},
+              str(bundle_dir / "teacher.safetensors"))
+    (bundle_dir / "bundle.json").write_text(json.dumps({
+        "family": FAMILY_NAME, "hyperparams": dataclasses.asdict(teacher.hp), "sample_rate_hz": 22050}))
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"family": FAMILY_NAME, "eval_set": "eval", "seed": 0, "utterances": [
+        {"text": "a", "phoneme_ids": [1, 5, 0, 7, 0, 9, 2]}, {"text": "b", "phoneme_ids": [1, 3, 0, 4, 2]}]}))
+    return bundle_dir, inputs
+
+
+def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_path, monkeypatch):
+    bundle_dir, inputs = bundle_and_inputs
+    family = get_family(FAMILY_NAME)
+    # The family as its registry entry carries its GPU engine suite (models/family.py).
+    suite = types.SimpleNamespace(plan=gpu_bundle.ENGINE_PLAN, graph_modes=gpu_bundle.GRAPH_MODES,
+                                  variants=gpu_bundle.engine_variants, build_engine=gpu_bundle.build_engine)
+    stand_in = types.SimpleNamespace(name=family.name, sampling=family.sampling, gpu_engines=suite)
+    monkeypatch.setattr(gpu_engines, "get_family", lambda name: stand_in)
+    out = tmp_path / "engines.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1",
+                                      "--device", "cpu", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        gpu_engines.main()
+    finally:
+        torch.set_num_threads(threads)
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"teacher/eager", "fp16/eager"}
+    assert engines["teacher/eager"]["speedup_b1_vs_teacher_eager"] == 1.0
+    assert "error" not in engines["fp16/eager"]
+    # No student weights: the student variants are not in the run at all.
+    assert not any(key.startswith("lite") for key in engines)
+
+
+def test_bundle_without_a_family_is_refused(bundle_and_inputs, tmp_path, monkeypatch):
+    bundle_dir, inputs = bundle_and_inputs
+    (bundle_dir / "bundle.json").write_text(json.dumps({"sample_rate_hz": 22050, "hyperparams": {}}))
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--device", "cpu", "--out", str(tmp_path / "engines.json")])
+    with pytest.raises(ValueError, match="has no 'family'"):
+        gpu_engines.main()
+
+
+def test_the_teacher_rebuilt_from_a_bundle_is_the_teacher(bundle_and_inputs):
+    bundle_dir, _ = bundle_and_inputs
+    rebuilt = gpu_bundle.teacher_from_bundle(bundle_dir)
+    original = tiny_vits(num_symbols=30, seed=0)
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[name], tensor.half().float()), name

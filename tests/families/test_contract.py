@@ -1,0 +1,105 @@
+"""What every registered family promises, on tiny random weights (seconds, not a real voice).
+
+A new family joins by being registered in models/registry.py: every test here runs for it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from export.onnx_export import export_graph
+from models.graph_contract import SYNTHESIZER
+from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
+from models.registry import FAMILIES
+
+SENTENCES = "The quick brown fox jumps. Where did Kenji leave his lantern?"
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return FAMILIES[request.param]
+
+
+@pytest.fixture(scope="module")
+def model(family):
+    torch.set_num_threads(1)
+    return family.tiny_model(0)
+
+
+def test_tiny_model_implements_the_interface(family, model):
+    assert isinstance(model, TTSModel)
+    assert model.family == family.name
+    assert model.capabilities == family.capabilities
+    assert model.sampling_type is family.sampling_type
+    assert tuple(model.parts()) == family.part_roles
+
+
+def test_frontend_splits_sentences_and_refuses_empty_text(model):
+    utterances = model.text_to_utterances(SENTENCES)
+    assert len(utterances) == 2
+    assert all(len(u.phoneme_ids) > 2 and len(u.phonemes) > 0 for u in utterances)
+    with pytest.raises(UnspeakableTextError):
+        model.text_to_utterances("   ")
+
+
+def _synthesize(family, model, utterances, seed):
+    return model.synthesize(SynthesisRequest.from_utterances(utterances, sampling=family.sampling(seed=seed)))
+
+
+def test_same_seed_same_audio_and_another_seed_other_audio(family, model):
+    utterances = model.text_to_utterances(SENTENCES)[:1]
+    first, again, other = (_synthesize(family, model, utterances, seed) for seed in (3, 3, 4))
+    assert torch.equal(first.audio, again.audio)
+    assert not torch.equal(first.audio, other.audio)
+    assert first.sample_rate_hz == model.sample_rate_hz
+
+
+def test_batch_equals_single(family, model):
+    """Padding a sentence into a batch does not change its audio, with randomness off. Not bit-exact
+    at the very end: the decoder's convolutions see the padded frames past a shorter item's end."""
+    utterances = model.text_to_utterances(SENTENCES)
+    sampling = family.sampling_type.deterministic()
+    batch = model.synthesize(SynthesisRequest.from_utterances(utterances, sampling=sampling))
+    for row, utterance in enumerate(utterances):
+        alone = model.synthesize(SynthesisRequest.from_utterances([utterance], sampling=sampling))
+        batched, single = batch.waveforms()[row], alone.waveforms()[0]
+        assert batched.shape == single.shape
+        body = int(0.9 * single.numel())
+        torch.testing.assert_close(batched[:body], single[:body], atol=1e-5, rtol=0)
+        if family.capabilities.durations:
+            assert torch.equal(batch.durations[row, : len(utterance.phoneme_ids)], alone.durations[0])
+
+
+def test_conditioning_outside_the_capabilities_is_refused(family, model):
+    utterances = model.text_to_utterances("Hello.")
+    accepted = set(family.capabilities.accepted_conditions())
+    refused = next(name for name in ("prompt", "reference_embedding", "speaker_id") if name not in accepted)
+    values = {"prompt": "cheerful", "reference_embedding": torch.zeros(1, 256), "speaker_id": torch.zeros(1, dtype=torch.long)}
+    request = SynthesisRequest.from_utterances(utterances, sampling=family.sampling(seed=0),
+                                               voice=VoiceCondition(**{refused: values[refused]}))
+    with pytest.raises(ValueError, match=refused):
+        model.synthesize(request)
+
+
+def test_export_then_onnxruntime_matches_the_model(family, model, tmp_path):
+    """Every graph a family declares exports; its end-to-end graph run in onnxruntime on the
+    contract's feeds gives the model's audio for the same request."""
+    contracts = family.graph_contracts(model)
+    assert SYNTHESIZER in contracts
+    for name, contract in contracts.items():
+        export_graph(contract, tmp_path / f"{name}.onnx")
+    contract = contracts[SYNTHESIZER]
+    utterances = model.text_to_utterances(SENTENCES)
+    request = SynthesisRequest.from_utterances(utterances, sampling=family.sampling(seed=7),
+                                               voice=contract.example_voice)
+    expected = model.synthesize(request)
+    session = ort.InferenceSession(str(tmp_path / f"{SYNTHESIZER}.onnx"), providers=["CPUExecutionProvider"])
+    outputs = dict(zip(contract.output_names, session.run(None, contract.feeds(request))))
+    audio = outputs[contract.audio_output].reshape(len(utterances), -1)
+    for row, waveform in enumerate(expected.waveforms()):
+        np.testing.assert_allclose(audio[row, : waveform.numel()], waveform.numpy(), atol=1e-4)
+    if contract.durations_output is not None:
+        durations = outputs[contract.durations_output].reshape(len(utterances), -1)
+        assert np.array_equal(durations[:, : expected.durations.shape[1]], expected.durations.numpy())
