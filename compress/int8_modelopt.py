@@ -35,7 +35,7 @@ Usage::
     from compress.int8_modelopt import Int8ModeloptSettings, build
     int8 = build(teacher_variant, Int8ModeloptSettings(), ctx)   # -> Variant "int8_modelopt"
 
-    python -m compress.int8_modelopt --work-dir outputs/int8_modelopt   # stage metrics and block table
+    python -m compress.int8_modelopt --family piper --work-dir outputs/int8_modelopt   # stage metrics, block table
 
 Files in ``ctx.work_dir``, each name carrying the hash of what it depends on, so a rerun with the
 same settings reuses it: ``calibrated-<h>-<part>.pth`` (modelopt's saved quantized part),

@@ -32,7 +32,7 @@ Usage::
     from compress.int8_onnxruntime import Int8OrtSettings, build
     int8 = build(original_onnx_variant, Int8OrtSettings(), ctx)   # -> Variant "int8_ort"
 
-    python -m compress.int8_onnxruntime --work-dir outputs/int8_ort   # prints stage metrics and block table
+    python -m compress.int8_onnxruntime --family piper --work-dir outputs/int8_ort   # stage metrics, block table
 
 Files in ``ctx.work_dir`` (each name carries the hash of the settings it depends on, so a rerun
 with the same settings reuses it): ``calibration_ranges-<h>.json`` (ORT's range cache),

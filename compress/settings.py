@@ -16,6 +16,7 @@ from models.registry import FAMILIES
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt", "lite", "lite_ort", "lite_int8")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
+REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "lite_ort")  # run by family.reference (load, load_graph)
 NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 
 
@@ -95,5 +96,10 @@ class RunSettings:
             raise ConfigError(
                 f"evaluate.reference_variant={self.evaluate.reference_variant!r} is not among variants {list(self.variants)}"
             )
+        family = FAMILIES[self.model.family]
+        needs_reference = sorted(set(self.variants) & set(REFERENCE_RUNTIME_VARIANTS))
+        if needs_reference and family.reference is None:
+            raise ConfigError(f"variants {needs_reference} run graphs in the family's reference runtime, and family "
+                              f"{family.name!r} has none (models/registry.py); drop them from variants")
         if "lite_ort" in self.variants and not self.export.enabled:
             raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")

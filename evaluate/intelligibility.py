@@ -53,12 +53,12 @@ from pathlib import Path
 
 import librosa
 import numpy as np
-import piper_phonemize
 import pocketsphinx
 import torch
 from torchmetrics.text import WordErrorRate as _CorpusWordErrorRate
 
 from evaluate.audio_input import mono_float32
+from models.text.espeak_frontend import espeak_ipa
 
 RECOGNIZER_SAMPLE_RATE_HZ = 16000  # the bundled en-us acoustic model is a 16 kHz model
 TRIGRAM_DISCOUNT = 0.5  # absolute discount per seen n-gram; the freed mass backs off to shorter histories
@@ -134,7 +134,7 @@ def _read_cmudict() -> dict[str, list[str]]:
 
 def _espeak_pronunciation(word: str) -> str | None:
     """CMUdict phones for ``word`` from espeak-ng's IPA, or None when a symbol has no mapping."""
-    ipa = "".join("".join(clause) for clause in piper_phonemize.phonemize_espeak(word, _ESPEAK_VOICE))
+    ipa = "".join("".join(clause) for clause in espeak_ipa(word, _ESPEAK_VOICE))
     phones, position = [], 0
     while position < len(ipa):
         if ipa[position] in _IPA_IGNORED:

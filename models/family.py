@@ -27,6 +27,17 @@ class ReferenceRuntime:
 
 
 @dataclass(frozen=True)
+class GpuEngines:
+    """A family's variants on CUDA engines (``python -m evaluate.gpu_engines``), rebuilt on a GPU
+    machine from a distillation bundle with torch, numpy and safetensors."""
+
+    plan: tuple[tuple[str, str], ...]  # (variant, backend) in run order; each variant's eager run first
+    graph_modes: dict[str, tuple[bool, ...]]  # backend -> runs of one engine without (False) / through (True) CUDA graphs
+    variants: Callable[[Path, Path | None], dict]  # (bundle_dir, student_weights) -> variant name -> builder
+    build_engine: Callable[..., object]  # (model on device, backend, sample_rate_hz, package_dir) -> engine
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     capabilities: Capabilities
@@ -41,6 +52,10 @@ class Family:
     stage_defaults: dict = field(default_factory=dict)
     # model -> its ONNX graphs by name (models/graph_contract.py); None: the family exports no graph.
     graph_contracts: Callable[[TTSModel], dict[str, GraphContract]] | None = None
+    gpu_engines: GpuEngines | None = None  # None: the family has no CUDA engine suite yet
+    # (teacher, backend eager|compile|aoti, replay CUDA graphs, package_dir, batch_buckets) ->
+    # (the teacher on shape-bucketed engines, whether it replays CUDA graphs, its text buckets).
+    torch_engine: Callable[..., tuple[TTSModel, bool, tuple[int, ...]]] | None = None
 
     def sampling(self, **values) -> Sampling:
         """This family's sampling from config or request values; unknown options name the family."""

@@ -73,7 +73,11 @@ def sentence_noise(job: SentenceJob, noise_channels: int, device: str = "cpu") -
 
 
 def _batch_sampling(jobs: list[SentenceJob], noise_channels: int | None, device: str) -> Sampling:
-    """The batch's sampling: the shared options, and per-row noise where the sampling type draws tensors."""
+    """The batch's sampling: the shared options, and per-row noise where the sampling type draws tensors.
+
+    A sampling type without ``draw`` leaves randomness to the model, which sees one seed per batch
+    (the first sentence's): its sentences sound the same batched or not only when sampling is
+    deterministic."""
     shared = jobs[0].sampling
     if not callable(getattr(shared, "draw", None)):
         return shared

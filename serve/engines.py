@@ -14,7 +14,6 @@ worse.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,22 +91,14 @@ def _noise_channels(model) -> int | None:
     return channels
 
 
-def _family_engines(family: Family):
-    """The family's torch engines module, ``models/<family>/engines.py``."""
-    try:
-        return importlib.import_module(f"models.{family.name}.engines")
-    except ModuleNotFoundError as error:
-        raise ValueError(f"family {family.name} has no bucketed torch engines (models/{family.name}/engines.py): "
-                         "use serve.torch_engine=eager") from error
-
-
 def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tuple[TTSModel, bool, tuple[int, ...]]:
     """(the teacher on the family's bucketed engine, whether it replays CUDA graphs, its text buckets): eager
     stages replayed as CUDA graphs (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on
     a GPU too), or AOTInductor packages (aoti)."""
     import torch
 
-    engines = _family_engines(family)
+    if family.torch_engine is None:
+        raise ValueError(f"family {family.name} has no bucketed torch engines: use serve.torch_engine=eager")
     kind = {"cuda_graphs": "eager"}.get(settings.torch_engine, settings.torch_engine)
     if settings.device.startswith("cuda"):
         # Process-wide, and right here only: the eager engine would re-time its convolutions for every
@@ -115,10 +106,7 @@ def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tup
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
-    engine = engines.BucketedEngine(teacher.model, teacher.sample_rate_hz, graphs=graphs,
-                                    backend=engines.StageBackend(kind, package_dir=settings.aoti_package_dir or None),
-                                    batch_buckets=settings.batch_buckets)
-    return engines.EngineVoice(teacher, engine), engine.graphs, tuple(engines.TEXT_BUCKETS)
+    return family.torch_engine(teacher, kind, graphs, settings.aoti_package_dir or None, settings.batch_buckets)
 
 
 def load_variant(family: Family, variant: str, voice: str, threads: int, device: str,

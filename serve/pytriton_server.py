@@ -110,7 +110,8 @@ class SpeechCallable:
         sequences, owners, duration_noises, prior_noises = [], [], [], []
         for k, (_, text, seed, _) in enumerate(items):
             item_sequences = self.voice.text_to_utterances(text)
-            item_noise = VitsSampling(noise_scale, length_scale, noise_scale_w, seed=seed)
+            item_noise = VitsSampling(noise_scale=noise_scale, length_scale=length_scale, noise_scale_w=noise_scale_w,
+                                      seed=seed)
             duration_noise, prior_noise = item_noise.draw(
                 len(item_sequences), max(len(s.phoneme_ids) for s in item_sequences), self.voice.latent_channels
             )  # (n_k, 2, T_text_k), (n_k, C_latent, T_frames_cap_k)
@@ -119,7 +120,7 @@ class SpeechCallable:
             duration_noises.append(duration_noise)
             prior_noises.append(prior_noise)
         request = SynthesisRequest.from_utterances(sequences, sampling=VitsSampling(
-            noise_scale, length_scale, noise_scale_w,
+            noise_scale=noise_scale, length_scale=length_scale, noise_scale_w=noise_scale_w,
             duration_noise=_pad_cat(duration_noises),  # (B, 2, T_text)
             prior_noise=_pad_cat(prior_noises),  # (B, C_latent, T_frames_cap)
         ))

@@ -37,7 +37,7 @@ class ServeSettings:
     manifest_path: str = ""
     fallback_variant: str = "original_onnx"
     voice: str = ""  # for variant sources, "" for the family's default voice; a manifest names its own
-    cache_dir: str = str(Path.home() / ".cache" / "tts-compress")  # converted teacher weights voice
+    cache_dir: str = str(Path.home() / ".cache" / "tts-compress")  # where converted teacher weights are cached
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
@@ -97,8 +97,6 @@ class ServeSettings:
         def fail(key: str, accepted: str):
             raise ServeConfigError(f"serve.{key}={getattr(self, key)!r}: {accepted}")
 
-        if self.family not in FAMILIES:
-            fail("family", f"use a registered family: {sorted(FAMILIES)}")
         if self.source != "champion" and self.source not in SERVABLE_VARIANTS:
             fail("source", f"use 'champion' or one of {list(SERVABLE_VARIANTS)}")
         if self.fallback_variant not in SERVABLE_VARIANTS:
@@ -142,6 +140,8 @@ class ServeSettings:
             fail("min_upload_s", f"must be <= max_upload_s ({self.max_upload_s})")
         if self.min_upload_sample_rate_hz > self.max_upload_sample_rate_hz:
             fail("min_upload_sample_rate_hz", f"must be <= max_upload_sample_rate_hz ({self.max_upload_sample_rate_hz})")
+        if self.family not in FAMILIES:
+            fail("family", f"use a registered family: {sorted(FAMILIES)}")
         if self.api_key is not None and len(self.api_key) < 8:  # the value is a secret: not echoed
             raise ServeConfigError("serve.api_key: use null (no auth) or a token of at least 8 characters")
 

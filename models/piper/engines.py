@@ -337,3 +337,12 @@ class EngineVoice:
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         return self.engine.synthesize(request)
+
+
+def bucketed_engine(voice, backend: str, graphs: bool, package_dir: str | None,
+                    batch_buckets: tuple[int, ...]) -> tuple[EngineVoice, bool, tuple[int, ...]]:
+    """(``voice`` on a BucketedEngine, whether it replays CUDA graphs, its text buckets): the
+    family's ``torch_engine`` hook (models/family.py) that the server calls."""
+    engine = BucketedEngine(voice.model, voice.sample_rate_hz, graphs=graphs,
+                            backend=StageBackend(backend, package_dir=package_dir), batch_buckets=batch_buckets)
+    return EngineVoice(voice, engine), engine.graphs, tuple(TEXT_BUCKETS)

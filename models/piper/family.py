@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.family import Family, ReferenceRuntime
+from models.family import Family, GpuEngines, ReferenceRuntime
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.piper.engines import bucketed_engine
+from models.piper.gpu_bundle import ENGINE_PLAN, GRAPH_MODES, build_engine, engine_variants
 from models.piper.onnx_contract import graph_contracts
 from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
 from models.piper.tiny import tiny_voice
@@ -34,4 +36,6 @@ FAMILY = Family(
     default_voice="bundled:joe",
     reference=REFERENCE,
     graph_contracts=graph_contracts,
+    torch_engine=bucketed_engine,
+    gpu_engines=GpuEngines(plan=ENGINE_PLAN, graph_modes=GRAPH_MODES, variants=engine_variants, build_engine=build_engine),
 )

@@ -28,15 +28,11 @@ class EspeakFrontend:
         return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
 
     def __call__(self, text: str) -> list[Utterance]:
-        # Imported on first use: engines that run from phoneme ids (the GPU benchmark) need
-        # no espeak-ng on their machine.
-        from piper_phonemize import phonemize_espeak
-
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
         sequences = []
         for sentence in self.split_sentences(text):
-            for phonemes in phonemize_espeak(sentence, self.espeak_voice):
+            for phonemes in espeak_ipa(sentence, self.espeak_voice):
                 if not [p for p in phonemes if not p.isspace()]:
                     continue
                 sequences.append(self._to_sequence(sentence, phonemes))
@@ -57,3 +53,13 @@ class EspeakFrontend:
             ids += self.phoneme_id_map[phoneme] + self.phoneme_id_map[PAD]
         ids += self.phoneme_id_map[EOS]
         return Utterance(text=sentence, phonemes=tuple(phonemes), phoneme_ids=tuple(ids))
+
+
+def espeak_ipa(text: str, espeak_voice: str) -> list[list[str]]:
+    """espeak-ng's IPA symbols of ``text``, one list per clause.
+
+    Imported on first use: engines that run from phoneme ids (the GPU benchmark) need no espeak-ng
+    on their machine."""
+    from piper_phonemize import phonemize_espeak
+
+    return phonemize_espeak(text, espeak_voice)

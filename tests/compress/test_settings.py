@@ -81,3 +81,16 @@ def test_the_debug_preset_is_the_piper_debug_preset(tmp_path):
 def test_stage_part_names_are_checked_against_the_family_at_start(debug_config):
     with pytest.raises(ConfigError, match="family 'piper' has no part \\['vocoder'\\]"):
         settings_from_config(debug_config("variants=[teacher,fp16]", "stages.fp16.keep_fp32=[vocoder]"))
+
+
+def test_a_family_without_a_reference_runtime_cannot_list_original_onnx(debug_config, monkeypatch):
+    import dataclasses
+
+    from compress import settings as compress_settings
+    from models.registry import FAMILIES
+
+    no_graph = dataclasses.replace(FAMILIES["piper"], reference=None)
+    monkeypatch.setitem(compress_settings.FAMILIES, "piper", no_graph)
+    with pytest.raises(ConfigError, match="has none"):
+        settings_from_config(debug_config())
+    settings_from_config(debug_config("variants=[teacher]"))  # the PyTorch model alone needs no reference

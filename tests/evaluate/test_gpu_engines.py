@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import types
 
 import pytest
 import torch
@@ -36,12 +35,7 @@ def bundle_and_inputs(tmp_path):
 
 def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_path, monkeypatch):
     bundle_dir, inputs = bundle_and_inputs
-    family = get_family(FAMILY_NAME)
-    # The family as its registry entry carries its GPU engine suite (models/family.py).
-    suite = types.SimpleNamespace(plan=gpu_bundle.ENGINE_PLAN, graph_modes=gpu_bundle.GRAPH_MODES,
-                                  variants=gpu_bundle.engine_variants, build_engine=gpu_bundle.build_engine)
-    stand_in = types.SimpleNamespace(name=family.name, sampling=family.sampling, gpu_engines=suite)
-    monkeypatch.setattr(gpu_engines, "get_family", lambda name: stand_in)
+    assert get_family(FAMILY_NAME).gpu_engines.plan == gpu_bundle.ENGINE_PLAN  # the registry carries the suite
     out = tmp_path / "engines.json"
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
                                       "--only", "teacher/eager,fp16/eager", "--warm-runs", "1",

@@ -100,22 +100,6 @@ def test_engine_voice_serves_the_voice_frontend(voice, sequences):
     assert result.audio.abs().max() > 0.05  # speech, not silence
 
 
-@pytest.mark.parametrize("engine, backend, graphs", [("compile", "compile", False), ("eager", None, None)])
-def test_serve_torch_engine_picks_the_backend(engine, backend, graphs):
-    """serve.torch_engine names the bucketed engine's backend (compile: lazy, nothing compiles here)."""
-    from serve.engines import load_variant
-
-    settings = ServeSettings(source="teacher", torch_engine=engine, device="cpu")
-    served = load_variant("teacher", "bundled:joe", 1, "cpu", settings)
-    assert served.engine == ("torch" if engine == "eager" else f"torch_{engine}")
-    if backend is None:
-        assert isinstance(served.model, PiperVoice)
-    else:
-        assert isinstance(served.model, EngineVoice)
-        assert (served.model.engine.backend.kind, served.model.engine.graphs) == (backend, graphs)
-        assert served.noise_device == "cpu" and served.captures_graphs is False
-
-
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="largest text bucket"):
         text_bucket(10_000)
