@@ -314,13 +314,12 @@ def _prepare(args: argparse.Namespace) -> None:
     state = {k: v.detach().half().contiguous() for k, v in voice.model.state_dict().items()}
     atomic_write(out / "teacher.safetensors", lambda tmp: save_file(state, tmp))
     write_text_atomic(out / "bundle.json", json.dumps({
-        "hyperparams": dataclasses.asdict(voice.model.hp), "sample_rate_hz": voice.sample_rate_hz,
+        "family": voice.family, "hyperparams": dataclasses.asdict(voice.model.hp), "sample_rate_hz": voice.sample_rate_hz,
         "voice": args.voice, "training_text_seed": args.seed, "phoneme_ids": phoneme_ids}))
     print(f"wrote {out}: {len(phoneme_ids)} training sequences")
 
 
 def _train(args: argparse.Namespace) -> None:
-
     bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
     hp = hyperparams_from_dict(bundle["hyperparams"])
     teacher = PiperVits(hp)

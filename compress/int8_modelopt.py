@@ -1,6 +1,6 @@
 """INT8 post-training quantization of PyTorch parts with NVIDIA ModelOpt, exported as a Q/DQ graph for TensorRT.
 
-Issue #3, stage 2 (PyTorch side). From the ``teacher`` variant:
+INT8 on the PyTorch side. From the ``teacher`` variant:
 
 1. copy the voice; insert modelopt quantizers into each part in ``parts`` (int8 weights, per output
    channel by default; int8 activations, per tensor; both symmetric: zero point 0, as TensorRT

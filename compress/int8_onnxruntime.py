@@ -1,6 +1,6 @@
 """INT8 post-training static quantization of a voice graph with onnxruntime, so INT8 runs on CPU.
 
-Issue #3, stage 2 (ONNX side). From the ``original_onnx`` variant:
+INT8 on the ONNX side. From the ``original_onnx`` variant:
 
 1. prepare the graph with the family's reference runtime (``family.reference.prepare_graph``; for
    Piper: noise inputs, durations output).

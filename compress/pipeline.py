@@ -143,7 +143,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
-        # Issue #4: the champion by conf/selection, logged and registered (a run with no eligible
+        # The champion by conf/selection, logged and registered (a run with no eligible
         # variant, or none with an ONNX graph, still finishes and says why).
         selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id)
     _print_table(rows)

@@ -1,6 +1,6 @@
 """Log a run's selection to MLflow and register the champion's ONNX graph for serving.
 
-Issue #4. ``compress/pipeline.py`` calls ``select_and_register`` at the end of ``run()``, inside
+``compress/pipeline.py`` calls ``select_and_register`` at the end of ``run()``, inside
 the parent MLflow run (``python -m compress +experiment=full``). It
 
 - tags every variant run ``selection_eligible`` (true/false) and ``selection_reasons``, and logs

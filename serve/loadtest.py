@@ -57,7 +57,7 @@ from texts import load_sentences
 WAV_HEADER_BYTES = 44  # a streamed 16-bit PCM WAV's RIFF header before the first sample
 STREAM_MODES = ("none", "audio", "sse")
 RESPONSE_FORMATS = ("wav", "pcm", "flac")
-# Targets from issue #5, reported beside the figures (they only mean something on the machine named).
+# The serving targets, reported beside the figures (they only mean something on the machine named).
 TARGETS = {
     "h200_throughput_rps_min": 500.0,
     "h200_latency_p95_ms_max": 100.0,

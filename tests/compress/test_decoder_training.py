@@ -22,6 +22,8 @@ from models.piper.voice import PiperVoice
 from tests.conftest import REPO_ROOT
 from texts.training_text import generate_training_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 SEGMENT_FRAMES = 16
 
 

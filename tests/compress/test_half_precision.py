@@ -21,6 +21,8 @@ from models.piper.voice import PiperVoice
 from models.precision import PrecisionIsland, synthesize_each, to_half_precision, waveform_snr_db
 from texts import load_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Held-out lines written for this test (in no sentence set).
 LINES = [
     "Marisol tucked the spare key under a cracked flowerpot.",

@@ -30,6 +30,8 @@ from models.piper.voice import PiperVoice
 from models.precision import waveform_snr_db
 from texts import load_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Two blocks that measured far below 0.4 dB alone (0.12, 0.12 dB) and one far above it (the
 # waveform conv, 2.4 dB), so both outcomes of the rule are exercised.
 MEASURED_BLOCKS = ["dec.conv_pre", "dec.resblocks.0", "dec.conv_post"]

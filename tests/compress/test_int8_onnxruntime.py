@@ -27,6 +27,8 @@ from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from texts import load_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Two blocks that measured well below 0.3 dB alone and one far above it (the waveform conv:
 # its int8 output is the waveform at 8 bits, 3.6 dB), so both outcomes of the rule are exercised.
 MEASURED_BLOCKS = ["flow.flows.0", "dec.resblocks.0", "dec.conv_post"]

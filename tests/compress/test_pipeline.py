@@ -7,6 +7,8 @@ import pytest
 from compress.pipeline import run
 from compress.run_config import settings_from_config
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 REQUIRED_METRICS = {"rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "params_m", "size_mb",
                     "dnsmos_p808", "dnsmos_ovrl", "dnsmos_sig", "dnsmos_bak"}
 

@@ -21,6 +21,8 @@ from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice
 from texts import load_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # Written for this test; in no sentence set (eval, calibration, training text, Harvard).
 HELD_OUT_LINE = "Marguerite folded the old map twice before the ferry left."
 NOISE = VitsSampling(noise_scale=0.667, length_scale=1.0, noise_scale_w=0.8, seed=7)

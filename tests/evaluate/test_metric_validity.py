@@ -24,6 +24,8 @@ from models.interface import SynthesisRequest
 from models.registry import get_family
 from texts import load_sentences
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 FAMILY_NAME = "piper"  # the thresholds below were set on its default voice (joe)
 
 SENTENCES = [  # short single-sentence lines of the eval set; "Marisol" takes the espeak-pronunciation path

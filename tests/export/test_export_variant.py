@@ -17,6 +17,8 @@ from models.piper.voice import PiperVoice
 from models.precision import PrecisionIsland
 from models.piper.tiny import tiny_vits
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 SEQUENCES = [Utterance("a", (), (1, 5, 9, 3, 2, 7, 4, 1)), Utterance("b", (), (1, 12, 3, 2))]
 
 

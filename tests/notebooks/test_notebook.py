@@ -9,6 +9,8 @@ from compress.pipeline import run
 from compress.run_config import settings_from_config
 from notebooks.execute import COMPARE_VARIANTS, SERVING_LOADTESTS, execute_notebook
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 DEBUG_VARIANTS = ["original_onnx", "teacher"]
 
 
@@ -73,7 +75,7 @@ def test_serving_notebook_reads_the_recorded_load_tests(tmp_path):
     notes = "".join(o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
     assert "levels meet the target" in notes and "cpu_4_loadtest_unbatched_t2.json" in notes
     html = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
-    # Session 5's last call met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
+    # The recorded H200 run met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
     assert "h200_5d_loadtest_w3.json" in html and "729.9" in html
 
 

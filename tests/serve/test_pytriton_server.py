@@ -2,7 +2,7 @@
 
 PyTriton needs numpy<2, so it lives in .venv-pytriton (scripts/pytriton_env.sh). Run there:
 
-    .venv-pytriton/bin/python -m pytest tests/test_pytriton_server.py -q
+    .venv-pytriton/bin/python -m pytest tests/serve/test_pytriton_server.py -q
 
 From the main environment, ``test_in_pytriton_venv`` runs this file in that venv when it exists.
 """
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+pytestmark = pytest.mark.slow  # loads the real voice
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PYTRITON_PYTHON = Path(os.environ.get("PYTRITON_PYTHON", REPO_ROOT / ".venv-pytriton" / "bin" / "python"))

@@ -19,6 +19,8 @@ from fastapi.testclient import TestClient
 from serve.app import create_app
 from serve_support import gated, running_server, serve_settings, served_variant, wait_until
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Bring the red kite."}
 
 

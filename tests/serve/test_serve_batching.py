@@ -18,6 +18,8 @@ from serve.app import create_app
 from serve.batching import BatchBudget, BatcherClosedError, DynamicBatcher, SentenceJob, synthesize_jobs
 from serve_support import serve_settings, served_variant
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 TEXTS = ["Bring the red kite.", "Is it windy today over the hills and far away?", "Yes."]
 # Measured: about 1e-4 at most (float rounding in batched kernels, decoder padding past the last frame).
 BATCH_TOLERANCE = 5e-4

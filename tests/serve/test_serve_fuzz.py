@@ -16,6 +16,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402  (hypothesis c
 from serve.app import create_app  # noqa: E402
 from serve_support import running_server, serve_settings, served_variant, wait_until  # noqa: E402
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 DELIBERATE_5XX = (503, 504)
 
 

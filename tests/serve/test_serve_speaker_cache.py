@@ -15,6 +15,8 @@ from serve.app import create_app
 from serve.speaker_cache import MemorySpeakerCache, RedisSpeakerCache, content_key
 from serve_support import serve_settings, served_variant
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 
 class FakeClock:
     def __init__(self):

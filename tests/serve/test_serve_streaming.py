@@ -20,6 +20,8 @@ from serve.batching import SentenceJob, synthesize_jobs
 from serve.streaming import decoder_chunks
 from serve_support import serve_settings, served_variant, wait_until
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 TEXT = "Is it windy today over the hills and far away?"
 SEAM_TOLERANCE = 1e-4  # measured: about 1e-6 with 16 context frames; 4 context frames give 0.1
 

@@ -14,6 +14,8 @@ from models.registry import get_family
 from models.sampling import VitsSampling
 from serve.synthesize import load_engine, main, synthesize_lines
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 # The blank line is skipped; the second line is two sentences, spoken into one WAV.
 TEXT = "Bring the red kite.\n\nIs it windy? The flags say yes.\n"
 DETERMINISTIC_FLAGS = ["--noise-scale", "0", "--noise-scale-w", "0", "--length-scale", "1", "--seed", "0"]

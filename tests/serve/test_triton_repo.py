@@ -18,6 +18,8 @@ from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from serve.triton_repo import BatchingSettings, load_variant_graph, model_config, write_repository
 
+pytestmark = pytest.mark.slow  # loads the real voice
+
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 TAIL_SAMPLES = 2048  # 8 frames of 256 samples: how far padding reaches back into a row's audio
 PYTRITON_PYTHON = Path(os.environ.get("PYTRITON_PYTHON", REPO_ROOT / ".venv-pytriton" / "bin" / "python"))
