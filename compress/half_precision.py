@@ -18,12 +18,10 @@ kept part, and how the finished variant compares with the teacher on the same se
 The parts run in half precision behind float32 edges (models.precision.PrecisionIsland), so the
 duration rounding between parts stays FP32.
 
-Measured on CPU (torch 2.13, joe, the first 16 calibration utterances, Piper's noise scales):
-alone in half precision, the encoder and the duration predictor change durations (fp16 in 12% and
-56% of utterances, bf16 in 62% and 100%, up to 12 frames); the flow and the decoder never do
-(fp16 SNR 42 and 56 dB, bf16 24 and 39 dB; the bf16 decoder's MCD is 0.76 dB from noise in
-near-silent bands). With keep_fp32 = encoder, duration the durations match the teacher exactly:
-fp16 SNR 42 dB, MCD 0.07 dB; bf16 SNR 24 dB, MCD 0.77 dB (another noise seed: 1.2 dB).
+Why parts stay FP32: a part whose output is rounded (durations rounded up to whole frames) turns
+half precision's small errors into shifted frames, which move every later sample; a part after
+that rounding only adds noise to the waveform. Which parts those are is the family's stage default
+(conf/stages/family/<family>.yaml); the measured tables are in docs/benchmarks.md.
 """
 from __future__ import annotations
 

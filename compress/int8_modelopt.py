@@ -5,9 +5,10 @@ INT8 on the PyTorch side. From the ``teacher`` variant:
 1. copy the voice; insert modelopt quantizers into each part in ``parts`` (int8 weights, per output
    channel by default; int8 activations, per tensor; both symmetric: zero point 0, as TensorRT
    requires) and calibrate them on the calibration set (never ``eval`` or ``harvard``), batch 1,
-   fixed-seed noise. The decoder sees the latents the voice itself computes (``decoder_latent``);
-   the encoder and flow see the phoneme ids of the same sentences;
-2. per-block sensitivity: with every quantizer calibrated once, enable one block's quantizers
+   fixed-seed noise. Each part sees the inputs it sees in synthesis, as the family's
+   ``QuantizationLayout.feed_part`` runs the model (a decoder: the latents the voice computes);
+2. per-block sensitivity (blocks named by the family's ``QuantizationLayout``, as int8_ort names
+   the graph's): with every quantizer calibrated once, enable one block's quantizers
    alone and measure MCD, waveform SNR and changed durations against the fp32 teacher, same noise;
    a block above ``max_block_mcd_db``, one that changes durations, or one matched by
    ``keep_higher_precision`` stays in float32;
@@ -35,7 +36,7 @@ Usage::
     from compress.int8_modelopt import Int8ModeloptSettings, build
     int8 = build(teacher_variant, Int8ModeloptSettings(), ctx)   # -> Variant "int8_modelopt"
 
-    python -m compress.int8_modelopt --family piper --work-dir outputs/int8_modelopt   # stage metrics, block table
+    python -m compress.int8_modelopt --family <family> --work-dir outputs/int8_modelopt   # stage metrics, block table
 
 Files in ``ctx.work_dir``, each name carrying the hash of what it depends on, so a rerun with the
 same settings reuses it: ``calibrated-<h>-<part>.pth`` (modelopt's saved quantized part),
@@ -66,7 +67,6 @@ from onnx import numpy_helper
 from torch import nn
 
 from core.atomic_io import atomic_write
-from compress.int8_onnxruntime import block_of
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from core.config import ConfigError
 from compress.variants import StageContext, Variant, check_part_roles, require_parts
@@ -74,18 +74,15 @@ from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from export.onnx_export import export_decoder
 from export.tensorrt_support import readiness_report
-from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.family import Family
+from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
+from models.family import Family, QuantizationLayout
 from models.registry import FAMILIES, get_family
 from models.sampling import Sampling
 from models.precision import synthesize_each, waveform_snr_db
 
 VARIANT_NAME = "int8_modelopt"
 CALIBRATORS = ("max", "entropy", "percentile")
-# Parts that may be quantized, in the order data flows through them. The duration predictor is
-# left out: its output is rounded up to whole frames, and every one of its blocks changed
-# durations when quantized alone in int8_ort's measurement.
-QUANTIZABLE_PARTS = ("encoder", "flow", "decoder")
+QDQ_PART = "decoder"  # the part exported alone as a Q/DQ graph: a TensorRT engine of the vocoder
 
 
 @dataclass(frozen=True)
@@ -99,9 +96,9 @@ class Int8ModeloptSettings:
     calibrator: str = "percentile"
     percentile: float = 99.99  # of |activation|, for calibrator=percentile: the range's upper end (modelopt's default)
     per_channel_weights: bool = True  # one scale per output channel (axis 0) of each conv weight
-    parts: tuple[str, ...] = ("decoder",)  # of QUANTIZABLE_PARTS
-    # fnmatch patterns on module names of the synthesizer (the family's model), kept float32
-    # and not measured: "dec.conv_post", "dec.resblocks.1*".
+    parts: tuple[str, ...] = ("decoder",)  # of the family's QuantizationLayout.quantizable_parts
+    # fnmatch patterns on module names under the family's ``QuantizationLayout.module_root``, kept
+    # float32 and not measured: "dec.conv_post", "dec.resblocks.1*".
     keep_higher_precision: tuple[str, ...] = ()
     calibration_sentences: int = 32  # of the calibration set
     sensitivity_sentences: int = 4  # per block; the pass costs blocks x sentences syntheses
@@ -128,12 +125,8 @@ class Int8ModeloptSettings:
                 raise ConfigError(f"{where}.{name}={value!r}: give a list, e.g. [{value}]")
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
-        unknown = sorted(set(self.parts) - set(QUANTIZABLE_PARTS))
-        if not self.parts or unknown or len(set(self.parts)) != len(self.parts):
-            raise ConfigError(
-                f"{where}.parts={list(self.parts)}: give a non-empty list without repeats from "
-                f"{list(QUANTIZABLE_PARTS)} (unknown: {unknown})"
-            )
+        if not self.parts or len(set(self.parts)) != len(self.parts):
+            raise ConfigError(f"{where}.parts={list(self.parts)}: give a non-empty list of part roles without repeats")
         if self.sensitivity_blocks is not None and not self.sensitivity_blocks:
             raise ConfigError(f"{where}.sensitivity_blocks=[]: give block names, or null to measure all")
         for name in ("calibration_sentences", "sensitivity_sentences"):
@@ -145,8 +138,23 @@ class Int8ModeloptSettings:
             raise ConfigError(f"{where}.max_block_mcd_db={self.max_block_mcd_db!r}: must be >= 0 dB")
 
     def check_family(self, family: Family) -> None:
-        """``parts`` against the family's part roles (compress/stages.py calls it at start)."""
-        check_part_roles("stages.int8_modelopt.parts", self.parts, family)
+        """``parts`` against the family's part roles and the ones it lets INT8 quantize
+        (compress/stages.py calls it at start)."""
+        where = "stages.int8_modelopt.parts"
+        check_part_roles(where, self.parts, family)
+        quantizable = quantization_layout(family).quantizable_parts
+        unknown = sorted(set(self.parts) - set(quantizable))
+        if unknown:
+            raise ConfigError(f"{where}={list(self.parts)}: family {family.name!r} quantizes only "
+                              f"{list(quantizable)} (unknown: {unknown})")
+
+
+def quantization_layout(family: Family) -> QuantizationLayout:
+    """``family.quantization``; a ConfigError when the family registers none."""
+    if family.quantization is None:
+        raise ConfigError(f"int8_modelopt: family {family.name!r} registers no quantization layout "
+                          "(Family.quantization: its quantizable parts and block names); drop int8_modelopt")
+    return family.quantization
 
 
 def _mtq():
@@ -183,15 +191,13 @@ def _noises(family: Family, count: int) -> list[Sampling]:
     return [family.sampling(seed=i) for i in range(count)]
 
 
-def _forward_loop(voice: nn.Module, family: Family, role: str, sequences: list[Utterance]):
+def _forward_loop(voice: TTSModel, family: Family, role: str, sequences: list[Utterance]):
     """Runs ``voice`` (with the part being calibrated installed) so the part sees real inputs, batch 1."""
+    feed_part = quantization_layout(family).feed_part
+
     def loop(part: nn.Module) -> None:
         for sequence, noise in zip(sequences, _noises(family, len(sequences))):
-            latent = voice.decoder_latent(SynthesisRequest.from_utterances([sequence], sampling=noise))  # encoder, durations, flow: calibrates encoder/flow
-            if role == "decoder":
-                z = latent.z.clone()  # (B, C_lat, T_frames), a normal tensor out of inference mode
-                g = None if latent.speaker_embedding is None else latent.speaker_embedding.clone()
-                part(z, g)
+            feed_part(voice, role, SynthesisRequest.from_utterances([sequence], sampling=noise), part)
     return loop
 
 
@@ -236,25 +242,15 @@ def _quiet():
         yield
 
 
-def _module_block(module_name: str) -> str:
-    """Block of a synthesizer module, named as int8_ort names graph blocks: "dec.resblocks.3.convs1.0" -> "dec.resblocks.3"."""
-    path: list[str] = []
-    for token in module_name.split("."):
-        if token.isdigit() and path:
-            path[-1] += f".{token}"
-        else:
-            path.append(token)
-    return block_of("/" + "/".join([*path, "Op"]))
-
-
-def quantized_blocks(synthesizer: nn.Module) -> dict[str, dict[str, nn.Module]]:
-    """{block: {module name: quantized module}} for every module with an enabled quantizer, in model order."""
+def quantized_blocks(module_root: nn.Module, layout: QuantizationLayout) -> dict[str, dict[str, nn.Module]]:
+    """{block: {module name: quantized module}} for every module under ``module_root`` with an
+    enabled quantizer, in model order; blocks named by ``layout.module_block``."""
     from modelopt.torch.quantization.nn import QuantModule
 
     blocks: dict[str, dict[str, nn.Module]] = {}
-    for name, module in synthesizer.named_modules():
+    for name, module in module_root.named_modules():
         if isinstance(module, QuantModule) and _active_quantizers(module):
-            blocks.setdefault(_module_block(name), {})[name] = module
+            blocks.setdefault(layout.module_block(name), {})[name] = module
     return blocks
 
 
@@ -376,9 +372,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
     """The ``int8_modelopt`` variant of the PyTorch ``teacher``; reuses finished files in ctx.work_dir."""
     settings.check_family(ctx.family)
     require_parts("int8_modelopt", teacher, ctx.family, settings.parts)
-    if not callable(getattr(teacher.model, "decoder_latent", None)):
-        raise ValueError(f"int8_modelopt calibrates the decoder on the latents the model computes "
-                         f"(decoder_latent); {teacher.name!r} of family {ctx.family.name!r} has no decoder_latent")
+    layout = quantization_layout(ctx.family)
     needed = max(settings.calibration_sentences, settings.sensitivity_sentences)
     if len(ctx.calibration_sequences) < needed:
         raise ValueError(
@@ -407,7 +401,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
 
     reused = []  # steps whose files were found for these settings (their seconds read 0)
     calibration_s = 0.0
-    for role in (r for r in QUANTIZABLE_PARTS if r in settings.parts):
+    for role in (r for r in layout.quantizable_parts if r in settings.parts):
         saved = work_dir / f"calibrated-{calibration_key}-{role}.pth"
         if saved.is_file():
             with _quiet():
@@ -420,8 +414,7 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
             atomic_write(saved, lambda tmp, part=part: mto.save(part, tmp))
         voice.replace_part(role, part)
 
-    synthesizer = voice.model
-    blocks = quantized_blocks(synthesizer)
+    blocks = quantized_blocks(layout.module_root(voice), layout)
     unknown = sorted(set(settings.sensitivity_blocks or ()) - set(blocks))
     if unknown:
         raise ValueError(f"Int8ModeloptSettings.sensitivity_blocks: unknown blocks {unknown}; "
@@ -475,14 +468,14 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
         "reused": ",".join(reused),
     }
     artifacts = {"sensitivity": sensitivity_json, "sensitivity_csv": sensitivity_csv}
-    if settings.export_qdq and "decoder" in settings.parts:
+    if settings.export_qdq and QDQ_PART in settings.parts:
         qdq_path = work_dir / f"qdq_decoder-{model_key}.onnx"
         if qdq_path.is_file():
             reused.append("qdq_export")
             stage_tags["reused"] = ",".join(reused)
         else:
             with _quiet():
-                export_decoder(synthesizer.dec, qdq_path, synthesizer.hp.latent_channels, dynamo=False)
+                export_decoder(voice.parts()[QDQ_PART], qdq_path, layout.decoder_latent_channels(voice), dynamo=False)
         readiness = readiness_report(qdq_path)
         summary = qdq_summary(qdq_path)
         stage_metrics.update({

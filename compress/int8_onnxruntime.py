@@ -2,14 +2,15 @@
 
 INT8 on the ONNX side. From the ``original_onnx`` variant:
 
-1. prepare the graph with the family's reference runtime (``family.reference.prepare_graph``; for
-   Piper: noise inputs, durations output).
+1. prepare the graph with the family's reference runtime (``family.reference.prepare_graph``: the
+   inputs and outputs its runtime feeds and reads, e.g. explicit noise and a durations output).
    ORT's ``quant_pre_process`` is not used: it runs only with its symbolic shape inference
    skipped (that stops at the data-dependent frame count), and then changed neither the int8
    MCD (0.552 vs 0.554 dB) nor the speed, because ORT makes the same fusions when it loads a graph;
 2. calibrate once on the calibration set (never ``eval`` or ``harvard``): one sentence at a time,
    batch 1, fixed-seed noise, feeds built by the voice itself; the tensor ranges are cached;
-3. per-block sensitivity: quantize one block alone (from the cached ranges, no recalibration) and
+3. per-block sensitivity (blocks as the family's ``QuantizationLayout`` names them from node
+   names): quantize one block alone (from the cached ranges, no recalibration) and
    measure MCD against the fp32 graph and changed durations, same noise; a block above
    ``max_block_mcd_db`` or one that changes durations stays fp32;
 4. quantize every other block (QDQ, int8 weights with zero point 0) and check speed against fp32.
@@ -32,7 +33,7 @@ Usage::
     from compress.int8_onnxruntime import Int8OrtSettings, build
     int8 = build(original_onnx_variant, Int8OrtSettings(), ctx)   # -> Variant "int8_ort"
 
-    python -m compress.int8_onnxruntime --family piper --work-dir outputs/int8_ort   # stage metrics, block table
+    python -m compress.int8_onnxruntime --family <family> --work-dir outputs/int8_ort   # stage metrics, block table
 
 Files in ``ctx.work_dir`` (each name carries the hash of the settings it depends on, so a rerun
 with the same settings reuses it): ``calibration_ranges-<h>.json`` (ORT's range cache),
@@ -49,7 +50,6 @@ import io
 import json
 import logging
 import os
-import re
 import tempfile
 import time
 from collections import Counter
@@ -74,7 +74,7 @@ from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
 from evaluate.rtf import timed_median
-from models.family import Family, ReferenceRuntime
+from models.family import Family, QuantizationLayout, ReferenceRuntime
 from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
 from models.registry import FAMILIES, family_of, get_family
 from texts import load_sentences
@@ -88,21 +88,6 @@ CALIBRATORS = {
 # Ops ORT's QDQ quantizer handles that carry this graph's compute. ConvTranspose is accepted so its
 # cost can be measured, but ORT's CPU provider has no int8 kernel for it.
 QUANTIZABLE_OP_TYPES = ("Conv", "MatMul", "ConvTranspose")
-
-# Module prefix (from the exporter's node names, "/dec/resblocks.3/convs.0/Conv") -> block name.
-# The first pattern that matches names the block; the group becomes "dec.resblocks.3".
-BLOCK_PATTERNS = (
-    re.compile(r"^/(enc_p/encoder/(?:attn_layers|ffn_layers)\.\d+)/"),  # one transformer sub-layer
-    re.compile(r"^/(flow/flows\.\d+)/"),  # one affine coupling layer
-    re.compile(r"^/(dec/(?:ups|resblocks)\.\d+)/"),  # one upsampling conv or multi-receptive-field block
-    # The whole stochastic duration predictor is one block: its output is rounded up to frames, so
-    # any of its convs can move a duration; measuring its 32 convs one by one would cost 32 runs.
-    re.compile(r"^/(dp)/"),
-    re.compile(r"^/([^/]+/[^/]+)/"),  # any other module two levels deep: enc_p/proj, dec/conv_pre, dec/conv_post
-    re.compile(r"^/([^/]+)/"),
-)
-# Nodes outside any module; in Piper these are the two MatMuls that expand m_p/logs_p to frames.
-TOP_LEVEL_BLOCK = "top_level"
 
 
 @dataclass
@@ -162,21 +147,13 @@ class Int8OrtSettings:
                 raise ValueError("Int8OrtSettings.sensitivity_blocks=[]: give block names, or null to measure all")
 
 
-def block_of(node_name: str) -> str:
-    """The block a node belongs to, from its exporter name: "/dec/ups.1/ConvTranspose" -> "dec.ups.1"."""
-    for pattern in BLOCK_PATTERNS:
-        match = pattern.match(node_name)
-        if match:
-            return match.group(1).replace("/", ".")
-    return TOP_LEVEL_BLOCK
-
-
-def quantizable_blocks(graph: onnx.ModelProto, op_types: list[str]) -> dict[str, list[onnx.NodeProto]]:
-    """{block: its nodes of ``op_types``}, blocks in graph order."""
+def quantizable_blocks(graph: onnx.ModelProto, op_types: list[str],
+                       layout: QuantizationLayout) -> dict[str, list[onnx.NodeProto]]:
+    """{block: its nodes of ``op_types``}, blocks in graph order, named by the family's ``layout``."""
     blocks: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.graph.node:
         if node.op_type in op_types:
-            blocks.setdefault(block_of(node.name), []).append(node)
+            blocks.setdefault(layout.block_of(node.name), []).append(node)
     return blocks
 
 
@@ -229,8 +206,8 @@ def _quiet_ort_quantizer():
 
 
 def _prepared_graph(reference: ReferenceRuntime, original_graph: Path, work_dir: Path, graph_sha: str) -> Path:
-    """The original graph as the reference runtime prepares it (Piper: noise inputs and durations
-    output): what calibration and quantization read."""
+    """The original graph as the reference runtime prepares it (the inputs and outputs its runtime
+    feeds and reads): what calibration and quantization read."""
     path = work_dir / f"fp32_prepared-{graph_sha[:16]}.onnx"
     if not path.is_file():
         tmp_path = path.with_name(path.name + ".tmp")
@@ -377,6 +354,9 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
             f"reference runtime: {'yes' if family.reference else 'none'}); give an onnxruntime variant of a "
             "family with a reference runtime (original_onnx, or lite_ort)"
         )
+    if family.quantization is None:
+        raise ValueError(f"int8_onnxruntime.build: family {family.name!r} registers no quantization layout "
+                         "(Family.quantization: how its graph splits into blocks); drop this variant")
     if len(ctx.calibration_sequences) < max(settings.calibration_sentences, settings.sensitivity_sentences,
                                             settings.speed_check_sentences):
         raise ValueError(
@@ -429,7 +409,7 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
     graph_path = (_prepared_graph(reference, original_graph, work_dir, graph_sha) if original
                   else source.model.graph_path)
     graph = onnx.load(str(graph_path), load_external_data=False)
-    blocks = quantizable_blocks(graph, settings.op_types)
+    blocks = quantizable_blocks(graph, settings.op_types, family.quantization)
     for name in ("exclude_blocks", "sensitivity_blocks"):
         unknown = sorted(set(getattr(settings, name) or []) - set(blocks))
         if unknown:

@@ -11,13 +11,12 @@ from pathlib import Path
 import mlflow
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 from core.atomic_io import write_text_atomic
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
-from compress.tracking import SPECTROGRAM_N_FFT, log_variant_run, start_parent_run
+from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
@@ -53,15 +52,28 @@ def results_markdown(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _print_table(rows: dict[str, dict[str, float]]) -> None:
+def results_text(rows: dict[str, dict[str, float]], width: int = 80) -> str:
+    """The results as plain text no wider than ``width``: one line per metric, one column per variant,
+    variants split into as many blocks as the width needs (a log file or an 80-column terminal)."""
     columns = [c for c in TABLE_COLUMNS if any(c in metrics for metrics in rows.values())]
-    table = Table(title="variants, side by side (same run)")
-    table.add_column("variant")
-    for column in columns:
-        table.add_column(column, justify="right")
-    for name, metrics in rows.items():
-        table.add_row(name, *[f"{metrics[c]:.4g}" if c in metrics else "-" for c in columns])
-    Console().print(table)
+    label = max(len("variant"), *(len(c) for c in columns))
+    cell = max(9, *(len(name) for name in rows)) + 1
+    per_block = max(1, (width - label) // cell)
+    names = list(rows)
+    blocks = []
+    for start in range(0, len(names), per_block):
+        chunk = names[start : start + per_block]
+        lines = ["variant".ljust(label) + "".join(name.rjust(cell) for name in chunk)]
+        for column in columns:
+            values = [f"{rows[name][column]:.4g}" if column in rows[name] else "-" for name in chunk]
+            lines.append(column.ljust(label) + "".join(value.rjust(cell) for value in values))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _print_table(rows: dict[str, dict[str, float]]) -> None:
+    Console().print("variants, side by side (same run)", style="bold")
+    print(results_text(rows))
 
 
 def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, float]]:
@@ -135,7 +147,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
             log_variant_run(name, metrics, tags, result.waveforms,
                             [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
-                            _spectrogram_hop(variant.model), settings.evaluate.audio_samples, variant.artifacts)
+                            variant.model.hop_length, settings.evaluate.audio_samples, variant.artifacts)
             rows[name] = metrics
         _log_engine_runs(gpu, rows)
         table = results_markdown(rows)
@@ -171,12 +183,6 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
                              "gpu_machine": gpu["machine"].get("gpu", "unknown")})
             mlflow.log_metrics({**quality, **speed})
-
-
-def _spectrogram_hop(model) -> int:
-    """The model's samples per frame where it declares them (``hop_length``), so one spectrogram
-    column is one frame; otherwise a quarter window, the usual analysis overlap."""
-    return int(getattr(model, "hop_length", SPECTROGRAM_N_FFT // 4))
 
 
 def _recognizer(settings: RunSettings, texts: list[str]):

@@ -7,8 +7,9 @@ the parent MLflow run (``python -m compress +experiment=full``). It
   ``selection/selection.json`` and ``selection/pareto.png`` to the parent run (and the run folder);
 - copies the deployed variant's graph to ``<paths.output_dir>/<selection.manifest_dir>/`` beside a
   ``manifest.json`` (export/manifest.py), which is what ``python -m serve`` loads;
-- logs that graph as an MLflow ONNX model, registers it as ``selection.registry.model_name`` and
-  points the alias ``champion`` at the new version: ``mlflow.onnx.load_model("models:/<name>@champion")``.
+- logs that graph as an MLflow ONNX model, registers it as ``selection.registry.model_name`` (by
+  default tts-compress-<family>-<voice name>, ``RegistrySettings.model_name_for``) and points the
+  alias ``champion`` at the new version: ``mlflow.onnx.load_model("models:/<name>@champion")``.
 
 The deployed variant is the champion when it has an ONNX graph (``Variant.artifacts["onnx"]``);
 otherwise the best-ranked eligible variant that has one, and the manifest says why.
@@ -102,17 +103,18 @@ def register_champion(selection: Selection, variant_artifacts: dict[str, dict[st
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
     registry = settings.registry
+    model_name = registry.model_name_for(voice.family, voice.voice)
     with _in_run(run_id):
         model_info = mlflow.onnx.log_model(
-            onnx.load(str(source_graph)), name="champion", registered_model_name=registry.model_name,
+            onnx.load(str(source_graph)), name="champion", registered_model_name=model_name,
             save_as_external_data=False,  # one self-contained file, as serve and onnxruntime load it
             tags={"variant": deployed},
         )
     version = str(model_info.registered_model_version)
     client = MlflowClient(tracking.tracking_uri)
-    client.set_registered_model_alias(registry.model_name, registry.alias, version)
-    client.set_model_version_tag(registry.model_name, version, "variant", deployed)
-    client.set_model_version_tag(registry.model_name, version, "source_run_id", run_id)
+    client.set_registered_model_alias(model_name, registry.alias, version)
+    client.set_model_version_tag(model_name, version, "variant", deployed)
+    client.set_model_version_tag(model_name, version, "source_run_id", run_id)
 
     manifest_path = folder / "manifest.json"
     write_manifest(manifest_path, DeploymentManifest(
@@ -121,7 +123,7 @@ def register_champion(selection: Selection, variant_artifacts: dict[str, dict[st
         selection={"rule": selection.rule, "champion": selection.champion, "deployed": deployed, "why": why,
                    "objective_metric": selection.objective_metric, "ranking": list(selection.ranking),
                    "ineligible": {n: list(e.reasons) for n, e in selection.eligibility.items() if not e.eligible},
-                   "registered_model": f"models:/{registry.model_name}@{registry.alias}",
+                   "registered_model": f"models:/{model_name}@{registry.alias}",
                    "registered_model_version": version},
         mlflow_run_id=run_id,
     ))

@@ -21,6 +21,7 @@ compress/registration.py logs the decision and registers the champion's graph. F
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -117,12 +118,23 @@ class TieBreaker:
 
 @dataclass(frozen=True)
 class RegistrySettings:
-    model_name: str = "tts-compress-piper-joe"
+    # None: named after the run, tts-compress-<family>-<voice name> (``model_name_for``), so each
+    # voice of each family keeps its own versions.
+    model_name: str | None = None
     alias: str = "champion"
 
     def __post_init__(self):
-        if not self.model_name or not self.alias:
+        if self.model_name == "" or not self.alias:
             raise ConfigError(f"selection.registry: model_name and alias must be non-empty, got {self}")
+
+    def model_name_for(self, family: str, voice: str) -> str:
+        """``model_name``, or the name derived from the run's family and voice: the voice's last
+        path segment without its suffix ("bundled:joe" -> joe, "voices/en_US-amy.onnx" -> en-us-amy)."""
+        if self.model_name is not None:
+            return self.model_name
+        voice_name = re.split(r"[:/\\]", voice)[-1].removesuffix(".json").removesuffix(".onnx")
+        slug = re.sub(r"[^a-z0-9]+", "-", f"{family}-{voice_name}".lower()).strip("-")
+        return f"tts-compress-{slug}"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ eager FP32 teacher. The variants are rebuilt on the GPU machine from a bundle (h
 teacher weights, plus a distilled student's weights where the family has one).
 
     # here: phoneme ids (python -m evaluate.gpu_benchmark prepare ...) and the bundle
-    #       (python -m compress.distil prepare ... --out .device/distil)
+    #       (python -m compress.distil prepare --family <family> ... --out .device/distil)
     # on the GPU machine:
     python -m evaluate.gpu_engines --bundle .device/distil --inputs .device/bench_inputs.json \
         --student models/checkpoints/lite_joe_medium.safetensors --utterances 100 --deadline-s 540 \
@@ -77,7 +77,7 @@ def _read_bundle(bundle_dir: str) -> dict:
     bundle = json.loads(path.read_text(encoding="utf-8"))
     for key in ("family", "sample_rate_hz"):
         if key not in bundle:
-            raise ValueError(f"{path} has no {key!r}: write the bundle with `python -m compress.distil prepare`")
+            raise ValueError(f"{path} has no {key!r}: write the bundle with `python -m compress.distil prepare --family <family>`")
     return bundle
 
 
@@ -89,7 +89,7 @@ def _durations_equal(reference: list[SynthesisResult], candidate: list[Synthesis
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--bundle", required=True, help="folder from `python -m compress.distil prepare`")
+    parser.add_argument("--bundle", required=True, help="folder from `python -m compress.distil prepare --family <family>`")
     parser.add_argument("--inputs", required=True, help="JSON from `python -m evaluate.gpu_benchmark prepare`")
     parser.add_argument("--student", default=None, help="distilled student weights (safetensors); without them "
                         "the student variants are left out of the plan")

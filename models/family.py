@@ -6,12 +6,16 @@ line in models/registry.py, and joins tests/families/test_contract.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import onnx
+from torch import nn
+
 from models.graph_contract import GraphContract
-from models.interface import Capabilities, TTSModel
+from models.interface import Capabilities, SynthesisRequest, TTSModel
 from models.sampling import Sampling
 
 
@@ -38,6 +42,122 @@ class GpuEngines:
 
 
 @dataclass(frozen=True)
+class QuantizationLayout:
+    """How INT8 stages split a family's graph and modules into blocks, each kept or quantized alone
+    (compress/int8_onnxruntime.py on the graph, compress/int8_modelopt.py on PyTorch parts).
+
+    One naming serves both: the exporter names a graph node after the module path that made it
+    ("/dec/resblocks.3/convs.0/Conv" from module "dec.resblocks.3.convs.0"), so a block measured
+    in the graph and one measured in PyTorch carry the same name.
+    """
+
+    # Exporter node name -> block: the first pattern that matches names it, its group 1 with "/"
+    # read as "." ("/dec/ups.1/ConvTranspose" -> "dec.ups.1").
+    graph_block_patterns: tuple[re.Pattern[str], ...]
+    top_level_block: str  # the block of nodes outside any module
+    quantizable_parts: tuple[str, ...]  # part roles INT8 may quantize in PyTorch, in data-flow order
+    module_root: Callable[[TTSModel], nn.Module]  # model -> the module whose submodule paths the exporter names nodes by
+    # (model, part role, request, the part's quantized module) -> None: runs the request through the
+    # model so that this part sees the inputs it sees in synthesis (the calibration forward pass).
+    feed_part: Callable[[TTSModel, str, SynthesisRequest, nn.Module], None]
+    decoder_latent_channels: Callable[[TTSModel], int]  # model -> channels of the decoder's input, to export it alone
+
+    def block_of(self, node_name: str) -> str:
+        """The block a graph node belongs to, from its exporter name."""
+        for pattern in self.graph_block_patterns:
+            match = pattern.match(node_name)
+            if match:
+                return match.group(1).replace("/", ".")
+        return self.top_level_block
+
+    def module_block(self, module_name: str) -> str:
+        """The block of a submodule of ``module_root``, named as ``block_of`` names the graph node it
+        exports to: "dec.resblocks.3.convs1.0" -> "dec.resblocks.3"."""
+        path: list[str] = []
+        for token in module_name.split("."):
+            if token.isdigit() and path:
+                path[-1] += f".{token}"
+            else:
+                path.append(token)
+        return self.block_of("/" + "/".join([*path, "Op"]))
+
+
+@dataclass(frozen=True)
+class ServedTensor:
+    """One input or output of a graph served with a batch dimension first (Triton's model config)."""
+
+    name: str
+    dtype: str  # numpy dtype name: int64, float32
+    dims: tuple[int, ...]  # after the batch dimension; -1 where the length varies
+    batch_only: bool = False  # the tensor is (B,) alone: one value per request
+
+
+@dataclass(frozen=True)
+class TritonLayout:
+    """How a family's prepared graph (``ReferenceRuntime.prepare_graph``) is served by a batching
+    server (serve/triton_repo.py): the server joins requests along the first axis of every tensor."""
+
+    batchable_graph: Callable[[onnx.ModelProto], onnx.ModelProto]  # prepared graph -> a copy batched per request
+    inputs: Callable[[onnx.ModelProto], tuple[ServedTensor, ...]]  # batchable graph -> its inputs, in feed order
+    outputs: Callable[[onnx.ModelProto], tuple[ServedTensor, ...]]  # batchable graph -> its outputs
+
+
+@dataclass(frozen=True)
+class DecoderPruning:
+    """How the pruning stage (compress/prune.py) prunes a family's decoder (latent frames -> audio) and
+    fine-tunes it toward the teacher decoder on the teacher's own latents (models/training/)."""
+
+    part_role: str  # the part the decoder is
+    latent_channels: Callable[[TTSModel], int]  # model -> channels of the decoder's input latent
+    # (model, sentences or utterances) -> models.training.decoder_training.LatentDataset of the teacher's latents
+    teacher_latents: Callable[..., object]
+    # (decoder, latent_channels, ratio, importance magnitude|taylor, SegmentSampler | None) -> the decoder, pruned in place
+    prune: Callable[..., nn.Module]
+    config: Callable[[nn.Module, TTSModel], dict]  # (decoder, model) -> JSON shapes ``build`` rebuilds it from
+    build: Callable[[dict], nn.Module]  # JSON shapes -> a decoder with random weights
+    widths: Callable[[nn.Module], dict[str, int]]  # decoder -> its stage widths, for the run's tags
+
+
+@dataclass(frozen=True)
+class EncoderFfnPruning:
+    """How the pruning stage narrows the inner width of a family's text-encoder feed-forward layers."""
+
+    part_role: str  # the part those layers live in
+    # (encoder, ratio, importance, calibration utterances | None) -> the encoder, pruned in place
+    prune: Callable[..., nn.Module]
+    # (student, teacher, training utterances, steps, lr, batch_size, device) -> {"loss_first", "loss_last"}
+    finetune: Callable[..., dict]
+    distance: Callable[..., float]  # (student, teacher, utterances, device) -> MSE of their outputs
+    config: Callable[[nn.Module, TTSModel], dict]  # (encoder, model) -> JSON shapes ``build`` rebuilds it from
+    build: Callable[[dict], nn.Module]
+    widths: Callable[[nn.Module], list[int]]  # encoder -> inner width of each feed-forward layer
+
+
+@dataclass(frozen=True)
+class PruneHooks:
+    """What a family's parts need to be pruned; a piece left None is not prunable in that family."""
+
+    check_model: Callable[[TTSModel], None]  # ValueError naming what the family cannot prune yet (speakers, ...)
+    decoder: DecoderPruning | None = None
+    encoder_ffn: EncoderFfnPruning | None = None
+
+
+@dataclass(frozen=True)
+class DistilHooks:
+    """A family's small student (the ``lite`` variant, compress/distil.py): which parts it replaces,
+    how it is trained here, loaded from its weights, and prepared for training on a GPU machine."""
+
+    student_parts: tuple[str, ...]  # part roles the student replaces; the others stay the teacher's
+    check_student_config: Callable[[dict], None]  # student config fields -> ValueError naming the bad ones
+    load_student: Callable[[TTSModel, Path], tuple[dict[str, nn.Module], dict]]  # (teacher, weights) -> (parts by role, config)
+    # (teacher, phoneme ids, student config, checkpoint, weights path, card, **training settings) -> summary;
+    # writes the weights with ``card`` in their metadata.
+    train_student: Callable[..., dict]
+    write_bundle: Callable[[TTSModel, list, Path, dict], None]  # (teacher, phoneme ids, folder, provenance)
+    train_command: str  # the GPU machine's command on such a bundle, "{bundle}" where its folder goes
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     capabilities: Capabilities
@@ -47,15 +167,16 @@ class Family:
     tiny_model: Callable[[int], TTSModel]  # seed -> the same architecture with tiny random weights
     default_voice: str
     reference: ReferenceRuntime | None = None  # None: the family ships no graph of its own
-    # Stage defaults that depend on the family (parts kept in float32, blocks sensitive to INT8, ...),
-    # under the keys of conf/stages; a run's config overrides them.
-    stage_defaults: dict = field(default_factory=dict)
     # model -> its ONNX graphs by name (models/graph_contract.py); None: the family exports no graph.
     graph_contracts: Callable[[TTSModel], dict[str, GraphContract]] | None = None
     gpu_engines: GpuEngines | None = None  # None: the family has no CUDA engine suite yet
     # (teacher, backend eager|compile|aoti, replay CUDA graphs, package_dir, batch_buckets) ->
     # (the teacher on shape-bucketed engines, whether it replays CUDA graphs, its text buckets).
     torch_engine: Callable[..., tuple[TTSModel, bool, tuple[int, ...]]] | None = None
+    quantization: QuantizationLayout | None = None  # None: the INT8 stages refuse the family
+    triton: TritonLayout | None = None  # None: the family's graph is not served through Triton
+    prune: PruneHooks | None = None  # None: the pruning stage refuses the family
+    distil: DistilHooks | None = None  # None: the family has no small student (no ``lite`` variant)
 
     def sampling(self, **values) -> Sampling:
         """This family's sampling from config or request values; unknown options name the family."""

@@ -134,6 +134,7 @@ class TTSModel(Protocol):
 
     family: str
     sample_rate_hz: int
+    hop_length: int  # output samples per acoustic frame (one spectrogram column)
     capabilities: Capabilities
     sampling_type: type[Sampling]
 

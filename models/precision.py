@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
-from models.sampling import VitsSampling
+from models.sampling import Sampling
 
 HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 VARIANT_NAMES = {"float16": "fp16", "bfloat16": "bf16"}  # what runs and result tables call them
@@ -88,8 +88,8 @@ class PrecisionIsland(nn.Module):
 def to_half_precision(voice_or_model, dtype: str | torch.dtype, keep_fp32: Sequence[str] = ()):
     """A copy of ``voice_or_model`` whose parts run in ``dtype``, except the roles in ``keep_fp32``.
 
-    ``voice_or_model``: anything with ``parts()`` and ``replace_part(role, module)`` (a PiperVoice,
-    a PiperVits); the argument itself is not changed. Parts are swapped only through that
+    ``voice_or_model``: anything with ``parts()`` and ``replace_part(role, module)`` (a family's model
+    or its synthesizer module); the argument itself is not changed. Parts are swapped only through that
     interface, so the copy keeps the model's own forward.
     """
     dtype = half_dtype(dtype)
@@ -104,7 +104,7 @@ def to_half_precision(voice_or_model, dtype: str | torch.dtype, keep_fp32: Seque
     return converted
 
 
-def synthesize_each(voice, sequences: Sequence[Utterance], noises: Sequence[VitsSampling]) -> list[SynthesisResult]:
+def synthesize_each(voice, sequences: Sequence[Utterance], noises: Sequence[Sampling]) -> list[SynthesisResult]:
     """Batch-1 synthesis of every sequence with its own noise, results on the CPU."""
     results = []
     for sequence, noise in zip(sequences, noises, strict=True):
@@ -164,17 +164,17 @@ def part_sensitivity(
     sequences: Sequence[Utterance],
     dtype: str | torch.dtype,
     device: str,
-    noises: Sequence[VitsSampling] | None = None,
+    noises: Sequence[Sampling] | None = None,
     mcd_db: Callable[[torch.Tensor, torch.Tensor, int], float] | None = None,
 ) -> list[dict]:
     """One row per part: that part alone in ``dtype``, every other part in float32, vs all float32.
 
     ``voice``: the float32 model (an nn.Module with ``parts``/``replace_part``/``synthesize``); it
-    is copied to ``device``, not moved. ``noises``: one per sequence; by default Piper's noise
-    scales with seed i for sequence i, the same for every row and the reference.
+    is copied to ``device``, not moved. ``noises``: one per sequence; by default the model's own
+    sampling type with seed i for sequence i, the same for every row and the reference.
     """
     dtype = half_dtype(dtype)
-    noises = list(noises) if noises is not None else [VitsSampling(seed=i) for i in range(len(sequences))]
+    noises = list(noises) if noises is not None else [voice.sampling_type(seed=i) for i in range(len(sequences))]
     reference = synthesize_each(copy.deepcopy(voice).to(device), sequences, noises)
     rows = []
     for role in voice.parts():

@@ -55,8 +55,8 @@ class VitsSampling(Sampling):
     synthesis deterministic.
     """
 
-    noise_scale: float = 0.667  # prior noise; Piper's default
-    noise_scale_w: float = 0.8  # duration-predictor noise; Piper's default
+    noise_scale: float = 0.667  # prior noise; the VITS inference default
+    noise_scale_w: float = 0.8  # duration-predictor noise; the VITS inference default
     duration_noise: torch.Tensor | None = None  # (B, 2, T_text)
     prior_noise: torch.Tensor | None = None  # (B, C_latent, T_frames_cap)
     # Frames one phoneme id may take at length_scale 1; bounds the prior noise drawn up front

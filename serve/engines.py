@@ -83,12 +83,14 @@ def device_memory_note(device: str) -> str:
 
 
 def _noise_channels(model) -> int | None:
-    """The latent width a model with explicit-noise sampling scales its prior noise by: an attribute of
-    graph runtimes; the torch teacher keeps it in its hyperparameters."""
-    channels = getattr(model, "latent_channels", None)
-    if channels is None:
-        channels = getattr(getattr(getattr(model, "model", None), "hp", None), "latent_channels", None)
-    return channels
+    """The latent width a model with explicit-noise sampling scales its prior noise by (``latent_channels``);
+    None for a model that draws no noise tensors."""
+    return getattr(model, "latent_channels", None)
+
+
+def served_as_is(model: TTSModel, family: Family, variant: str, voice: str, engine: str = "torch") -> ServedModel:
+    """A model already loaded, served on the engine it runs on (no bucketing, no warm-up shapes)."""
+    return ServedModel(model, variant, family, engine, voice, _noise_channels(model))
 
 
 def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tuple[TTSModel, bool, tuple[int, ...]]:
@@ -119,7 +121,7 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
         if family.reference is None:
             raise ValueError(f"family {family.name} ships no graph of its own: serve teacher, fp16 or bf16")
         model = family.reference.load(voice, threads)
-        return ServedModel(model, variant, family, "onnxruntime", voice, _noise_channels(model))
+        return served_as_is(model, family, variant, voice, "onnxruntime")
     if variant == "teacher" or variant in HALF_PRECISION_VARIANTS:
         # Without settings: ServeSettings' defaults, read off the class (an instance would need a source).
         defaults = settings or ServeSettings
@@ -129,7 +131,7 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
 
             model = to_half_precision(model, HALF_PRECISION_VARIANTS[variant], keep_fp32=defaults.half_keep_fp32)
         if settings is None or settings.torch_engine == "eager":
-            return ServedModel(model, variant, family, "torch", voice, _noise_channels(model))
+            return served_as_is(model, family, variant, voice)
         engine_model, captures_graphs, text_buckets = _bucketed(family, model, settings)
         return ServedModel(engine_model, variant, family, f"torch_{settings.torch_engine}", voice,
                            _noise_channels(model), noise_device=device, captures_graphs=captures_graphs,

@@ -1,6 +1,6 @@
 """Write a Triton Inference Server model repository for one variant.
 
-    python -m serve.triton_repo --variant original_onnx --out triton_models
+    python -m serve.triton_repo --variant original_onnx --family <family> --out triton_models
     python -m serve.triton_repo --manifest outputs/champion/manifest.json --out triton_models \
         --max-batch-size 16 --preferred-batch-sizes 4,8,16 --max-queue-delay-us 2000 \
         --instance-kind gpu --instances 1
@@ -8,17 +8,19 @@
 Writes two model entries:
 
 * ``tts_<variant>/``: the ONNX Runtime backend, ``config.pbtxt`` plus ``1/model.onnx``, the
-  variant's prepared graph made batchable (``models.piper.triton_graph``: ``scales`` is per request).
+  variant's prepared graph made batchable by its family (``Family.triton``: every input gets a
+  batch dimension first, so per-request settings stay per request).
 * ``tts_<variant>_trt/``: the TensorRT slot, ``config.pbtxt`` (platform ``tensorrt_plan``) and an
   empty ``1/``. ``1/model.plan`` is built from ``tts_<variant>/1/model.onnx`` by
   ``python -m export.tensorrt_engine`` on a machine with TensorRT; until then start Triton with
   ``--model-control-mode=explicit --load-model=tts_<variant>`` so the empty slot is not loaded.
 
 The graph takes phoneme ids, not text: the client runs the voice's frontend
-(the family reference runtime's ``text_to_utterances``) and draws the noise. Triton's dynamic batcher joins
-only requests whose tensors have the same shape, so clients pad ``input`` (with its true
-``input_lengths``) to a length bucket and send noise sized for that bucket; padding does not
-change a row's audio (the graph masks by ``input_lengths``).
+(the family reference runtime's ``text_to_utterances``) and builds the other inputs the family
+states (``TritonLayout.inputs``: noise, for a family that samples it). Triton's dynamic batcher
+joins only requests whose tensors have the same shape, so clients pad the phoneme ids (with their
+true lengths) to a length bucket and size the other inputs for that bucket; padding does not
+change a row's audio (the graph masks by the lengths).
 """
 from __future__ import annotations
 
@@ -31,12 +33,12 @@ import onnx
 
 from core.atomic_io import write_text_atomic
 from export.manifest import load_manifest
-from models.piper.onnx_runtime import _latent_channels
-from models.piper.triton_graph import SCALE_NAMES, triton_graph
-from models.registry import get_family
+from models.family import Family, ServedTensor, TritonLayout
+from models.registry import FAMILIES, get_family
 
 VARIANTS = ("original_onnx",)  # what --variant builds without a manifest
 INSTANCE_KINDS = {"gpu": "KIND_GPU", "cpu": "KIND_CPU"}
+DATA_TYPES = {"int64": "TYPE_INT64", "float32": "TYPE_FP32"}  # numpy dtype name -> Triton's
 
 
 @dataclass(frozen=True)
@@ -64,61 +66,67 @@ class BatchingSettings:
 
 @dataclass(frozen=True)
 class VariantGraph:
-    """A servable variant: its name, its voice (frontend, config) and its prepared graph."""
+    """A servable variant: its name, its family, its voice (frontend, config) and its prepared graph."""
 
     name: str
+    family: str
     voice: str
     graph: onnx.ModelProto
 
 
 def load_variant_graph(manifest_path: Path | None = None, variant: str | None = None,
-                       voice: str = "", family: str = "piper") -> VariantGraph:
-    """The champion named by ``manifest_path``, or ``variant`` (one of VARIANTS) built from ``family``'s
-    ``voice`` ("" for the family's default voice) by its reference runtime."""
+                       voice: str = "", family: str | None = None) -> VariantGraph:
+    """The champion named by ``manifest_path`` (which names its family), or ``variant`` (one of
+    VARIANTS) built from ``family``'s ``voice`` ("" for the family's default voice) by its reference
+    runtime."""
     if (manifest_path is None) == (variant is None):
         raise ValueError("give exactly one of --manifest PATH or --variant NAME")
     if manifest_path is not None:
         manifest = load_manifest(Path(manifest_path))
-        return VariantGraph(manifest.variant, manifest.voice, onnx.load(str(manifest.graph_path(manifest_path))))
+        return VariantGraph(manifest.variant, manifest.family, manifest.voice,
+                            onnx.load(str(manifest.graph_path(manifest_path))))
     if variant not in VARIANTS:
         raise ValueError(f"--variant {variant!r}: use one of {list(VARIANTS)}, or --manifest for a champion")
+    if family is None:
+        raise ValueError(f"--variant {variant!r} needs --family: one of {sorted(FAMILIES)}")
     runtime = get_family(family).reference
     if runtime is None:
         raise ValueError(f"family {family} ships no graph of its own to serve with Triton")
     voice = voice or get_family(family).default_voice
-    return VariantGraph(variant, voice, runtime.prepare_graph(runtime.graph_path(voice)))
+    return VariantGraph(variant, family, voice, runtime.prepare_graph(runtime.graph_path(voice)))
 
 
-def _tensor(name: str, data_type: str, dims: list[int], batch_only: bool = False) -> dict:
+def triton_layout(family: Family) -> TritonLayout:
+    """``family.triton``; a ValueError naming the family when it has none."""
+    if family.triton is None:
+        raise ValueError(f"family {family.name!r} registers no Triton layout (Family.triton: how its graph "
+                         "is batched per request and which tensors it serves); its graphs cannot be served "
+                         f"with Triton. Families with one: {sorted(f.name for f in FAMILIES.values() if f.triton)}")
+    return family.triton
+
+
+def _tensor(tensor: ServedTensor) -> dict:
     """One config input/output. A tensor that is only (B,) is declared [1] and reshaped to []."""
-    entry = {"name": name, "data_type": data_type, "dims": [1] if batch_only else dims}
-    if batch_only:
+    if tensor.dtype not in DATA_TYPES:
+        raise ValueError(f"served tensor {tensor.name!r} has dtype {tensor.dtype!r}; Triton configs here "
+                         f"take {sorted(DATA_TYPES)}")
+    entry = {"name": tensor.name, "data_type": DATA_TYPES[tensor.dtype],
+             "dims": [1] if tensor.batch_only else list(tensor.dims)}
+    if tensor.batch_only:
         entry["reshape"] = {"shape": []}
     return entry
 
 
-def model_config(name: str, platform: str, graph: onnx.ModelProto, batching: BatchingSettings) -> dict:
-    """The config of one model entry as plain data; dims exclude the batch dimension."""
-    graph_inputs = {graph_input.name for graph_input in graph.graph.input}
-    latent_channels = _latent_channels(graph)
-    inputs = [
-        _tensor("input", "TYPE_INT64", [-1]),  # (B, T_text) phoneme ids, right-padded
-        _tensor("input_lengths", "TYPE_INT64", [], batch_only=True),  # (B,)
-        _tensor("scales", "TYPE_FP32", [len(SCALE_NAMES)]),  # (B, 3): noise_scale, length_scale, noise_scale_w
-        _tensor("duration_noise", "TYPE_FP32", [2, -1]),  # (B, 2, >= T_text)
-        _tensor("prior_noise", "TYPE_FP32", [latent_channels, -1]),  # (B, C_latent, >= T_frames)
-    ]
-    if "sid" in graph_inputs:
-        inputs.append(_tensor("sid", "TYPE_INT64", [], batch_only=True))  # (B,) speaker ids
+def model_config(name: str, platform: str, graph: onnx.ModelProto, batching: BatchingSettings,
+                 layout: TritonLayout) -> dict:
+    """The config of one model entry as plain data; dims exclude the batch dimension. ``layout``
+    (the family's) states the graph's served inputs and outputs."""
     return {
         "name": name,
         **({"backend": "onnxruntime"} if platform == "onnxruntime_onnx" else {"platform": platform}),
         "max_batch_size": batching.max_batch_size,
-        "input": inputs,
-        "output": [
-            _tensor("output", "TYPE_FP32", [1, 1, -1]),  # (B, 1, 1, T_audio), right-padded
-            _tensor("durations", "TYPE_FP32", [1, -1]),  # (B, 1, T_text) frames per phoneme id
-        ],
+        "input": [_tensor(tensor) for tensor in layout.inputs(graph)],
+        "output": [_tensor(tensor) for tensor in layout.outputs(graph)],
         "dynamic_batching": {
             "preferred_batch_size": list(batching.preferred_batch_sizes),
             "max_queue_delay_microseconds": batching.max_queue_delay_us,
@@ -172,19 +180,20 @@ def write_repository(variant: VariantGraph, out_dir: Path, batching: BatchingSet
     """Write both entries under ``out_dir``; returns {model name: its config.pbtxt}."""
     out_dir = Path(out_dir)
     onnx_name, trt_name = f"tts_{variant.name}", f"tts_{variant.name}_trt"
-    graph = triton_graph(variant.graph)
+    layout = triton_layout(get_family(variant.family))
+    graph = layout.batchable_graph(variant.graph)
     written = {}
     for name, platform in ((onnx_name, "onnxruntime_onnx"), (trt_name, "tensorrt_plan")):
         model_dir = out_dir / name
         if model_dir.exists():
             shutil.rmtree(model_dir)  # a stale version folder would be served beside the new one
         (model_dir / "1").mkdir(parents=True)
-        header = f"# Triton model config for variant {variant.name} (voice {variant.voice}); " \
-                 "written by `python -m serve.triton_repo`.\n"
+        header = f"# Triton model config for variant {variant.name} (family {variant.family}, voice " \
+                 f"{variant.voice}); written by `python -m serve.triton_repo`.\n"
         if platform == "tensorrt_plan":
             header += _plan_slot_comment(onnx_name, trt_name)
         config_path = model_dir / "config.pbtxt"
-        write_text_atomic(config_path, header + to_pbtxt(model_config(name, platform, graph, batching)) + "\n")
+        write_text_atomic(config_path, header + to_pbtxt(model_config(name, platform, graph, batching, layout)) + "\n")
         written[name] = config_path
     onnx.save(graph, str(out_dir / onnx_name / "1" / "model.onnx"))
     return written
@@ -195,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--manifest", type=Path, help="a champion's manifest.json (export/manifest.py)")
     source.add_argument("--variant", help=f"one of {list(VARIANTS)}")
+    parser.add_argument("--family", choices=sorted(FAMILIES), help="the family of --variant (a manifest names its own)")
     parser.add_argument("--voice", default="", help="the voice of --variant; default: the family's own")
     parser.add_argument("--out", type=Path, required=True, help="the model repository folder")
     parser.add_argument("--max-batch-size", type=int, default=BatchingSettings.max_batch_size)
@@ -210,7 +220,9 @@ def main(argv: list[str] | None = None) -> None:
                      "give integers joined by commas, e.g. 4,8,16")
     batching = BatchingSettings(args.max_batch_size, preferred, args.max_queue_delay_us,
                                 args.instance_kind, args.instances)
-    variant = load_variant_graph(args.manifest, args.variant, args.voice)
+    if args.variant is not None and args.family is None:
+        parser.error(f"--variant {args.variant} needs --family: one of {sorted(FAMILIES)}")
+    variant = load_variant_graph(args.manifest, args.variant, args.voice, args.family)
     for name, config_path in write_repository(variant, args.out, batching).items():
         print(f"{name}: {config_path}")
 

@@ -9,7 +9,10 @@ from models.piper.engines import bucketed_engine
 from models.piper.gpu_bundle import ENGINE_PLAN, GRAPH_MODES, build_engine, engine_variants
 from models.piper.onnx_contract import graph_contracts
 from models.piper.onnx_runtime import PiperOnnxRuntimeVoice, prepare_graph
+from models.piper.quantization import QUANTIZATION
 from models.piper.tiny import tiny_voice
+from models.piper.training.hooks import DISTIL_HOOKS, PRUNE_HOOKS
+from models.piper.triton_graph import TRITON
 from models.piper.voice import PiperVoice
 from models.piper.voice_files import PiperVoiceFiles
 from models.sampling import VitsSampling
@@ -38,4 +41,8 @@ FAMILY = Family(
     graph_contracts=graph_contracts,
     torch_engine=bucketed_engine,
     gpu_engines=GpuEngines(plan=ENGINE_PLAN, graph_modes=GRAPH_MODES, variants=engine_variants, build_engine=build_engine),
+    quantization=QUANTIZATION,
+    triton=TRITON,
+    prune=PRUNE_HOOKS,
+    distil=DISTIL_HOOKS,
 )

@@ -1,7 +1,7 @@
 """Piper's variants and CUDA engines as evaluate.gpu_engines compares them, rebuilt on a GPU machine
 from a distillation bundle with torch + safetensors alone (no ONNX import, no espeak-ng there).
 
-A bundle is the folder ``python -m compress.distil prepare`` writes: ``bundle.json`` (the
+A bundle is the folder ``python -m compress.distil prepare --family <family>`` writes: ``bundle.json`` (the
 teacher's hyperparameters, its sample rate, the family) and ``teacher.safetensors`` (its weights,
 float16 to travel light). The variants:
 

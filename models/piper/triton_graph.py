@@ -1,4 +1,4 @@
-"""Make a prepared Piper graph batchable by Triton's dynamic batcher.
+"""Make a prepared Piper graph batchable by Triton's dynamic batcher, and state its served tensors.
 
 Triton's ONNX backend (with ``max_batch_size > 0``) concatenates requests along the first
 dimension of every input, so every input needs a batch dimension first. The Piper contract's
@@ -19,7 +19,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from models.piper.onnx_runtime import _duration_output_name
+from models.family import ServedTensor, TritonLayout
+from models.piper.onnx_runtime import _duration_output_name, _latent_channels
 
 SCALE_NAMES = ("noise_scale", "length_scale", "noise_scale_w")  # the column order of ``scales``
 
@@ -89,3 +90,28 @@ def triton_graph(prepared: onnx.ModelProto) -> onnx.ModelProto:
     model = onnx.ModelProto()
     model.CopyFrom(prepared)
     return _with_named_durations(_with_batched_scales(model))
+
+
+def served_inputs(graph: onnx.ModelProto) -> tuple[ServedTensor, ...]:
+    """The inputs of ``triton_graph``'s graph, batch dimension excluded; ``sid`` only for a
+    multi-speaker voice."""
+    inputs = (
+        ServedTensor("input", "int64", (-1,)),  # (B, T_text) phoneme ids, right-padded
+        ServedTensor("input_lengths", "int64", (), batch_only=True),  # (B,)
+        ServedTensor("scales", "float32", (len(SCALE_NAMES),)),  # (B, 3): noise_scale, length_scale, noise_scale_w
+        ServedTensor("duration_noise", "float32", (2, -1)),  # (B, 2, >= T_text)
+        ServedTensor("prior_noise", "float32", (_latent_channels(graph), -1)),  # (B, C_latent, >= T_frames)
+    )
+    if "sid" in {graph_input.name for graph_input in graph.graph.input}:
+        inputs += (ServedTensor("sid", "int64", (), batch_only=True),)  # (B,) speaker ids
+    return inputs
+
+
+def served_outputs(graph: onnx.ModelProto) -> tuple[ServedTensor, ...]:
+    return (
+        ServedTensor("output", "float32", (1, 1, -1)),  # (B, 1, 1, T_audio), right-padded
+        ServedTensor("durations", "float32", (1, -1)),  # (B, 1, T_text) frames per phoneme id
+    )
+
+
+TRITON = TritonLayout(batchable_graph=triton_graph, inputs=served_inputs, outputs=served_outputs)

@@ -146,6 +146,15 @@ class PiperVoice(nn.Module):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def hop_length(self) -> int:
+        return self.model.hp.hop_length
+
+    @property
+    def latent_channels(self) -> int:
+        """Channels of the prior noise ``VitsSampling.draw`` makes for this voice."""
+        return self.model.hp.latent_channels
+
     def text_to_utterances(self, text: str) -> list[Utterance]:
         return self.frontend(text)
 

@@ -1,7 +1,6 @@
-"""espeak-ng phonemes through piper-phonemize, then ids through a voice's ``phoneme_id_map``.
-
-This is the frontend Piper itself uses: each sentence becomes ``^ _ p1 _ p2 _ ... $``
-(beginning, a pad after every phoneme, end).
+"""espeak-ng phonemes (through the ``piper_phonemize`` bindings), then ids through a voice's
+``phoneme_id_map``: each sentence becomes ``^ _ p1 _ p2 _ ... $`` (beginning, a pad after every
+phoneme, end), the convention of espeak-based VITS voices.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from models.interface import UnspeakableTextError, Utterance
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
-# Only at . ! ?, where espeak (and so Piper) ends a sentence too: Piper speaks ; and : as pauses
+# Only at . ! ?, where espeak ends a sentence too: espeak-based voices speak ; and : as pauses
 # inside one sentence, and splitting there would change the phoneme ids and the prosody.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 

@@ -17,7 +17,7 @@ import torch
 from onnx import numpy_helper
 
 import compress.int8_onnxruntime as int8_ort
-from compress.int8_onnxruntime import Int8OrtSettings, block_of, build
+from compress.int8_onnxruntime import Int8OrtSettings, build
 from compress.variants import StageContext, Variant
 from models.registry import get_family
 from evaluate.mcd import mel_cepstral_distortion
@@ -100,6 +100,7 @@ def test_graph_runs_int8_weights_with_zero_point_zero(int8):
     for node in weight_dequantizers:
         assert not initializers[node.input[2]].any(), f"{node.name}: weight zero point is not 0"
     dequantized = {node.output[0] for node in weight_dequantizers}
+    block_of = get_family("piper").quantization.block_of
     int8_blocks = {block_of(node.name) for node in graph.graph.node
                    if node.op_type == "Conv" and node.input[1] in dequantized}
     assert int8_blocks == {"flow.flows.0", "dec.resblocks.0"}

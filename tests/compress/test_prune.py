@@ -1,7 +1,7 @@
 """Decoder pruning: the right channels go, the voice still speaks with the teacher's timing,
 and the saved decoder comes back identical.
 
-    python -m pytest -q tests/test_prune.py
+    python -m pytest -q tests/compress/test_prune.py
 """
 from __future__ import annotations
 
@@ -10,15 +10,17 @@ import copy
 import pytest
 import torch
 
-from compress.decoder_training import load_decoder
-from compress.prune import PruneSettings, build, prune_decoder
+from compress.prune import PruneSettings, build
 from core.config import ConfigError
 from compress.variants import StageContext, Variant
 from models.registry import get_family
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
+from models.piper.training.decoder_student import load_decoder, teacher_latents
+from models.piper.training.pruning import prune_decoder
 from models.piper.voice import PiperVoice
+from models.training.decoder_training import SegmentSampler
 from texts import load_sentences
 
 pytestmark = pytest.mark.slow  # loads the real voice
@@ -106,9 +108,7 @@ def test_saved_decoder_rebuilds_and_resumes_identically(teacher, calibration_seq
 
 
 def test_taylor_importance_prunes_to_the_same_widths(teacher, calibration_sequences, tmp_path):
-    from compress.decoder_training import LatentDataset, SegmentSampler
-
-    dataset = LatentDataset.from_voice(teacher.model, calibration_sequences)
+    dataset = teacher_latents(teacher.model, calibration_sequences)
     decoder = prune_decoder(copy.deepcopy(teacher.model.parts()["decoder"]), 192, 0.25, "taylor",
                             SegmentSampler(dataset, 2, 16, seed=0))
     assert [up.out_channels for up in decoder.ups] == [96, 48, 24]

@@ -19,6 +19,7 @@ from compress.registration import (
 from compress.selection import (
     Constraint,
     ObjectiveSettings,
+    RegistrySettings,
     SelectionSettings,
     TieBreaker,
     pareto_figure,
@@ -168,6 +169,17 @@ def test_dataclass_defaults_are_the_config_file(tmp_path):
     from tests.conftest import compose_config
 
     assert settings_from_config(compose_config(tmp_path, [])).selection == SelectionSettings()
+
+
+def test_registered_name_is_derived_from_the_run_unless_the_config_gives_one(tmp_path):
+    from tests.conftest import compose_config
+
+    settings = settings_from_config(compose_config(tmp_path, []))
+    registry = settings.selection.registry
+    # The default run keeps the name the registry already holds versions under.
+    assert registry.model_name_for(settings.model.family, settings.model.voice) == "tts-compress-piper-joe"
+    assert registry.model_name_for("piper", "voices/en_US-amy-medium.onnx") == "tts-compress-piper-en-us-amy-medium"
+    assert RegistrySettings(model_name="mine").model_name_for("piper", "bundled:joe") == "mine"
 
 
 def test_pareto_front_minimize_x_maximize_y():

@@ -4,15 +4,24 @@ A new family joins by being registered in models/registry.py: every test here ru
 """
 from __future__ import annotations
 
+import io
+import time
+
 import numpy as np
 import onnxruntime as ort
 import pytest
+import soundfile
 import torch
+from fastapi.testclient import TestClient
 
+from conftest import compose_config
 from export.onnx_export import export_graph
 from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
 from models.registry import FAMILIES
+from serve.app import create_app
+from serve.engines import served_as_is
+from serve.settings import serve_settings_from_config
 
 SENTENCES = "The quick brown fox jumps. Where did Kenji leave his lantern?"
 
@@ -103,3 +112,22 @@ def test_export_then_onnxruntime_matches_the_model(family, model, tmp_path):
     if contract.durations_output is not None:
         durations = outputs[contract.durations_output].reshape(len(utterances), -1)
         assert np.array_equal(durations[:, : expected.durations.shape[1]], expected.durations.numpy())
+
+
+def test_one_request_served(family, model, tmp_path):
+    """The server takes the family's tiny model as it is: a speech request answers 200 with audio at
+    the model's rate, and a field its capabilities do not take answers 400 naming the family."""
+    settings = serve_settings_from_config(compose_config(tmp_path, ["serve.source=teacher", "serve.warmup=false"]))
+    served = served_as_is(model, family, "teacher", family.default_voice)
+    with TestClient(create_app(settings, served)) as client:
+        deadline = time.monotonic() + 30
+        while client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        speech = {"model": "teacher", "voice": served.voice_name, "input": "Hello there.", "response_format": "wav"}
+        response = client.post("/v1/audio/speech", json=speech)
+        assert response.status_code == 200, response.text
+        audio, sample_rate_hz = soundfile.read(io.BytesIO(response.content))
+        assert sample_rate_hz == model.sample_rate_hz and audio.size > 0
+        if not family.capabilities.prompt_style:
+            refused = client.post("/v1/audio/speech", json={**speech, "prompt": "cheerful"})
+            assert refused.status_code == 400 and family.name in refused.json()["error"]["message"]

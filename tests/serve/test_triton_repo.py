@@ -1,6 +1,7 @@
 """The Triton model repository: batched-scales graph parity, config dims against the graph, protobuf parse."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,8 +16,9 @@ import torch
 from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 from models.piper.triton_graph import triton_graph
 from models.interface import SynthesisRequest
+from models.registry import get_family
 from models.sampling import VitsSampling
-from serve.triton_repo import BatchingSettings, load_variant_graph, model_config, write_repository
+from serve.triton_repo import BatchingSettings, load_variant_graph, model_config, triton_layout, write_repository
 
 pytestmark = pytest.mark.slow  # loads the real voice
 
@@ -27,7 +29,7 @@ PYTRITON_PYTHON = Path(os.environ.get("PYTRITON_PYTHON", REPO_ROOT / ".venv-pytr
 
 @pytest.fixture(scope="module")
 def variant():
-    return load_variant_graph(variant="original_onnx")
+    return load_variant_graph(variant="original_onnx", family="piper")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,8 @@ def test_config_matches_the_written_graph(repository):
                                    providers=["CPUExecutionProvider"])
     graph_shapes = {t.name: t.shape for t in [*session.get_inputs(), *session.get_outputs()]}
     config = model_config("tts_original_onnx", "onnxruntime_onnx",
-                          load_variant_graph(variant="original_onnx").graph, batching)
+                          load_variant_graph(variant="original_onnx", family="piper").graph, batching,
+                          get_family("piper").triton)
     declared = config["input"] + config["output"]
     assert {entry["name"] for entry in declared} == set(graph_shapes)
     for entry in declared:
@@ -135,6 +138,10 @@ def test_bad_settings_and_sources_are_refused(tmp_path):
         load_variant_graph()
     with pytest.raises(ValueError, match="use one of"):
         load_variant_graph(variant="teacher")
+    with pytest.raises(ValueError, match="needs --family"):
+        load_variant_graph(variant="original_onnx")
+    with pytest.raises(ValueError, match="family 'piper' registers no Triton layout"):
+        triton_layout(dataclasses.replace(get_family("piper"), triton=None))
     from export.manifest import ManifestError
 
     with pytest.raises(ManifestError, match="no manifest"):
@@ -142,7 +149,7 @@ def test_bad_settings_and_sources_are_refused(tmp_path):
 
 
 def test_cli_rejects_bad_batch_sizes(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "serve.triton_repo", "--variant", "original_onnx", "--out",
-                             str(tmp_path), "--preferred-batch-sizes", "4,x"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "serve.triton_repo", "--variant", "original_onnx", "--family",
+                             "piper", "--out", str(tmp_path), "--preferred-batch-sizes", "4,x"], capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=120)
     assert result.returncode == 2 and "--preferred-batch-sizes" in result.stderr

@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from compress.distil import (
-    REPO_ROOT, TeacherTargets, save_student, train_lite,
-)
+from compress.distil import REPO_ROOT
 from core.config import ConfigError
 from compress.run_config import settings_from_config
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.speaker import speaker_similarity
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
+from models.piper.training.lite_training import TeacherTargets, save_student, train_lite
 from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, build_lite_parts, load_student
 from models.piper.vits import VitsHyperParams
 from models.piper.voice import PiperVoice

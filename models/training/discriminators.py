@@ -1,4 +1,4 @@
-"""HiFi-GAN's adversarial terms for the Lite student: multi-period and multi-scale discriminators.
+"""HiFi-GAN's adversarial terms for a student vocoder: multi-period and multi-scale discriminators.
 
 Spectral losses alone leave a student's audio slightly buzzy and smeared (DNSMOS 3.28 against the
 teacher's 3.94 on 12 eval sentences after 9,300 steps); a short adversarial fine-tune is the

@@ -2,14 +2,16 @@
 
     loss = MultiResolutionSTFTLoss()(student_audio, teacher_audio)  # both (B, T) waveforms
     loss = MelSpectrogramLoss(sample_rate_hz=22050, hop_length=256)(student_audio, teacher_audio)
+    parts = DistillationLoss(sample_rate_hz, hop_length)(student_audio, teacher_audio)  # both, weighted
 
-Both compare magnitudes, not samples: a decoder may shift phase slightly and still sound the
+They compare magnitudes, not samples: a decoder may shift phase slightly and still sound the
 same, which a waveform L1 would punish. The mel filterbank is built here (Slaney scale and area
 normalisation, as librosa and HiFi-GAN use) so the losses run where librosa is not installed.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -123,3 +125,29 @@ class MelSpectrogramLoss(nn.Module):
     def forward(self, predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         _check_waveforms(predicted, target)
         return F.l1_loss(self.log_mel(predicted), self.log_mel(target))
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    stft: float = 1.0  # multi-resolution STFT: spectral convergence + log magnitude
+    mel: float = 1.0  # log-mel L1 (HiFi-GAN's reconstruction term); same order as the STFT term here
+
+    def __post_init__(self):
+        if min(self.stft, self.mel) < 0 or self.stft + self.mel == 0:
+            raise ValueError(f"loss weights {self}: need both >= 0 and at least one > 0")
+
+
+class DistillationLoss(nn.Module):
+    """A student's audio against its teacher's: MR-STFT + log-mel L1, weighted."""
+
+    def __init__(self, sample_rate_hz: int, hop_length: int, weights: LossWeights = LossWeights()):
+        super().__init__()
+        self.weights = weights
+        self.stft = MultiResolutionSTFTLoss()
+        self.mel = MelSpectrogramLoss(sample_rate_hz, hop_length)
+
+    def forward(self, predicted: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """(B, T) waveforms -> {"loss", "stft", "mel"}; "loss" is the weighted sum to minimise."""
+        parts = {"stft": self.stft(predicted, target), "mel": self.mel(predicted, target)}
+        parts["loss"] = self.weights.stft * parts["stft"] + self.weights.mel * parts["mel"]
+        return parts

@@ -1,6 +1,7 @@
-"""Teacher-forced decoder training: teacher batches, the cached dataset, resumable training, the CLI.
+"""Teacher-forced decoder training of a Piper student decoder: teacher batches, the cached dataset,
+resumable training, the CLI.
 
-    python -m pytest -q tests/test_decoder_training.py
+    python -m pytest -q tests/models/piper/test_decoder_student.py
 """
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from compress.decoder_training import (
-    LatentDataset, SegmentSampler, build_decoder, decoder_config, main, teacher_latent_batches, train_decoder,
+from models.piper.training.decoder_student import (
+    build_decoder, decoder_config, load_latent_dataset, main, teacher_latent_batches, teacher_latents,
 )
+from models.training.decoder_training import SegmentSampler, train_decoder
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from models.piper.voice import PiperVoice
@@ -60,7 +62,7 @@ def test_latents_are_the_teacher_flow_output(voice):
     """Decoding a cached latent whole gives the teacher's own synthesis of that sentence, same noise."""
     sequence = voice.text_to_utterances(generate_training_sentences(1, seed=0)[0])[0]
     noise = VitsSampling(seed=5)
-    dataset = LatentDataset.from_voice(voice, [sequence], noise)
+    dataset = teacher_latents(voice, [sequence], noise)
     with torch.inference_mode():
         audio = voice.parts()["decoder"](dataset.latents[0][None])[0, 0]
     reference = voice.synthesize(SynthesisRequest.from_utterances([sequence], sampling=noise)).audio[0]
@@ -104,7 +106,7 @@ def test_resumed_training_equals_straight_training(voice, batches, tmp_path):
 def test_dataset_file_round_trip(batches, tmp_path):
     path = tmp_path / "latents.safetensors"
     batches.dataset.save(path)
-    loaded = LatentDataset.load([path, path])  # shards of one teacher concatenate
+    loaded = load_latent_dataset([path, path])  # shards of one teacher concatenate
     assert len(loaded.latents) == 2 * len(batches.dataset.latents)
     for ours, theirs in zip(loaded.latents, batches.dataset.latents):
         assert torch.allclose(ours, theirs, atol=2e-2, rtol=1e-3)  # float16 on disk
@@ -133,5 +135,5 @@ def test_training_core_imports_without_espeak_onnx_or_hydra():
     """What the GPU machine has: torch, numpy, safetensors."""
     blocked = ["onnx", "onnxruntime", "piper_phonemize", "hydra", "mlflow", "librosa", "torch_pruning"]
     code = ("import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in blocked)
-            + "import compress.decoder_training, compress.losses\n")
+            + "import models.piper.training.decoder_student, models.piper.training.lite_training\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)

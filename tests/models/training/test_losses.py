@@ -1,6 +1,6 @@
 """The spectral losses on cases whose answer is known.
 
-    python -m pytest -q tests/compress/test_losses.py
+    python -m pytest -q tests/models/training/test_losses.py
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from compress.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss, mel_filterbank
+from models.training.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss, mel_filterbank
 
 SAMPLE_RATE_HZ = 22050
 HOP_LENGTH = 256  # a Piper medium voice's samples per frame at 22.05 kHz

@@ -1,0 +1,277 @@
+r"""Distilling a Piper voice into the Lite student (models/piper/lite.py): a slim flow and an
+iSTFT-head decoder behind the teacher's own text encoder and duration predictor.
+
+Training is online distillation: every step draws training sentences (``texts.training_text``,
+never eval or Harvard), runs the teacher up to its prior sample and its flow, and teaches the
+student to map the same prior sample to the teacher's audio:
+
+    loss = MR-STFT + mel (student audio vs teacher audio on a segment)
+           + latent_weight * MSE(student flow output, teacher flow output)   # feature matching
+
+The teacher decodes exactly the latent segment the student decodes (see
+models/training/decoder_training.py on why a slice of the whole utterance's audio would be an
+unreachable target).
+
+The distillation stage (compress/distil.py) reaches this through models/piper/training/hooks.py.
+Training on the GPU machine, in bounded chunks that resume from the checkpoint (torch + numpy +
+safetensors there; espeak only here, where the bundle is prepared):
+
+    python -m compress.distil prepare --family piper --voice bundled:joe --sentences 12000 --out .device/distil
+    python -m models.piper.training.lite_training train --bundle .device/distil --checkpoint $OUT/lite_ckpt.pt \
+        --steps 24000 --max-seconds 450 --device cuda --export $OUT/lite_student.safetensors
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from core.atomic_io import atomic_write
+from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts, slice_segments
+from models.piper.training.decoder_student import DISTILLATION_NOISE
+from models.piper.vits import PiperVits, hyperparams_from_dict
+from models.sampling import VitsSampling
+from models.training.discriminators import HifiGanDiscriminator, discriminator_loss, generator_losses
+from models.training.losses import DistillationLoss, LossWeights
+from models.training.schedule import learning_rate
+
+
+# ---------------------------------------------------------------- the student and the teacher's targets
+
+
+class PriorTap(nn.Module):
+    """A flow that records its input (the prior sample) and mask, then runs the wrapped flow.
+
+    Installed with ``replace_part("flow", ...)`` on a copy of the teacher, it yields the student's
+    input and the teacher's flow output from one ``infer_latent`` call.
+    """
+
+    def __init__(self, flow: nn.Module):
+        super().__init__()
+        self.flow = flow
+        self.z_prior: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+
+    def reverse(self, z: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None = None) -> torch.Tensor:
+        self.z_prior, self.mask = z, mask  # (B, C_lat, T_frames), (B, 1, T_frames)
+        return self.flow.reverse(z, mask, g)
+
+
+class TeacherTargets:
+    """Batch ``step`` of teacher targets; a function of (seed, step) alone, so training resumes exactly."""
+
+    def __init__(self, teacher: PiperVits, phoneme_ids: list[list[int]], batch_size: int, segment_frames: int,
+                 seed: int, device: str, noise: VitsSampling = DISTILLATION_NOISE):
+        if not phoneme_ids:
+            raise ValueError("TeacherTargets: no training sentences")
+        self.teacher = copy.deepcopy(teacher).float().to(device).eval().requires_grad_(False)
+        self.tap = PriorTap(self.teacher.parts()["flow"])
+        self.teacher.replace_part("flow", self.tap)
+        self.decoder = self.teacher.parts()["decoder"]
+        self.phoneme_ids = phoneme_ids
+        self.batch_size, self.segment_frames, self.seed, self.device = batch_size, segment_frames, seed, device
+        self.noise = noise
+
+    @torch.no_grad()
+    def batch(self, step: int) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng([self.seed, step])
+        chosen = [self.phoneme_ids[i] for i in rng.choice(len(self.phoneme_ids), size=self.batch_size)]
+        lengths = torch.tensor([len(ids) for ids in chosen])
+        phoneme_ids = torch.zeros(len(chosen), int(lengths.max()), dtype=torch.long)  # (B, T_text)
+        for row, ids in enumerate(chosen):
+            phoneme_ids[row, : len(ids)] = torch.tensor(ids)
+        # Noise drawn where the teacher runs: the prior noise is a large tensor (B, C_lat, 16 T_text),
+        # and drawing it on the CPU every step took longer than the step itself on the H200.
+        generator = torch.Generator(self.device).manual_seed(int(rng.integers(2**31)))
+        batch, text_length, channels = len(chosen), phoneme_ids.shape[1], self.teacher.hp.latent_channels
+        duration_noise = torch.randn(batch, 2, text_length, generator=generator, device=self.device)
+        prior_noise = torch.randn(batch, channels, text_length * self.noise.max_frames_per_phoneme_id,
+                                  generator=generator, device=self.device)
+        latent = self.teacher.infer_latent(
+            phoneme_ids.to(self.device), lengths.to(self.device), duration_noise, prior_noise,
+            self.noise.noise_scale, self.noise.length_scale, self.noise.noise_scale_w)
+        frames = latent.frame_lengths.cpu()
+        starts = torch.tensor([int(rng.integers(0, max(int(n) - self.segment_frames, 0) + 1)) for n in frames])
+        starts = starts.to(self.device)
+        audio = self.decoder(slice_segments(latent.z, starts, self.segment_frames))[:, 0]  # (B, S * hop)
+        return {"z_prior": self.tap.z_prior, "mask": self.tap.mask, "z": latent.z, "starts": starts, "audio": audio}
+
+
+# ---------------------------------------------------------------- training
+
+
+def student_state(student: LiteStudent) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().contiguous() for k, v in student.state_dict().items()}
+
+
+@dataclass(frozen=True)
+class AdversarialWeights:
+    """HiFi-GAN's balance: L_adv + 2 L_feature_matching + 45 L_mel (set through loss_weights.mel)."""
+
+    adversarial: float = 1.0
+    feature_matching: float = 2.0
+
+
+def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: float, checkpoint_path: Path,
+               sample_rate_hz: int, latent_weight: float = 1.0, warmup_steps: int = 200,
+               final_lr_fraction: float = 0.05, max_steps_this_call: int | None = None,
+               max_seconds: float | None = None, log_every: int = 100, checkpoint_every: int = 500,
+               autocast_bf16: bool = False, loss_weights: LossWeights = LossWeights(),
+               adversarial: AdversarialWeights | None = None) -> dict:
+    """Train ``student`` toward the teacher; resumes from ``checkpoint_path``; bounded by steps and seconds.
+
+    AdamW with HiFi-GAN's betas, clipped gradients, warm-up then cosine decay (a function of the
+    step: a resumed run needs no scheduler state). A checkpoint (model, optimizer, step, and the
+    discriminator when ``adversarial`` is set) is written atomically every ``checkpoint_every``
+    steps and when the call ends. With ``adversarial``, a HiFi-GAN discriminator takes the
+    teacher's audio as real and the student's as fake.
+    """
+    if steps < 1 or lr <= 0:
+        raise ValueError(f"train_lite: need steps >= 1 and lr > 0 (got {steps}, {lr})")
+    device = targets.device
+    student.to(device).train()
+    criterion = DistillationLoss(sample_rate_hz, targets.teacher.hp.hop_length, loss_weights).to(device)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.8, 0.99))
+    discriminator = d_optimizer = None
+    if adversarial is not None:
+        discriminator = HifiGanDiscriminator().to(device).train()
+        d_optimizer = torch.optim.AdamW(discriminator.parameters(), lr=lr, betas=(0.8, 0.99))
+    step = 0
+    if Path(checkpoint_path).is_file():
+        state = torch.load(checkpoint_path, map_location=device, weights_only=True)
+        student.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if discriminator is not None and "discriminator" in state:
+            discriminator.load_state_dict(state["discriminator"])
+            d_optimizer.load_state_dict(state["d_optimizer"])
+        step = int(state["step"])
+    start_step, started = step, time.perf_counter()
+    end_step = steps if max_steps_this_call is None else min(steps, step + max_steps_this_call)
+
+    def save() -> None:
+        state = {"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+        if discriminator is not None:
+            state |= {"discriminator": discriminator.state_dict(), "d_optimizer": d_optimizer.state_dict()}
+        atomic_write(Path(checkpoint_path), lambda tmp: torch.save(state, tmp))
+
+    history: list[dict[str, float]] = []
+    while step < end_step and (max_seconds is None or time.perf_counter() - started < max_seconds):
+        for group in optimizer.param_groups + (d_optimizer.param_groups if d_optimizer else []):
+            group["lr"] = learning_rate(step, steps, lr, final_lr_fraction, warmup_steps)
+        batch = targets.batch(step)
+        with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_bf16):
+            z, audio = student(batch["z_prior"], batch["mask"], batch["starts"], targets.segment_frames)
+        parts = criterion(audio.float(), batch["audio"])
+        mask = batch["mask"]
+        parts["latent"] = ((z.float() - batch["z"]) ** 2 * mask).sum() / (mask.sum() * z.shape[1])
+        loss = parts["loss"] + latent_weight * parts["latent"]
+        if discriminator is not None:
+            real = batch["audio"]  # (B, S * hop) the teacher's
+            parts["disc"] = discriminator_loss(discriminator(real), discriminator(audio.detach().float()))
+            d_optimizer.zero_grad(set_to_none=True)
+            parts["disc"].backward()
+            d_optimizer.step()
+            with torch.no_grad():
+                real_scores = discriminator(real)
+            parts["adv"], parts["fm"] = generator_losses(real_scores, discriminator(audio.float()))
+            loss = loss + adversarial.adversarial * parts["adv"] + adversarial.feature_matching * parts["fm"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        history.append({k: v.item() for k, v in parts.items()})
+        if log_every and step % log_every == 0:
+            window = history[-log_every:]
+            print(f"step {step}/{steps} " + " ".join(f"{k} {sum(h[k] for h in window) / len(window):.4f}"
+                                                     for k in window[0])
+                  + f" {(step - start_step) / (time.perf_counter() - started):.1f} steps/s", flush=True)
+        if step % checkpoint_every == 0:
+            save()
+    save()
+    seconds = time.perf_counter() - started
+    tail = history[-min(len(history), max(log_every, 1)):] if history else []
+    return {"step": step, "start_step": start_step, "done": step >= steps, "seconds": seconds,
+            "steps_per_s": (step - start_step) / seconds if seconds else 0.0,
+            **({f"{k}_tail_mean": sum(h[k] for h in tail) / len(tail) for k in tail[0]} if tail else {})}
+
+
+def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, card: dict) -> None:
+    metadata = {"lite_student_config": json.dumps(config.to_dict()), "training": json.dumps(card)}
+    atomic_write(Path(path), lambda tmp: save_file(student_state(student), tmp, metadata=metadata))
+
+
+# ---------------------------------------------------------------- CLI: train on the GPU machine
+
+
+def _train(args: argparse.Namespace) -> None:
+    bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
+    hp = hyperparams_from_dict(bundle["hyperparams"])
+    teacher = PiperVits(hp)
+    teacher.load_state_dict({k: v.float() for k, v in load_file(str(Path(args.bundle) / "teacher.safetensors")).items()})
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    # No cudnn.benchmark: sentence lengths change every step, and re-tuning each new shape held
+    # the first H200 run to 1.3-2.8 steps/s.
+    config = LiteStudentConfig.from_dict(json.loads(args.student_config) if args.student_config else {})
+    parts = build_lite_parts(hp, config)
+    student = LiteStudent(parts["flow"], parts["decoder"])
+    if args.init and not Path(args.checkpoint).is_file():
+        student.load_state_dict(load_file(args.init), strict=True)
+    targets = TeacherTargets(teacher, bundle["phoneme_ids"], args.batch_size, args.segment_frames, args.seed,
+                             args.device)
+    summary = train_lite(student, targets, args.steps, args.lr, Path(args.checkpoint), bundle["sample_rate_hz"],
+                         args.latent_weight, args.warmup_steps, args.final_lr_fraction,
+                         max_seconds=args.max_seconds, log_every=args.log_every, autocast_bf16=args.bf16,
+                         loss_weights=LossWeights(args.stft_weight, args.mel_weight),
+                         adversarial=AdversarialWeights() if args.gan else None)
+    print(json.dumps(summary))
+    if args.export:
+        card = {"steps": summary["step"], "done": summary["done"], "lr": args.lr, "batch_size": args.batch_size,
+                "segment_frames": args.segment_frames, "latent_weight": args.latent_weight, "bf16": args.bf16,
+                "gan": args.gan, "stft_weight": args.stft_weight, "mel_weight": args.mel_weight,
+                "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+                "training_sequences": len(bundle["phoneme_ids"]), "training_text_seed": bundle["training_text_seed"],
+                "teacher_weights": "float16-rounded teacher, upcast to float32", "init": args.init, **summary}
+        save_student(student, config, Path(args.export), card)
+        print(f"wrote {args.export}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m models.piper.training.lite_training", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train the Lite student; resumes from --checkpoint")
+    train.add_argument("--bundle", required=True)
+    train.add_argument("--checkpoint", required=True)
+    train.add_argument("--steps", type=int, required=True, help="total steps of the run (not of this call)")
+    train.add_argument("--max-seconds", type=float, help="stop this call after this long (checkpoint kept)")
+    train.add_argument("--device", default="cpu")
+    train.add_argument("--student-config", help="LiteStudentConfig fields as JSON; default: its defaults")
+    train.add_argument("--init", help="initial student weights (safetensors from --export); ignored when resuming")
+    train.add_argument("--batch-size", type=int, default=16)
+    train.add_argument("--segment-frames", type=int, default=32)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--warmup-steps", type=int, default=200)
+    train.add_argument("--final-lr-fraction", type=float, default=0.05)
+    train.add_argument("--latent-weight", type=float, default=1.0)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--log-every", type=int, default=200)
+    train.add_argument("--bf16", action="store_true", help="student forward under bfloat16 autocast (CUDA)")
+    train.add_argument("--gan", action="store_true", help="add HiFi-GAN's adversarial and feature-matching terms")
+    train.add_argument("--stft-weight", type=float, default=1.0)
+    train.add_argument("--mel-weight", type=float, default=1.0, help="45 with --gan, as HiFi-GAN")
+    train.add_argument("--export", help="write the student's weights (safetensors + config + card) here")
+    args = parser.parse_args(argv)
+    _train(args)
+
+
+if __name__ == "__main__":
+    main()
