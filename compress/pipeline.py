@@ -19,17 +19,18 @@ from compress.settings import RunSettings
 from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
+from evaluate.asr import build_recognizer
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from models.registry import get_family
 from texts import load_sentences
 
 TABLE_COLUMNS = (
     "params_m", "size_mb", "rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
-    "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim",
+    "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "cer", "mcd_db", "spk_sim",
 )
 
 
-QUALITY_COLUMNS = ("params_m", "size_mb", "dnsmos_p808", "dnsmos_ovrl", "wer", "mcd_db", "spk_sim")
+QUALITY_COLUMNS = ("params_m", "size_mb", "dnsmos_p808", "dnsmos_ovrl", "wer", "cer", "mcd_db", "spk_sim")
 
 
 def load_gpu_results(path: str | None) -> dict:
@@ -186,9 +187,9 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
 
 
 def _recognizer(settings: RunSettings, texts: list[str]):
-    """The domain-LM recognizer, built once per run from the evaluation sentences."""
+    """The recognizer for the error rate, built once per run (evaluate.recognizer)."""
     if "wer" not in settings.evaluate.metrics:
         return None
-    from evaluate.intelligibility import DomainRecognizer
-
-    return DomainRecognizer.from_sentences(texts)
+    recognizer = settings.evaluate.recognizer
+    return build_recognizer(recognizer.kind, recognizer.model, settings.model.language, settings.evaluate.cpu_threads,
+                            texts, Path(settings.paths.cache_dir))

@@ -25,6 +25,7 @@ class ModelSettings:
     family: str  # a name in models/registry.py
     voice: str
     device: str = "cpu"
+    language: str = "en"  # what the voice speaks (BCP 47): picks the recognizer's language and WER or CER
     # The family's own sampling options (a VITS family's noise scales, an autoregressive one's
     # top-k ...); seed and pace are the evaluation's (evaluate.sampling). Checked by family.sampling.
     sampling: dict = field(default_factory=dict)

@@ -286,7 +286,9 @@ class DomainRecognizer:
 class WordErrorRate(_CorpusWordErrorRate):
     """Corpus WER (all word errors / all reference words) of recognised speech against its text."""
 
-    def __init__(self, recognizer: DomainRecognizer, **kwargs):
+    def __init__(self, recognizer, **kwargs):
+        """``recognizer``: anything with ``transcribe(waveform, sample_rate_hz) -> str`` (a
+        DomainRecognizer, evaluate.asr.WhisperRecognizer); both sides are normalized alike."""
         super().__init__(**kwargs)
         self.recognizer = recognizer
 
@@ -296,7 +298,7 @@ class WordErrorRate(_CorpusWordErrorRate):
             raise ValueError(
                 f"reference_text {reference_text!r} has no words after normalisation: give the spoken text"
             )
-        vocabulary = self.recognizer.vocabulary
+        vocabulary = getattr(self.recognizer, "vocabulary", None)  # a closed-vocabulary recognizer's words
         if vocabulary is not None:
             unknown = set(reference.split()) - vocabulary - self.recognizer.out_of_vocabulary_words
             if unknown:
@@ -304,4 +306,4 @@ class WordErrorRate(_CorpusWordErrorRate):
                     f"reference_text {reference_text!r} has words {sorted(unknown)} the recognizer was not built "
                     "with: build it with DomainRecognizer.from_sentences on the sentences being evaluated"
                 )
-        super().update(self.recognizer.transcribe(waveform, sample_rate_hz), reference)
+        super().update(normalize_text(self.recognizer.transcribe(waveform, sample_rate_hz)), reference)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
@@ -19,7 +18,8 @@ from tqdm import tqdm
 
 from evaluate.degradations import STANDARD_DEGRADATIONS
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
-from evaluate.intelligibility import DomainRecognizer, WordErrorRate
+from core.atomic_io import write_text_atomic
+from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 from models.interface import SynthesisRequest, TTSModel
@@ -30,7 +30,8 @@ from texts import load_sentences
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
 
 
-def score_conditions(voice: TTSModel, sentences: list[str]) -> dict[str, dict[str, float]]:
+def score_conditions(voice: TTSModel, sentences: list[str], language: str = "en",
+                     recognizer_kind: str = "whisper") -> dict[str, dict[str, float]]:
     """Condition -> metric -> value over ``sentences`` spoken by ``voice``, utterance i with seed i."""
     family = family_of(voice)
     sequences = [seq for sentence in sentences for seq in voice.text_to_utterances(sentence)]
@@ -39,22 +40,23 @@ def score_conditions(voice: TTSModel, sentences: list[str]) -> dict[str, dict[st
         for i, seq in enumerate(tqdm(sequences, desc="teacher"))
     ]
     texts = [seq.text for seq in sequences]
-    recognizer = DomainRecognizer.from_sentences(texts)
+    recognizer = build_recognizer(recognizer_kind, "tiny.en" if language == "en" else "base", language, 2, texts)
     rate = voice.sample_rate_hz
     table = {}
     for condition, degrade in STANDARD_DEGRADATIONS.items():
-        p808, p835, wer = DNSMOSP808(), DNSMOSP835(), WordErrorRate(recognizer)
+        p808, p835 = DNSMOSP808(), DNSMOSP835()
+        error_name, error_rate = error_rate_metric(recognizer)
         mcd, similarity = MelCepstralDistortion(), SpeakerSimilarity()
         for i, (wave, text) in enumerate(tqdm(list(zip(clean, texts)), desc=condition)):
             degraded = degrade(wave, rate, i)  # (T,)
             p808.update(degraded, rate)
             p835.update(degraded, rate)
-            wer.update(degraded, rate, text)
+            error_rate.update(degraded, rate, text)
             mcd.update(degraded, wave, rate)
             similarity.update(degraded, wave, rate)
         table[condition] = {"dnsmos_p808": float(p808.compute()),
                             **{f"dnsmos_{k}": float(v) for k, v in p835.compute().items()},
-                            "wer": float(wer.compute()), "mcd_db": float(mcd.compute()),
+                            error_name: float(error_rate.compute()), "mcd_db": float(mcd.compute()),
                             "spk_sim": float(similarity.compute())}
     return table
 
@@ -67,6 +69,8 @@ def main() -> None:
                         help="a registered model family (default: %(default)s, the first registered)")
     parser.add_argument("--voice", default=None, help="one of the family's voices (default: its default voice)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR, help="converted teacher weights")
+    parser.add_argument("--language", default="en", help="what the voice speaks; zh and ja are scored by CER")
+    parser.add_argument("--recognizer", default="whisper", choices=("whisper", "pocketsphinx_domain"))
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if args.sentences < 1:
@@ -74,13 +78,11 @@ def main() -> None:
     family = get_family(args.family)
     voice = args.voice or family.default_voice
     torch.manual_seed(0)
-    table = score_conditions(family.load_teacher(voice, args.cache_dir), load_sentences(args.eval_set)[: args.sentences])
+    table = score_conditions(family.load_teacher(voice, args.cache_dir), load_sentences(args.eval_set)[: args.sentences],
+                             args.language, args.recognizer)
     payload = {"family": family.name, "voice": voice, "eval_set": args.eval_set, "sentences": args.sentences,
-               "conditions": table}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2)
-    os.replace(args.out + ".tmp", args.out)
+               "recognizer": args.recognizer, "language": args.language, "conditions": table}
+    write_text_atomic(Path(args.out), json.dumps(payload, indent=2))
     print("condition".ljust(18) + "".join(m.rjust(12) for m in next(iter(table.values()))))
     for condition, metrics in table.items():
         print(condition.ljust(18) + "".join(f"{v:12.3f}" for v in metrics.values()))

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from evaluate.settings import EvaluateSettings
+from evaluate.asr import error_rate_metric
 from evaluate.memory import PeakRssSampler
 from evaluate.rtf import measure_batch1, measure_batched
+from evaluate.settings import EvaluateSettings
 from models.interface import Utterance
 from models.sampling import Sampling
 
@@ -70,12 +71,10 @@ def _quality_metrics(
         metrics["dnsmos_p808"] = float(p808.compute())
         metrics.update({f"dnsmos_{k}": float(v) for k, v in p835.compute().items()})
     if "wer" in settings.metrics:
-        from evaluate.intelligibility import WordErrorRate
-
-        wer = WordErrorRate(recognizer)
+        name, error_rate = error_rate_metric(recognizer)  # wer, or cer for languages without spaces
         for wave, text in tqdm(list(zip(waveforms, texts)), desc="  asr", leave=False):
-            wer.update(wave, sample_rate_hz, text)
-        metrics["wer"] = float(wer.compute())
+            error_rate.update(wave, sample_rate_hz, text)
+        metrics[name] = float(error_rate.compute())
     if reference is not None and "mcd" in settings.metrics:
         from evaluate.mcd import MelCepstralDistortion
 
@@ -90,8 +89,9 @@ def _quality_metrics(
         for wave, ref in zip(waveforms, reference.waveforms):
             similarity.update(wave, ref, sample_rate_hz)
         metrics["spk_sim"] = float(similarity.compute())
-    if reference is not None and "wer" in metrics and "wer" in reference.metrics:
-        metrics["wer_vs_teacher"] = metrics["wer"] - reference.metrics["wer"]
+    for name in ("wer", "cer"):
+        if reference is not None and name in metrics and name in reference.metrics:
+            metrics[f"{name}_vs_teacher"] = metrics[name] - reference.metrics[name]
     return metrics
 
 

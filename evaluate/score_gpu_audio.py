@@ -8,7 +8,7 @@ names as the pipeline (evaluate/runner.py):
     python -m evaluate.score_gpu_audio --npz results/audio_teacher.npz results/audio_fp16.npz \
         results/audio_bf16.npz --reference-variant teacher --out results/gpu_audio_quality.json
 
-The recognizer's language model is fitted to the texts in the files (DomainRecognizer.from_sentences),
+Word error rate comes from Whisper tiny.en (``--recognizer``; evaluate/asr.py), as in the pipeline,
 and MCD and speaker similarity compare each variant with the reference variant's audio of the
 same utterance and noise. ``wer_vs_teacher`` is a variant's WER minus the reference's.
 """
@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
-from evaluate.intelligibility import DomainRecognizer, WordErrorRate
+from core.atomic_io import write_text_atomic
+from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 
@@ -36,7 +37,8 @@ def load_audio(path: str) -> tuple[str, int, list[str], list[torch.Tensor]]:
         return str(archive["variant"]), int(archive["sample_rate_hz"]), texts, waveforms
 
 
-def score(npz_paths: list[str], reference_variant: str, cpu_threads: int) -> dict:
+def score(npz_paths: list[str], reference_variant: str, cpu_threads: int, recognizer_kind: str = "whisper",
+          whisper_model: str = "tiny.en", language: str = "en") -> dict:
     loaded = {}
     for path in npz_paths:
         variant, sample_rate_hz, texts, waveforms = load_audio(path)
@@ -55,28 +57,28 @@ def score(npz_paths: list[str], reference_variant: str, cpu_threads: int) -> dic
     utterances = min(len(audio["texts"]) for audio in loaded.values())
     texts = reference["texts"][:utterances]
     sample_rate_hz = reference["sample_rate_hz"]
-    recognizer = DomainRecognizer.from_sentences(texts)
+    recognizer = build_recognizer(recognizer_kind, whisper_model, language, cpu_threads, texts)
 
     results: dict[str, dict[str, float]] = {}
     for variant in [reference_variant] + sorted(set(loaded) - {reference_variant}):
         waveforms = loaded[variant]["waveforms"][:utterances]
         print(f"{variant}: scoring {utterances} utterances", flush=True)
         p808, p835 = DNSMOSP808(intra_op_threads=cpu_threads), DNSMOSP835(intra_op_threads=cpu_threads)
-        wer = WordErrorRate(recognizer)
+        error_name, error_rate = error_rate_metric(recognizer)
         for waveform, text in zip(waveforms, texts):
             p808.update(waveform, sample_rate_hz)
             p835.update(waveform, sample_rate_hz)
-            wer.update(waveform, sample_rate_hz, text)
+            error_rate.update(waveform, sample_rate_hz, text)
         metrics = {"dnsmos_p808": float(p808.compute()),
                    **{f"dnsmos_{name}": float(value) for name, value in p835.compute().items()},
-                   "wer": float(wer.compute())}
+                   error_name: float(error_rate.compute())}
         if variant != reference_variant:
             mcd, similarity = MelCepstralDistortion(), SpeakerSimilarity()
             for waveform, reference_waveform in zip(waveforms, reference["waveforms"]):
                 mcd.update(waveform, reference_waveform, sample_rate_hz)
                 similarity.update(waveform, reference_waveform, sample_rate_hz)
             metrics.update(mcd_db=float(mcd.compute()), spk_sim=float(similarity.compute()),
-                           wer_vs_teacher=metrics["wer"] - results[reference_variant]["wer"])
+                           **{f"{error_name}_vs_teacher": metrics[error_name] - results[reference_variant][error_name]})
         results[variant] = metrics
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -92,12 +94,13 @@ def main() -> None:
     parser.add_argument("--reference-variant", default="teacher")
     parser.add_argument("--out", required=True, help="JSON with the metrics per variant")
     parser.add_argument("--cpu-threads", type=int, default=2, help="onnxruntime threads for DNSMOS")
+    parser.add_argument("--recognizer", default="whisper", choices=("whisper", "pocketsphinx_domain"))
+    parser.add_argument("--whisper-model", default="tiny.en", choices=("tiny.en", "base"))
+    parser.add_argument("--language", default="en", help="what the voice speaks; zh and ja are scored by CER")
     args = parser.parse_args()
-    report = score(args.npz, args.reference_variant, args.cpu_threads)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2)
-    os.replace(args.out + ".tmp", args.out)
+    report = score(args.npz, args.reference_variant, args.cpu_threads, args.recognizer, args.whisper_model,
+                   args.language)
+    write_text_atomic(Path(args.out), json.dumps(report, indent=2))
     print(json.dumps(report["variants"], indent=2))
 
 

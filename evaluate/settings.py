@@ -5,7 +5,28 @@ from dataclasses import dataclass
 
 from core.config import ConfigError
 
-KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")
+KNOWN_METRICS = ("dnsmos", "wer", "mcd", "spk_sim")  # "wer": recognition error rate (CER for zh/ja)
+RECOGNIZERS = ("whisper", "pocketsphinx_domain")
+WHISPER_MODELS = ("tiny.en", "base")  # evaluate/asr.py
+
+
+@dataclass(frozen=True)
+class RecognizerSettings:
+    """Who transcribes the audio for the error rate.
+
+    ``whisper`` (evaluate/asr.py) knows nothing of the sentences it scores. ``pocketsphinx_domain``
+    (evaluate/intelligibility.py) decodes with a language model written from those very sentences:
+    it scores every voice near 0, so it is kept only to compare with earlier runs.
+    """
+
+    kind: str = "whisper"
+    model: str = "tiny.en"  # whisper only: tiny.en (English) or base (multilingual)
+
+    def __post_init__(self):
+        if self.kind not in RECOGNIZERS:
+            raise ConfigError(f"evaluate.recognizer.kind={self.kind!r}: use one of {list(RECOGNIZERS)}")
+        if self.model not in WHISPER_MODELS:
+            raise ConfigError(f"evaluate.recognizer.model={self.model!r}: use one of {list(WHISPER_MODELS)}")
 
 
 @dataclass(frozen=True)
@@ -30,6 +51,7 @@ class EvaluateSettings:
     sampling: SamplingSettings
     metrics: tuple[str, ...]
     audio_samples: int
+    recognizer: RecognizerSettings = RecognizerSettings()
     gpu_results: str | None = None
 
     def __post_init__(self):
