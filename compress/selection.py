@@ -77,25 +77,32 @@ class Constraint:
     at_least: float | None = None
     at_most: float | None = None
     relative_to_reference: bool = False
+    # A variant without the metric passes: for checks only some variants have (an exported graph's
+    # parity, a stage's changed durations), where a missing figure means "not applicable".
+    when_measured: bool = False
 
     def __post_init__(self):
         if (self.at_least is None) == (self.at_most is None):
             raise ConfigError(f"selection.constraints[{self.metric}]: give exactly one of at_least, at_most")
+        if not isinstance(self.when_measured, bool):
+            raise ConfigError(f"selection.constraints[{self.metric}].when_measured={self.when_measured!r}: "
+                              "must be true or false")
         if not isinstance(self.relative_to_reference, bool):
             raise ConfigError(f"selection.constraints[{self.metric}].relative_to_reference="
                                 f"{self.relative_to_reference!r}: must be true or false")
 
     def text(self, reference_name: str) -> str:
         op, bound = (">=", self.at_least) if self.at_least is not None else ("<=", self.at_most)
+        where = " where measured" if self.when_measured else ""
         if not self.relative_to_reference:
-            return f"{self.metric} {op} {bound:g}"
-        return f"{self.metric} {op} {reference_name} {'-' if bound < 0 else '+'} {abs(bound):g}"
+            return f"{self.metric} {op} {bound:g}{where}"
+        return f"{self.metric} {op} {reference_name} {'-' if bound < 0 else '+'} {abs(bound):g}{where}"
 
     def check(self, metrics: dict[str, float], reference: dict[str, float], reference_name: str) -> str:
         """"" when the constraint holds, else why not (the reason names the metric and the numbers)."""
         value = _finite(metrics, self.metric)
         if value is None:
-            return f"no {self.metric}"
+            return "" if self.when_measured and self.metric not in metrics else f"no {self.metric}"
         offset = self.at_least if self.at_least is not None else self.at_most
         bound = offset
         if self.relative_to_reference:
@@ -146,6 +153,8 @@ class SelectionSettings:
         Constraint("dnsmos_p808", at_least=-0.1, relative_to_reference=True),
         Constraint("wer", at_most=0.02, relative_to_reference=True),
         Constraint("spk_sim", at_least=0.90),
+        Constraint("parity_within_budget", at_least=1, when_measured=True),
+        Constraint("calib_durations_changed_fraction", at_most=0.0, when_measured=True),
     )
     tie_breakers: tuple[TieBreaker, ...] = (TieBreaker("size_mb", "minimize"),)
     # The reference scored against itself: the pipeline logs MCD and speaker similarity only for the others.

@@ -295,3 +295,20 @@ def test_cpu_selection_preset_ranks_on_the_cpu_rtf_only(debug_config):
     # GPU-only variants drop out for want of a CPU figure; the Lite variants fail DNSMOS.
     assert selection.champion == "int8_ort"
     assert selection.ranking == ("int8_ort", "original_onnx", "teacher")
+
+
+def test_a_graph_outside_its_parity_budget_or_changed_durations_is_ineligible_where_measured():
+    rows = {
+        "teacher": {"rtf_cpu_b1": 0.080, "dnsmos_p808": 3.90, "wer": 0.01, "size_mb": 62.6},
+        "fp16": {"rtf_cpu_b1": 0.050, "dnsmos_p808": 3.90, "wer": 0.01, "spk_sim": 1.0, "size_mb": 45.1,
+                 "parity_within_budget": 0.0, "calib_durations_changed_fraction": 0.0},
+        "bf16": {"rtf_cpu_b1": 0.055, "dnsmos_p808": 3.90, "wer": 0.01, "spk_sim": 1.0, "size_mb": 45.1,
+                 "parity_within_budget": 1.0, "calib_durations_changed_fraction": 0.25},
+        "int8_ort": {"rtf_cpu_b1": 0.060, "dnsmos_p808": 3.90, "wer": 0.01, "spk_sim": 1.0, "size_mb": 39.8},  # no such checks
+    }
+    selection = select_champion(rows, SelectionSettings(), reference_name="teacher")
+    assert selection.champion == "int8_ort"
+    reasons = {name: " ".join(verdict.reasons) for name, verdict in selection.eligibility.items()}
+    assert "parity_within_budget 0 fails parity_within_budget >= 1 where measured" in reasons["fp16"]
+    assert "calib_durations_changed_fraction 0.25 fails" in reasons["bf16"]
+    assert reasons["int8_ort"] == ""
