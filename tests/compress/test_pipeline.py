@@ -35,7 +35,7 @@ def test_teacher_and_original_onnx_sound_the_same(finished_run):
     """Same noise into both engines: the port should be indistinguishable from the original."""
     _, rows = finished_run
     original = rows["original_onnx"]
-    assert original["mcd_db"] < 0.1
+    assert original["mcd_db"] < 5e-4  # measured 4.6e-5 dB on the debug preset
     assert original["spk_sim"] > 0.99
     assert abs(original["dnsmos_p808"] - rows["teacher"]["dnsmos_p808"]) < 0.01
     assert rows["teacher"]["params_m"] == pytest.approx(original["params_m"], rel=0.01)

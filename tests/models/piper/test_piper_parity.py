@@ -28,8 +28,9 @@ LINES = [
     "My grandmother kept every letter she received. She tied them with green ribbon, year by year.",
     "Seventeen pelicans circled the harbor at dawn.",
 ]
-# Relative to the reference's peak; measured differences run from 1e-5 to 3e-4 of peak.
-MAX_DIFF_OF_PEAK = 1e-3
+# Relative to the reference's peak, a small factor above what is measured on a 2-core AVX-512 CPU:
+# torch vs onnxruntime 1.7e-5 to 1.5e-4 of peak over these lines; padding in a batch about 2e-4.
+MAX_DIFF_OF_PEAK = 5e-4
 DETERMINISTIC = VitsSampling(noise_scale=0.0, length_scale=1.0, noise_scale_w=0.0, seed=0)
 NOISY = VitsSampling(noise_scale=0.667, length_scale=1.0, noise_scale_w=0.8, seed=1234)
 
