@@ -149,13 +149,18 @@ def load_served_model(settings: ServeSettings) -> ServedModel:
         log.warning(note)
         served = load_variant(family, settings.fallback_variant, settings.voice, settings.threads, settings.device)
         return dataclasses.replace(served, note=note)
+    return load_deployed(manifest_path, settings.threads)
+
+
+def load_deployed(manifest_path: Path, threads: int) -> ServedModel:
+    """The variant a manifest deploys (the champion), in its family's graph runtime."""
     manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
     family = get_family(manifest.family)
     if family.reference is None:
         raise ValueError(f"{manifest_path}: family {family.name} has no runtime for exported graphs")
-    model = family.reference.load_graph(manifest.voice, settings.threads, manifest.graph_path(manifest_path))
+    model = family.reference.load_graph(manifest.voice, threads, manifest.graph_path(manifest_path))
     if model.sample_rate_hz != manifest.sample_rate_hz:
         raise ValueError(f"{manifest_path}: sample_rate_hz {manifest.sample_rate_hz} but voice "
                          f"{manifest.voice!r} speaks at {model.sample_rate_hz} Hz")
     return ServedModel(model, manifest.variant, family, manifest.engine, manifest.voice, _noise_channels(model),
-                       note=f"champion from {manifest_path}")
+                       note=f"deployed by {manifest_path}")

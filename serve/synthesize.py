@@ -1,7 +1,18 @@
-"""Speak each line of a text file into its own WAV, with a family's voice in PyTorch or onnxruntime.
+"""Speak each line of a text file into its own WAV, with any variant a table reports, so anyone can
+listen to and score exactly what was measured.
 
     python -m serve.synthesize --text-file lines.txt --out-dir wavs/ --voice bundled:joe \
         --engine torch --noise-scale 0.667 --length-scale 1.0 --noise-scale-w 0.8 --seed 0 --device cpu
+    python -m serve.synthesize --text-file lines.txt --out-dir wavs_fp16/ --variant fp16        # teacher, fp16 parts
+    python -m serve.synthesize --text-file lines.txt --out-dir wavs_int8/ \
+        --graph outputs/stages/int8_ort/int8_ort.onnx                                           # any exported graph
+    python -m serve.synthesize --text-file lines.txt --out-dir wavs_champion/ \
+        --manifest outputs/champion/manifest.json                                               # the deployed champion
+
+``--engine torch|onnxruntime`` is ``--variant teacher|original_onnx``. ``--variant fp16|bf16`` builds
+the teacher with its parts in half precision as the stage and the server build it. ``--graph`` runs
+a graph exported in the family's contract (a pruned, INT8 or Lite variant's ``onnx`` artifact) in
+the family's graph runtime; ``--manifest`` runs what a manifest deploys.
 
 ``--family`` picks the family (models/registry.py; the first registered by default), ``--voice``
 its voice (the family's default voice when left out). ``--noise-scale`` and ``--noise-scale-w``
@@ -29,8 +40,11 @@ from models.family import Family
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError
 from models.registry import FAMILIES, get_family
 from models.sampling import Sampling
+from serve.engines import load_deployed, load_variant
+from serve.settings import SERVABLE_VARIANTS
 
 ENGINES = ("torch", "onnxruntime")
+ENGINE_VARIANTS = {"torch": "teacher", "onnxruntime": "original_onnx"}  # --engine is shorthand for these
 DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))  # converted weights
 SAMPLING_FLAGS = ("noise_scale", "noise_scale_w")  # flags that are options of a family's sampling type
 
@@ -54,6 +68,27 @@ def check_sampling(sampling: Sampling) -> None:
             raise ValueError(f"{name} is {getattr(sampling, name)}: give a value >= 0 (0 makes synthesis deterministic)")
     if sampling.length_scale <= 0:
         raise ValueError(f"length_scale is {sampling.length_scale}: give a value > 0 (>1 speaks slower)")
+
+
+def load_source(family: Family, voice: str, variant: str | None, graph: Path | None, manifest: Path | None,
+                device: str = "cpu") -> TTSModel:
+    """The model to speak with: a manifest's deployed variant, an exported graph, or a named variant."""
+    if sum(source is not None for source in (variant, graph, manifest)) > 1:
+        raise ValueError("give one of --variant (or --engine), --graph, --manifest")
+    if manifest is not None:
+        return load_deployed(Path(manifest), threads=0).model
+    if graph is not None:
+        if family.reference is None:
+            raise ValueError(f"family {family.name} has no runtime for exported graphs")
+        if not Path(graph).is_file():
+            raise FileNotFoundError(f"--graph {graph}: no such file; give a graph a run exported (its onnx artifact)")
+        return family.reference.load_graph(voice or family.default_voice, 0, Path(graph))
+    variant = variant or "teacher"
+    if variant in ENGINE_VARIANTS.values():
+        return load_engine(family, voice, next(e for e, v in ENGINE_VARIANTS.items() if v == variant), device)
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("torch here sees no CUDA GPU: use --device cpu")
+    return load_variant(family, variant, voice, 0, device).model
 
 
 def load_engine(family: Family, voice: str, engine: str, device: str = "cpu") -> TTSModel:
@@ -133,7 +168,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--family", choices=sorted(FAMILIES), default=next(iter(FAMILIES)))
     parser.add_argument("--voice", default="", help="a voice of the family (e.g. 'bundled:joe' or an .onnx path); "
                                                     "default: the family's own")
-    parser.add_argument("--engine", choices=ENGINES, default="torch")
+    parser.add_argument("--engine", choices=ENGINES, default=None, help="torch = --variant teacher, "
+                        "onnxruntime = --variant original_onnx (the default is the teacher)")
+    parser.add_argument("--variant", choices=SERVABLE_VARIANTS, default=None, help="a variant built from the voice")
+    parser.add_argument("--graph", type=Path, default=None, help="an exported graph in the family's contract")
+    parser.add_argument("--manifest", type=Path, default=None, help="a deployment manifest (the champion's)")
     parser.add_argument("--noise-scale", type=float, default=None, help="default: the family's sampling default")
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--noise-scale-w", type=float, default=None, help="default: the family's sampling default")
@@ -146,9 +185,12 @@ def main(argv: list[str] | None = None) -> None:
         sampling = family.sampling(length_scale=args.length_scale, seed=args.seed, **options)
         check_sampling(sampling)  # before the voice loads: bad flags should fail in milliseconds
         numbered = read_lines(args.text_file)
-        model = load_engine(family, args.voice, args.engine, args.device)
+        if args.engine is not None and args.variant is not None:
+            raise ValueError("give --engine or --variant, not both")
+        variant = ENGINE_VARIANTS[args.engine] if args.engine is not None else args.variant
+        model = load_source(family, args.voice, variant, args.graph, args.manifest, args.device)
         outputs = synthesize_lines(model, [text for _, text in numbered], sampling, [n for n, _ in numbered])
-    except (FileNotFoundError, ValueError) as error:  # UnspeakableTextError is a ValueError
+    except (FileNotFoundError, ValueError) as error:  # UnspeakableTextError and ManifestError are ValueErrors
         parser.error(str(error))
     write_outputs(outputs, args.out_dir, model.sample_rate_hz)
     print(f"wrote {len(outputs)} WAVs and durations.json to {args.out_dir}")

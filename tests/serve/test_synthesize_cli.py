@@ -1,15 +1,17 @@
-"""``python -m serve.synthesize``: WAVs and durations.json from both engines, and its errors.
+"""``python -m serve.synthesize``: WAVs and durations.json from every kind of source, and its errors.
 
-    python -m pytest -q tests/test_synthesize_cli.py
+    python -m pytest -q tests/serve/test_synthesize_cli.py
 """
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import onnx
 import pytest
 import soundfile
 
+from export.manifest import DeploymentManifest, write_manifest
 from models.registry import get_family
 from models.sampling import VitsSampling
 from serve.synthesize import load_engine, main, synthesize_lines
@@ -113,3 +115,47 @@ def test_library_callers_get_value_errors(onnx_voice):
         synthesize_lines(onnx_voice, ["Hello."], VitsSampling(noise_scale=-1.0))
     with pytest.raises(ValueError, match="unknown engine 'tensorrt'"):
         load_engine(get_family("piper"), "bundled:joe", "tensorrt")
+
+
+@pytest.fixture(scope="module")
+def deployed_graph(tmp_path_factory):
+    """The original graph as the family's runtime prepares it, saved as an exported variant's graph,
+    with a manifest that deploys it."""
+    family = get_family("piper")
+    folder = tmp_path_factory.mktemp("deployed")
+    graph = family.reference.prepare_graph(family.reference.graph_path("bundled:joe"))
+    onnx.save(graph, str(folder / "prepared.onnx"))
+    write_manifest(folder / "manifest.json", DeploymentManifest(
+        variant="prepared", engine="onnxruntime", family="piper", voice="bundled:joe",
+        graphs={"synthesizer": "prepared.onnx"}, sample_rate_hz=22050))
+    return folder
+
+
+@pytest.mark.parametrize("source", ["--graph", "--manifest"])
+def test_an_exported_graph_or_a_manifest_speaks_as_its_engine(text_file, out_dirs, deployed_graph, tmp_path, source):
+    target = deployed_graph / ("prepared.onnx" if source == "--graph" else "manifest.json")
+    main(["--text-file", str(text_file), "--out-dir", str(tmp_path), source, str(target), *DETERMINISTIC_FLAGS])
+    assert (tmp_path / "durations.json").read_text() == (out_dirs["onnxruntime"] / "durations.json").read_text()
+    for name in ("0001.wav", "0002.wav"):
+        ours, _ = soundfile.read(tmp_path / name, dtype="int16")
+        reference, _ = soundfile.read(out_dirs["onnxruntime"] / name, dtype="int16")
+        assert np.array_equal(ours, reference)  # the same graph in the same runtime
+
+
+def test_a_half_precision_variant_keeps_the_teacher_durations(text_file, out_dirs, tmp_path):
+    """fp16 keeps the encoder and duration predictor in float32 (serve.half_keep_fp32): same durations."""
+    main(["--text-file", str(text_file), "--out-dir", str(tmp_path), "--variant", "fp16", *DETERMINISTIC_FLAGS])
+    assert json.loads((tmp_path / "durations.json").read_text()) == json.loads(
+        (out_dirs["torch"] / "durations.json").read_text())
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "torch", "--variant", "fp16"], "--engine or --variant"),
+    (["--variant", "fp16", "--graph", "x.onnx"], "one of --variant"),
+    (["--graph", "/no/such/graph.onnx"], "/no/such/graph.onnx"),
+    (["--manifest", "/no/such/manifest.json"], "/no/such/manifest.json"),
+])
+def test_conflicting_or_missing_sources_exit_with_a_clear_message(text_file, tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit):
+        main(["--text-file", str(text_file), "--out-dir", str(tmp_path / "wavs"), *flags])
+    assert message in capsys.readouterr().err
