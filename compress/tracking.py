@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 import soundfile as sf  # noqa: E402
 import torch  # noqa: E402
 
-from core.revision import git_revision  # noqa: E402
+from core.revision import git_revision, provenance, save_diff  # noqa: E402
 
 MLFLOW_PARAM_MAX_CHARS = 6000  # mlflow rejects longer param values
 
@@ -41,7 +41,13 @@ def start_parent_run(tracking_uri: str, experiment_name: str, run_name: str, res
     run = mlflow.start_run(run_name=run_name)
     mlflow.log_params(flatten({k: v for k, v in resolved.items() if k != "hydra"}))
     mlflow.set_tag("git_revision", git_revision(root))
+    origin = provenance(root)
+    mlflow.set_tags({"git_diff_sha256": origin["diff_sha256"] or "clean", "machine_cpu": origin["machine"]["cpu"],
+                     "command": origin["command"]})
     mlflow.log_artifact(str(config_path))
+    diff_path = save_diff(root, config_path)  # uncommitted code that ran, beside the resolved config
+    if diff_path is not None:
+        mlflow.log_artifact(str(diff_path))
     return run
 
 

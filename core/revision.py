@@ -1,12 +1,28 @@
-"""The code a result came from: the git revision stored beside MLflow runs and load-test reports.
+"""Where a result came from: the git revision and, for a results file, its full provenance.
 
-    from core.revision import git_revision
+    from core.revision import git_revision, provenance
     git_revision(".")   # 'd8316b2...' or 'd8316b2...-dirty' or 'unknown'
+    provenance(".")     # {"commit", "dirty", "diff_sha256", "machine", "command", "date_utc"}
+
+A tree that differs from HEAD is recorded as such, with the sha256 of ``git diff HEAD`` (and the
+names of untracked files), and ``save_diff`` keeps that diff beside the results, so a figure from
+uncommitted code still names exactly the code that ran.
 """
 from __future__ import annotations
 
+import datetime
+import hashlib
+import os
+import platform
 import subprocess
+import sys
 from pathlib import Path
+
+from core.atomic_io import write_text_atomic
+
+
+def _git(root: str | Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
 
 def git_revision(root: str | Path) -> str:
@@ -14,8 +30,55 @@ def git_revision(root: str | Path) -> str:
     outside a git checkout. Why the flag: a tree copied onto another machine may carry an older
     ``.git`` than its files, and a clean-looking hash would then name code that did not run."""
     try:
-        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True)
+        revision, status = _git(root, "rev-parse", "HEAD"), _git(root, "status", "--porcelain")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return revision.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return revision.strip() + ("-dirty" if status.strip() else "")
+
+
+def working_tree_diff(root: str | Path) -> str:
+    """``git diff HEAD`` plus the list of untracked, unignored files: what HEAD alone does not hold."""
+    diff = _git(root, "diff", "HEAD", "--binary")
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard")
+    return diff + ("".join(f"untracked: {name}\n" for name in untracked.splitlines()) if untracked else "")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def provenance(root: str | Path, command: list[str] | None = None) -> dict:
+    """Commit, dirty flag and diff hash, machine, command and UTC date for a results file."""
+    try:
+        commit = _git(root, "rev-parse", "HEAD").strip()
+        diff = working_tree_diff(root)
+    except (OSError, subprocess.CalledProcessError):
+        commit, diff = "unknown", ""
+    return {
+        "commit": commit,
+        "dirty": bool(diff),
+        "diff_sha256": hashlib.sha256(diff.encode("utf-8")).hexdigest() if diff else None,
+        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+                    "python": platform.python_version()},
+        "command": " ".join(command if command is not None else [Path(sys.executable).name, *sys.argv]),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def save_diff(root: str | Path, results_path: str | Path) -> Path | None:
+    """Keep the working tree's diff beside ``results_path`` (``<name>.diff``) when the tree is dirty."""
+    try:
+        diff = working_tree_diff(root)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    if not diff:
+        return None
+    path = Path(results_path).with_suffix(".diff")
+    write_text_atomic(path, diff)
+    return path

@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.atomic_io import write_text_atomic
+from core.revision import provenance, save_diff
 from evaluate.rtf import measure_batch1, measure_batched
 from models.family import Family
 from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
@@ -59,6 +61,8 @@ DEFAULT_KEEP_FP32 = ("encoder", "duration")
 AUDIO_WAVEFORM_BYTES_MAX = 15 * MIB
 # Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def prepare(eval_set: str, out: str, seed: int, family_name: str | None = None, voice: str | None = None,
@@ -286,9 +290,9 @@ def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: i
                       sensitivity_utterances=len(calibration))
         if mcd_missing:
             report["part_sensitivity_note"] = mcd_missing
-    with open(out + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2)
-    os.replace(out + ".tmp", out)
+    report["provenance"] = provenance(REPO_ROOT)
+    save_diff(REPO_ROOT, out)
+    write_text_atomic(Path(out), json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return report
 

@@ -23,17 +23,20 @@ import argparse
 import datetime
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from core.atomic_io import write_text_atomic
+from core.revision import provenance, save_diff
 from evaluate.rtf import measure_batch1, measure_batched
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.registry import get_family
 
 MIB = 1024 * 1024
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def _snr_db(reference: list[SynthesisResult], candidate: list[SynthesisResult]) -> float:
@@ -187,10 +190,10 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
     report = {"machine": {"gpu": gpu, "torch": torch.__version__,
                           "compile_mode": "default (torch.compile), dynamic shapes",
                           "date": datetime.date.today().isoformat()},
-              "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "engines": results}
-    with open(args.out + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(report, handle, indent=2)
-    os.replace(args.out + ".tmp", args.out)
+              "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "engines": results,
+              "provenance": provenance(REPO_ROOT)}
+    save_diff(REPO_ROOT, args.out)
+    write_text_atomic(Path(args.out), json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

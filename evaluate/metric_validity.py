@@ -19,6 +19,7 @@ from tqdm import tqdm
 from evaluate.degradations import STANDARD_DEGRADATIONS
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
+from core.revision import provenance, save_diff
 from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
@@ -28,6 +29,8 @@ from texts import load_sentences
 
 # Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def score_conditions(voice: TTSModel, sentences: list[str], language: str = "en",
@@ -82,6 +85,8 @@ def main() -> None:
                              args.language, args.recognizer)
     payload = {"family": family.name, "voice": voice, "eval_set": args.eval_set, "sentences": args.sentences,
                "recognizer": args.recognizer, "language": args.language, "conditions": table}
+    payload["provenance"] = provenance(REPO_ROOT)
+    save_diff(REPO_ROOT, args.out)
     write_text_atomic(Path(args.out), json.dumps(payload, indent=2))
     print("condition".ljust(18) + "".join(m.rjust(12) for m in next(iter(table.values()))))
     for condition, metrics in table.items():

@@ -24,9 +24,12 @@ import torch
 
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
+from core.revision import provenance, save_diff
 from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def load_audio(path: str) -> tuple[str, int, list[str], list[torch.Tensor]]:
@@ -100,6 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     report = score(args.npz, args.reference_variant, args.cpu_threads, args.recognizer, args.whisper_model,
                    args.language)
+    report["provenance"] = provenance(REPO_ROOT)
+    save_diff(REPO_ROOT, args.out)
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
     print(json.dumps(report["variants"], indent=2))
 

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from core.atomic_io import write_text_atomic
-from core.revision import git_revision
+from core.revision import git_revision, provenance, save_diff
 from texts import load_sentences
 
 WAV_HEADER_BYTES = 44  # a streamed 16-bit PCM WAV's RIFF header before the first sample
@@ -71,6 +71,8 @@ CLIENT_CPU_WARN = 0.9  # a client process this busy may be the bottleneck, not t
 
 class LoopbackOnlyError(ValueError):
     """The URL points somewhere other than this machine."""
+
+REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the reports: this checkout's git state
 
 
 def check_loopback(url: str) -> tuple[str, int]:
@@ -613,13 +615,15 @@ def main(argv: list[str] | None = None) -> dict:
     report = {
         "tool": "serve.loadtest", "label": args.label, "url": args.url,
         "mode": config["mode"], "stream": args.stream,
-        "response_format": args.response_format, "git_revision": git_revision(Path(__file__).resolve().parent),
+        "response_format": args.response_format, "git_revision": git_revision(REPO_ROOT),
+        "provenance": provenance(REPO_ROOT),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
         "sentences": len(sentences),
         "levels": [asdict(level) for level in reports],
         "comparison_with_baseline": comparison,
         "target_checks": target_checks(reports, args.stream, comparison),
     }
+    save_diff(REPO_ROOT, args.out)
     write_text_atomic(args.out, json.dumps(report, indent=2))
     if not args.no_table:
         print_table(report)
