@@ -6,6 +6,7 @@ Hydra config into settings and calls it. Tests call it the same way on the debug
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import mlflow
@@ -20,12 +21,13 @@ from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from evaluate.asr import build_recognizer
+from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from models.registry import get_family
 from texts import load_sentences
 
 TABLE_COLUMNS = (
-    "params_m", "size_mb", "rtf_cpu_b1", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
+    "params_m", "size_mb", "rtf_cpu_b1", "rtf_cpu_b1_spread", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
     "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "cer", "mcd_db", "spk_sim",
 )
 
@@ -103,6 +105,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     reference: VariantEvaluation | None = None
     evaluation_set = recognizer = None
     calibration: list | None = None
+    cpu_timed: list[str] = []  # variants whose CPU speed is measured (GPU-only precisions are not)
+    pending_logs: dict[str, tuple] = {}  # logged once the interleaved speed rounds have run
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -146,10 +150,17 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                     "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
             if name in gpu.get("variants", {}):
                 tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
-            log_variant_run(name, metrics, tags, result.waveforms,
-                            [s.text for s in evaluation_set.sequences], result.sample_rate_hz,
-                            variant.model.hop_length, settings.evaluate.audio_samples, variant.artifacts)
+            samples = settings.evaluate.audio_samples
+            pending_logs[name] = (tags, result.waveforms[:samples], [s.text for s in evaluation_set.sequences][:samples],
+                                  result.sample_rate_hz, variant.model.hop_length, variant.artifacts)
             rows[name] = metrics
+            if timed and variant.device == "cpu":
+                cpu_timed.append(name)
+        if settings.evaluate.speed_rounds and cpu_timed:
+            _time_interleaved({name: built[name] for name in cpu_timed}, evaluation_set, settings.evaluate, rows)
+        for name, (tags, waveforms, texts, sample_rate_hz, hop_length, artifacts) in pending_logs.items():
+            log_variant_run(name, rows[name], tags, waveforms, texts, sample_rate_hz, hop_length, len(waveforms),
+                            artifacts)
         _log_engine_runs(gpu, rows)
         table = results_markdown(rows)
         write_text_atomic(run_dir / "results.md", table)
@@ -184,6 +195,21 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
                              "gpu_machine": gpu["machine"].get("gpu", "unknown")})
             mlflow.log_metrics({**quality, **speed})
+
+
+def _time_interleaved(variants: dict[str, Variant], evaluation_set: EvaluationSet, settings, rows: dict) -> None:
+    """Every CPU-timed variant re-timed in ``settings.speed_rounds`` interleaved rounds: rtf_cpu_b1
+    becomes the median of the rounds and rtf_cpu_b1_spread their range (the single measurement made
+    while the variant was evaluated stays as rtf_cpu_b1_alone)."""
+    print(f"timing {', '.join(variants)}: {settings.speed_rounds} interleaved rounds", flush=True)
+    per_round = interleaved_rtf({name: variant.model.synthesize for name, variant in variants.items()},
+                                evaluation_set.sequences, evaluation_set.samplings, settings.speed_rounds,
+                                settings.warmup_runs)
+    for name, values in per_round.items():
+        rows[name]["rtf_cpu_b1_alone"] = rows[name]["rtf_cpu_b1"]
+        rows[name]["rtf_cpu_b1"] = statistics.median(values)
+        rows[name]["rtf_cpu_b1_spread"] = max(values) - min(values)
+        rows[name]["speed_rounds"] = float(len(values))
 
 
 def _recognizer(settings: RunSettings, texts: list[str]):

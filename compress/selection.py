@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # matplotlib is heavy: it loads only when pareto_figure draws
 
 DIRECTIONS = ("minimize", "maximize")
 BOUND_SLACK = 1e-9  # bounds are inclusive; float rounding of `reference + offset` must not flip a boundary
+SPREAD_SUFFIX = "_spread"  # rtf_cpu_b1_spread: max - min of rtf_cpu_b1 over interleaved rounds
 
 
 def _check_keys(values: object, cls: type, where: str) -> dict:
@@ -186,8 +187,9 @@ class SelectionSettings:
                           "have, the earlier on equal counts)")
         constraints = "; ".join(c.text(reference_name) for c in self.constraints) or "none"
         ties = ", ".join(f"{t.direction} {t.metric}" for t in self.tie_breakers)
-        return (f"eligible: {constraints}. champion: {objective}. "
-                f"ties: {ties + ', then ' if ties else ''}the order the run scored them.")
+        return (f"eligible: {constraints}. champion: {objective}; a lead within the larger of two variants' "
+                f"spreads ({SPREAD_SUFFIX}) is a tie. ties: {ties + ', then ' if ties else ''}the order the run "
+                "scored them.")
 
 
 @dataclass(frozen=True)
@@ -259,17 +261,36 @@ def select_champion(rows: dict[str, dict[str, float]], settings: SelectionSettin
     )
 
 
+def spread_of(metrics: dict[str, float], metric: str) -> float:
+    """How far repeated measurements of ``metric`` spread (``<metric>_spread``, max - min over
+    interleaved rounds); 0 where the figure was measured once."""
+    return _finite(metrics, f"{metric}{SPREAD_SUFFIX}") or 0.0
+
+
 def _rank(names: list[str], rows: dict[str, dict[str, float]], objective: str,
           settings: SelectionSettings) -> list[str]:
-    """Best first: objective, then each tie-breaker (a variant lacking it comes after), then run order."""
-    def key(name: str) -> tuple:
-        parts = [_signed(rows[name][objective], settings.objective.direction)]
+    """Best first. A variant beats another on the objective only by more than the larger of their
+    spreads: the variants within that distance of the best are tied with it, and the tie-breakers
+    (a variant lacking one comes after), then the run's order, decide among them. The others follow,
+    ranked the same way."""
+    def tie_key(name: str) -> tuple:
+        parts = []
         for tie in settings.tie_breakers:
             value = _finite(rows[name], tie.metric)
             parts.append((value is None, 0.0 if value is None else _signed(value, tie.direction)))
         return tuple(parts)
 
-    return sorted(names, key=key)  # stable: equal keys keep the run's order
+    remaining = sorted(names, key=lambda n: _signed(rows[n][objective], settings.objective.direction))
+    ranking = []
+    while remaining:
+        best = remaining[0]
+        best_value = _signed(rows[best][objective], settings.objective.direction)
+        tied = [n for n in remaining if _signed(rows[n][objective], settings.objective.direction) - best_value
+                <= max(spread_of(rows[best], objective), spread_of(rows[n], objective)) + BOUND_SLACK]
+        tied.sort(key=lambda n: (tie_key(n), names.index(n)))
+        ranking += tied
+        remaining = [n for n in remaining if n not in tied]
+    return ranking
 
 
 def _signed(value: float, direction: str) -> float:

@@ -5,7 +5,9 @@ Light on purpose (torch + numpy only) so the GPU benchmark can import it on a ba
 * batch 1: every utterance is timed ``warm_runs`` times after ``warmup_runs``; its compute time
   is the median. ``rtf_b1`` aggregates over the set: sum of medians / sum of audio seconds.
 * batched: utterances sorted by length (least padding) and grouped; same aggregate.
-* time to first audio: frontend + synthesis of the first sentence, median over utterances.
+* time to first audio: frontend + synthesis of the first sentence, median over utterances;
+* interleaved rounds: every model of a run timed over the whole set once per round, in turn, so
+  figures that are compared come from the same stretch of the machine's time, with a spread.
 CUDA work is synchronised before each clock read.
 """
 from __future__ import annotations
@@ -117,3 +119,31 @@ def measure_batched(
         compute_s += seconds
         audio_s += _audio_seconds(result)
     return compute_s / audio_s
+
+
+def interleaved_rtf(synthesizers: dict[str, Synthesize], sequences: list[Utterance], samplings: list,
+                    rounds: int, warmup_runs: int = 1, device: str = "cpu") -> dict[str, list[float]]:
+    """Batch-1 RTF over all ``sequences``, once per round for every model in turn: name -> one RTF per
+    round. The order rotates each round, so a slow drift of the machine (heat, other load) falls on
+    every model alike, and the spread over rounds says how far one figure can be trusted."""
+    if rounds < 1 or warmup_runs < 0:
+        raise ValueError(f"rounds must be >= 1 and warmup_runs >= 0, got {rounds}, {warmup_runs}")
+    names = list(synthesizers)
+    requests = [SynthesisRequest.from_utterances([s], sampling=x) for s, x in zip(sequences, samplings, strict=True)]
+    for name in names:
+        for _ in range(warmup_runs):
+            synthesizers[name](requests[0])
+    per_round: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            compute_s = audio_s = 0.0
+            for request in requests:
+                _synchronize(device)
+                start = time.perf_counter()
+                result = synthesizers[name](request)
+                _synchronize(device)
+                compute_s += time.perf_counter() - start
+                audio_s += _audio_seconds(result)
+            per_round[name].append(compute_s / audio_s)
+    return per_round

@@ -52,6 +52,9 @@ class EvaluateSettings:
     metrics: tuple[str, ...]
     audio_samples: int
     recognizer: RecognizerSettings = RecognizerSettings()
+    # CPU-timed variants re-timed together this many times, interleaved (evaluate.rtf.interleaved_rtf):
+    # rtf_cpu_b1 is the median of the rounds, rtf_cpu_b1_spread their range. 0: timed once, alone.
+    speed_rounds: int = 3
     gpu_results: str | None = None
 
     def __post_init__(self):
@@ -60,6 +63,9 @@ class EvaluateSettings:
                 "evaluate: cpu_threads, warm_runs and cpu_batch_size must be >= 1, warmup_runs >= 0 "
                 f"(got {self.cpu_threads}, {self.warm_runs}, {self.cpu_batch_size}, {self.warmup_runs})"
             )
+        if self.speed_rounds != 0 and self.speed_rounds < 3:
+            raise ConfigError(f"evaluate.speed_rounds={self.speed_rounds}: use 0 (timed once) or >= 3 rounds, "
+                              "the fewest that give a median and a spread")
         unknown = sorted(set(self.metrics) - set(KNOWN_METRICS))
         if unknown:
             raise ConfigError(f"evaluate.metrics: unknown {unknown}; known: {list(KNOWN_METRICS)}")

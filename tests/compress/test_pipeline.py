@@ -29,6 +29,9 @@ def test_every_variant_has_the_stable_metric_names(finished_run):
     for metrics in rows.values():
         assert REQUIRED_METRICS <= set(metrics)
     assert {"mcd_db", "spk_sim"} <= set(rows["original_onnx"])  # measured against the teacher
+    for metrics in rows.values():  # both timed on the CPU: re-timed together in interleaved rounds
+        assert metrics["speed_rounds"] == 3 and metrics["rtf_cpu_b1_spread"] >= 0
+        assert "rtf_cpu_b1_alone" in metrics
 
 
 def test_teacher_and_original_onnx_sound_the_same(finished_run):

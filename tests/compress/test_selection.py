@@ -136,8 +136,9 @@ def test_maximize_direction_and_rule_text():
     selection = select_champion(rows_fixture(), settings, "teacher")
     assert selection.champion == "teacher"  # spk_sim 1.0 from reference_self_scores, listed first
     assert selection.ranking == ("teacher", "original_onnx", "fp16")
-    assert selection.rule == ("eligible: wer <= teacher + 0.004. champion: maximize spk_sim. "
-                              "ties: minimize size_mb, then the order the run scored them.")
+    assert selection.rule == ("eligible: wer <= teacher + 0.004. champion: maximize spk_sim; a lead within the "
+                              "larger of two variants' spreads (_spread) is a tie. ties: minimize size_mb, then the "
+                              "order the run scored them.")
     assert json.loads(json.dumps(selection.to_json()))["eligibility"]["int8_ort"]["eligible"] is False
 
 
@@ -312,3 +313,20 @@ def test_a_graph_outside_its_parity_budget_or_changed_durations_is_ineligible_wh
     assert "parity_within_budget 0 fails parity_within_budget >= 1 where measured" in reasons["fp16"]
     assert "calib_durations_changed_fraction 0.25 fails" in reasons["bf16"]
     assert reasons["int8_ort"] == ""
+
+
+def test_a_lead_within_the_spread_is_a_tie_that_the_smaller_variant_wins():
+    rows = {
+        "teacher": {"rtf_cpu_b1": 0.080, "rtf_cpu_b1_spread": 0.004, "dnsmos_p808": 3.90, "wer": 0.01, "size_mb": 62.6},
+        "fp32_graph": {"rtf_cpu_b1": 0.0600, "rtf_cpu_b1_spread": 0.003, "dnsmos_p808": 3.90, "wer": 0.01,
+                       "spk_sim": 1.0, "size_mb": 63.2},
+        "int8": {"rtf_cpu_b1": 0.0585, "rtf_cpu_b1_spread": 0.002, "dnsmos_p808": 3.90, "wer": 0.01,
+                 "spk_sim": 1.0, "size_mb": 39.8},
+    }
+    # fp32_graph is 0.0015 behind int8 with spreads of 0.003 and 0.002: a tie, and int8 is smaller.
+    assert select_champion(rows, SelectionSettings(), "teacher").ranking == ("int8", "fp32_graph", "teacher")
+    rows["fp32_graph"]["size_mb"] = 30.0  # now the tie goes to fp32_graph, although it is slower
+    assert select_champion(rows, SelectionSettings(), "teacher").ranking[0] == "fp32_graph"
+    for name in rows:  # measured once (no spreads): the faster one wins by any margin
+        rows[name].pop("rtf_cpu_b1_spread")
+    assert select_champion(rows, SelectionSettings(), "teacher").ranking[0] == "int8"
