@@ -30,6 +30,7 @@ import torch
 
 from core.atomic_io import write_text_atomic
 from core.revision import provenance, save_diff
+from evaluate.gpu_benchmark import save_audio
 from evaluate.rtf import measure_batch1, measure_batched
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.registry import get_family
@@ -103,6 +104,9 @@ def main() -> None:
                         "run, e.g. teacher/eager,teacher/compile (all if empty)")
     parser.add_argument("--package-dir", default="/tmp/aoti_packages", help="where AOTInductor packages go")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--save-audio", type=int, default=0, help="keep each engine's batch-1 audio of the first N "
+                        "utterances (audio_<variant>__<engine>.npz beside --out) for evaluate.score_gpu_audio: "
+                        "quality measured on exactly what was timed")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -174,6 +178,11 @@ def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: 
             elif variant in eager_outputs:
                 row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)
                 row["durations_equal_vs_eager"] = float(_durations_equal(eager_outputs[variant], outputs))
+            if args.save_audio:
+                texts = [sequence.text for sequence in sequences]
+                audio_path = Path(args.out).parent / f"audio_{key.replace('/', '__')}.npz"
+                row["audio_file"] = audio_path.name
+                row["audio_utterances"] = save_audio(str(audio_path), key, outputs, texts, args.save_audio)
             results[key] = row
         except Exception as error:  # one engine failing must not lose the others' figures
             results[key] = {"error": f"{type(error).__name__}: {error}"[:500]}

@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from evaluate import gpu_engines
+from evaluate.score_gpu_audio import load_audio
 from models.piper import gpu_bundle
 from models.piper.tiny import tiny_vits
 from models.registry import get_family
@@ -39,7 +40,7 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
     out = tmp_path / "engines.json"
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
                                       "--only", "teacher/eager,fp16/eager", "--warm-runs", "1",
-                                      "--device", "cpu", "--out", str(out)])
+                                      "--device", "cpu", "--save-audio", "2", "--out", str(out)])
     threads = torch.get_num_threads()
     try:
         gpu_engines.main()
@@ -49,6 +50,9 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
     assert set(engines) == {"teacher/eager", "fp16/eager"}
     assert engines["teacher/eager"]["speedup_b1_vs_teacher_eager"] == 1.0
     assert "error" not in engines["fp16/eager"]
+    # Each engine's own audio is kept for scoring, in the format evaluate.score_gpu_audio reads.
+    variant, sample_rate_hz, texts, waveforms = load_audio(str(tmp_path / engines["fp16/eager"]["audio_file"]))
+    assert (variant, sample_rate_hz, texts, len(waveforms)) == ("fp16/eager", 22050, ["a", "b"], 2)
     # No student weights: the student variants are not in the run at all.
     assert not any(key.startswith("lite") for key in engines)
 
