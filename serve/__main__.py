@@ -26,7 +26,7 @@ import uvicorn
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from serve.app import create_app
+from serve.app import create_app, uvicorn_options
 from serve.engines import load_served_model
 from serve.settings import serve_settings_from_config
 
@@ -37,8 +37,7 @@ def main(cfg: DictConfig) -> None:
         OmegaConf.set_struct(cfg, False)
     settings = serve_settings_from_config(OmegaConf.to_container(cfg, resolve=True))  # fails on a bad key
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    options = dict(host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log,
-                   timeout_graceful_shutdown=int(settings.shutdown_grace_s))
+    options = uvicorn_options(settings)
     if settings.workers > 1:
         from serve.worker import SETTINGS_ENV
 

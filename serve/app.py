@@ -7,7 +7,8 @@ This module wires the routes together; each lives in its own module: POST /v1/au
 serve/speech.py (the speech service), GET/POST /v1/voices and GET /v1/models in serve/voices.py,
 GET /healthz, /readyz and /metrics in serve/health.py, and FastAPI's /openapi.json and /docs.
 /v1/* take the bearer token ``serve.api_key`` when one is set; health, readiness and metrics
-never do.
+never do. Every request body is capped and timed (serve/client_limits.py), outside Starlette's own
+middleware so that a refusal never reaches a route and a response can drop its connection.
 
 Lifecycle: the model is loaded before the app starts, and the family's scheduling strategy is
 chosen from its capabilities (serve/batching.py: an autoregressive family is refused here). The
@@ -28,8 +29,10 @@ from contextlib import asynccontextmanager
 import numpy as np
 from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp
 
 from serve.batching import SentenceJob, scheduler_for, synthesize_jobs
+from serve.client_limits import MULTIPART_FRAMING_BYTES, BodyCap, ClientLimitsMiddleware
 from serve.context import ServeContext
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
 from serve.errors import ApiError, install_error_handlers
@@ -42,6 +45,26 @@ from serve.streaming import decoder_chunks
 from serve.voices import voices_router
 
 log = logging.getLogger(__name__)
+
+UPLOAD_ROUTE = "/v1/voices"  # the one route whose body is an upload (serve/voices.py), capped by max_upload_bytes
+
+
+class SpeechServerApp(FastAPI):
+    """FastAPI with ``outer_middleware`` around everything, Starlette's error middleware included: it sees
+    the server's own ``send`` (the connection a response may drop), which Starlette's stack wraps."""
+
+    outer_middleware = staticmethod(lambda app: app)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self.outer_middleware(super().build_middleware_stack())
+
+
+def uvicorn_options(settings: ServeSettings) -> dict:
+    """What uvicorn itself bounds before a request reaches the app (conf/serve/default.yaml says what it cannot)."""
+    return dict(host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log,
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s),
+                timeout_keep_alive=settings.keep_alive_timeout_s, limit_concurrency=settings.max_connections,
+                h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
 def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serving: bool = False) -> FastAPI:
@@ -120,7 +143,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             await state.batcher.close()
             state.executor.shutdown(wait=True)
 
-    app = FastAPI(
+    app = SpeechServerApp(
         title="tts-compress speech server",
         version="1",
         lifespan=lifespan,
@@ -139,6 +162,11 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
                            "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    app.outer_middleware = lambda inner: ClientLimitsMiddleware(
+        inner, route_body_caps={UPLOAD_ROUTE: BodyCap(settings.max_upload_bytes + MULTIPART_FRAMING_BYTES,
+                                                      "upload_too_large")},
+        default_body_cap=BodyCap(settings.max_body_bytes), body_read_timeout_s=settings.body_read_timeout_s,
+        on_refusal=lambda code: metrics.rejected.labels(code).inc())
     authorized = [Depends(require_api_key)]
     app.include_router(speech_router(context), dependencies=authorized)
     app.include_router(voices_router(context), dependencies=authorized)

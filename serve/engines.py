@@ -163,4 +163,4 @@ def load_deployed(manifest_path: Path, threads: int) -> ServedModel:
         raise ValueError(f"{manifest_path}: sample_rate_hz {manifest.sample_rate_hz} but voice "
                          f"{manifest.voice!r} speaks at {model.sample_rate_hz} Hz")
     return ServedModel(model, manifest.variant, family, manifest.engine, manifest.voice, _noise_channels(model),
-                       note=f"deployed by {manifest_path}")
+                       note=f"champion from {manifest_path}")

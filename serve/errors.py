@@ -33,6 +33,11 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
 
+# Fields typed strictly (serve.schemas) take only their own JSON type: "1.5" or true is not a speed.
+STRICT_TYPE_ERRORS = {"float_type": "a JSON number", "int_type": "a JSON integer", "bool_type": "true or false",
+                      "string_type": "a JSON string"}
+
+
 def _validation_error(exc: RequestValidationError) -> ApiError:
     first = exc.errors()[0]
     location = [str(part) for part in first.get("loc", ()) if part != "body"]
@@ -46,8 +51,26 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
         return ApiError(400, f"unknown field {param!r}: see the OpenAPI spec at /openapi.json for accepted fields",
                         "unknown_parameter", param=param)
     if first.get("type") == "missing":
+        if param is None:
+            return ApiError(400, "the request body is empty: send a JSON object with the fields in /openapi.json",
+                            "missing_parameter")
         return ApiError(400, f"missing required field {param!r}", "missing_parameter", param=param)
+    if first.get("type") == "invalid_text":  # serve.schemas.SpeakableText: models.text.sanitize refused it
+        return ApiError(400, f"{param}: {first.get('msg')}", "invalid_text", param=param)
+    if first.get("type") in STRICT_TYPE_ERRORS:
+        return ApiError(400, f"{param}: must be {STRICT_TYPE_ERRORS[first['type']]}, not "
+                             f"{_json_type(first.get('input'))}", "invalid_value", param=param)
     return ApiError(400, f"{param or 'body'}: {first.get('msg')}", "invalid_value", param=param)
+
+
+def _json_type(value: object) -> str:
+    """What a client sent, as JSON names it (the value itself is not echoed: it may be long or hostile)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "an integer" if isinstance(value, int) else "a decimal number"
+    names = {str: "a string", dict: "an object", list: "an array", type(None): "null"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), "another type")
 
 
 def install_error_handlers(app: FastAPI) -> None:

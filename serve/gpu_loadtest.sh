@@ -60,7 +60,7 @@ python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVIC
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
-  serve.queue_capacity=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
+  serve.queue_capacity=512 serve.max_requests_per_client=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 GPU_LOG_PID=

@@ -26,13 +26,16 @@ class ServeMetrics:
                                                "Time from a speech request to its first audio chunk",
                                                buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio synthesized", registry=self.registry)
-        self.admitted = Gauge("tts_requests_in_flight", "Speech requests admitted (waiting or running)",
+        self.admitted = Gauge("tts_requests_in_flight", "Speech requests admitted and not yet synthesized",
                               registry=self.registry)
         self.queue_depth = Gauge("tts_batcher_queue_depth", "Sentences waiting for a batch", registry=self.registry)
         self.batch_size = Histogram("tts_batch_size", "Sentences per batch run", buckets=(1, 2, 4, 8, 16, 32, 64),
                                     registry=self.registry)
-        self.rejected = Counter("tts_rejected_requests", "Speech requests refused, by reason", ["reason"],
+        self.rejected = Counter("tts_rejected_requests", "Requests refused, by reason (queue_full, too_many_requests, "
+                                "request_timeout, body_too_large, first_audio_timeout, ...)", ["reason"],
                                 registry=self.registry)
+        self.disconnects = Counter("tts_disconnected_responses", "Responses the server cut short, by reason "
+                                   "(slow_reader, total_timeout)", ["reason"], registry=self.registry)
         self.device_memory = Gauge("tts_device_memory_reserved_bytes",
                                    "GPU memory this process's allocator holds, CUDA graph pools included",
                                    registry=self.registry)

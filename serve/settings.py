@@ -50,8 +50,17 @@ class ServeSettings:
     batches_in_flight: int = 1  # 2: a GPU engine prepares the next batch while the device runs this one
     length_buckets: tuple[int, ...] = (64, 128, 256, 512)  # upper bounds in phoneme ids
     max_batch_phonemes: int = 8192  # rows x longest ids x length_scale per batch, padded (batching.BatchBudget)
-    queue_capacity: int = 64  # speech requests admitted at once (waiting or running)
-    request_timeout_s: float = 30.0
+    queue_capacity: int = 64  # speech requests admitted at once (waiting for or in synthesis)
+    # Clients: what one client may hold, and for how long (serve/client_limits.py, serve/speech.py)
+    max_requests_per_client: int = 16  # speech requests admitted at once per API key, or per address without auth
+    first_audio_timeout_s: float = 30.0  # no audio by then: 504 first_audio_timeout
+    total_timeout_s: float = 120.0  # all audio made by then, else the stream is cut
+    slow_client_grace_s: float = 10.0  # how far behind real time a client may read before it is disconnected
+    body_read_timeout_s: float = 30.0  # the whole request body by then, else 408
+    max_body_bytes: int = 1_000_000  # request bodies but uploads (max_upload_bytes + multipart framing)
+    keep_alive_timeout_s: float = 5.0  # uvicorn's timeout_keep_alive: idle time between requests on one connection
+    max_connections: int = 1024  # uvicorn's limit_concurrency: open connections (and tasks) past which it answers 503
+    max_header_bytes: int = 16_384  # uvicorn's h11_max_incomplete_event_size (its h11 parser only)
     # Streaming
     streaming: str = "sentence"
     decoder_chunk_frames: int = 32
@@ -97,6 +106,13 @@ class ServeSettings:
         def fail(key: str, accepted: str):
             raise ServeConfigError(f"serve.{key}={getattr(self, key)!r}: {accepted}")
 
+        for spec in dataclasses.fields(self):  # before the range checks, which would fail on a string unnamed
+            value = getattr(self, spec.name)
+            if spec.type == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+                fail(spec.name, "use a whole number")
+            if spec.type == "float" and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+                fail(spec.name, "use a number")
+
         if self.source != "champion" and self.source not in SERVABLE_VARIANTS:
             fail("source", f"use 'champion' or one of {list(SERVABLE_VARIANTS)}")
         if self.fallback_variant not in SERVABLE_VARIANTS:
@@ -122,15 +138,20 @@ class ServeSettings:
             fail("port", "several workers share one port: give a fixed port, not 0")
         for key in ("workers", "threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
                     "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
-                    "speaker_cache_entries", "min_upload_sample_rate_hz"):
+                    "speaker_cache_entries", "min_upload_sample_rate_hz", "max_requests_per_client", "max_body_bytes",
+                    "max_connections", "max_header_bytes"):
             if getattr(self, key) < 1:
                 fail(key, "must be >= 1")
         for key in ("max_wait_ms", "decoder_context_frames"):
             if getattr(self, key) < 0:
                 fail(key, "must be >= 0")
-        for key in ("request_timeout_s", "max_upload_s", "min_upload_s", "speaker_cache_ttl_s", "shutdown_grace_s"):
+        for key in ("first_audio_timeout_s", "total_timeout_s", "slow_client_grace_s", "body_read_timeout_s",
+                    "keep_alive_timeout_s", "max_upload_s", "min_upload_s", "speaker_cache_ttl_s", "shutdown_grace_s"):
             if getattr(self, key) <= 0:
                 fail(key, "must be > 0")
+        if self.first_audio_timeout_s > self.total_timeout_s:
+            fail("first_audio_timeout_s", f"must be <= total_timeout_s ({self.total_timeout_s:g}): the first audio "
+                                          "is part of the whole")
         if not self.length_buckets or list(self.length_buckets) != sorted(set(self.length_buckets)) \
                 or self.length_buckets[0] < 1:
             fail("length_buckets", "give strictly increasing positive phoneme-id lengths, e.g. [64, 128, 256]")

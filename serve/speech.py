@@ -8,11 +8,22 @@ by decoder frames on an engine that offers it, as decoder windows (serve/streami
 request may set besides the text follows the served family's capabilities: its sampling options
 (``family.sampling_type.option_names()``), a style prompt or emotion (``prompt_style``) and an
 uploaded reference voice (``zero_shot``); anything else answers 400 naming the family.
+
+Admission counts work, not sockets: a request holds its slot (``serve.queue_capacity`` in all,
+``serve.max_requests_per_client`` per API key, or per client address without auth) while its
+audio is being made, and gives it back when the last chunk is made, however slowly its client
+reads. A producer task fills the response's queue; the response sends it at the client's pace,
+and a client that falls more than ``serve.slow_client_grace_s`` behind real time is dropped
+(serve/streaming.py). The queue holds at most one request's audio (``max_input_chars`` of text).
+Deadlines, from the request's arrival: the first audio within ``serve.first_audio_timeout_s``
+(else 504 ``first_audio_timeout``), all of it within ``serve.total_timeout_s`` (else the stream
+ends without its final chunk). Each of these logs one line, never a traceback.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import itertools
 import logging
 import re
@@ -22,19 +33,20 @@ import time
 from typing import AsyncIterator
 
 import numpy as np
-from fastapi import APIRouter
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from models.interface import UnspeakableTextError, VoiceCondition
 from models.sampling import Sampling
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
 from serve.batching import BatchBudget, SentenceJob
-from serve.context import ERROR_RESPONSES, ServeContext
+from serve.client_limits import client_connection
+from serve.context import ERROR_RESPONSES, RETRY_AFTER_S, ServeContext
 from serve.engines import ServedModel
 from serve.errors import ApiError
-from serve.schemas import SpeechRequest
+from serve.schemas import JsonBodyRoute, SpeechRequest
 from serve.settings import ServeSettings
-from serve.streaming import decoder_chunks, iterate_blocking, sse_stream
+from serve.streaming import PacedAudioResponse, decoder_chunks, iterate_blocking, sse_stream
 from serve.text_split import split_text
 
 log = logging.getLogger(__name__)
@@ -50,8 +62,12 @@ FRONTEND_LOCK = threading.Lock()
 WARMUP_LENGTH_SCALES = (0.8, 1.0, 1.25)
 
 
-class RequestTimeout(Exception):
-    """A speech request ran past ``serve.request_timeout_s``."""
+class SynthesisTimeout(Exception):
+    """A speech request's audio was not made in time: its first chunk by ``serve.first_audio_timeout_s``,
+    all of it by ``serve.total_timeout_s``."""
+
+
+SYNTHESIS_DONE = object()  # the producer's last item: every chunk of the request is in the queue
 
 
 def looks_like_path(value: str) -> bool:
@@ -110,7 +126,7 @@ def speech_router(context: ServeContext) -> APIRouter:
     settings, served, state, metrics = context.settings, context.served, context.state, context.metrics
     family, capabilities = served.family, served.capabilities
     use_decoder_chunks = settings.streaming == "decoder_chunks" and served.decoder_streaming
-    router = APIRouter()
+    router = APIRouter(route_class=JsonBodyRoute)  # the JSON body checked as sent (serve/schemas.py)
 
     def check_model(model: str) -> None:
         if looks_like_path(model):
@@ -190,28 +206,48 @@ def speech_router(context: ServeContext) -> APIRouter:
             for future in futures:
                 future.cancel()
 
-    async def with_deadline(chunks: AsyncIterator[np.ndarray], deadline_s: float) -> AsyncIterator[np.ndarray]:
+    async def with_deadlines(chunks: AsyncIterator[np.ndarray], arrived_s: float) -> AsyncIterator[np.ndarray]:
+        """``chunks``, the first by ``first_audio_timeout_s`` and the last by ``total_timeout_s`` after ``arrived_s``."""
+        first_deadline_s = arrived_s + settings.first_audio_timeout_s
+        total_deadline_s = arrived_s + settings.total_timeout_s
+        waiting_for_first = True
         try:
             while True:
-                remaining_s = deadline_s - time.monotonic()
+                deadline_s = first_deadline_s if waiting_for_first else total_deadline_s
                 try:
-                    yield await asyncio.wait_for(anext(chunks), max(remaining_s, 0.0))
+                    yield await asyncio.wait_for(anext(chunks), max(deadline_s - time.monotonic(), 0.0))
                 except StopAsyncIteration:
                     return
-                except asyncio.TimeoutError as error:
-                    raise RequestTimeout(f"no audio within serve.request_timeout_s={settings.request_timeout_s:g} s") \
-                        from error
+                except asyncio.TimeoutError:
+                    if waiting_for_first:
+                        raise SynthesisTimeout("no audio within serve.first_audio_timeout_s="
+                                               f"{settings.first_audio_timeout_s:g} s") from None
+                    raise SynthesisTimeout(f"audio not complete within serve.total_timeout_s="
+                                           f"{settings.total_timeout_s:g} s") from None
+                waiting_for_first = False
         finally:
             await chunks.aclose()
+
+    admitted_by_client: dict[str, int] = {}
+
+    def client_key(request: Request) -> str:
+        """Who a request counts against: its API key when auth is on (hashed: keys stay out of memory dumps
+        and logs), else its address. Behind a reverse proxy every client shares the proxy's address."""
+        if settings.api_key is not None:
+            token = request.headers.get("authorization", "")
+            return "key:" + hashlib.sha256(token.encode()).hexdigest()[:16]
+        return "address:" + (request.client.host if request.client else "unknown")
 
     @router.post("/v1/audio/speech", responses={
         200: {"description": "Audio in the requested format, or server-sent events for stream_format=sse.",
               "content": {"audio/wav": {}, "audio/pcm": {}, "audio/flac": {}, "text/event-stream": {}}},
         **ERROR_RESPONSES}, response_class=Response, summary="Speak text (OpenAI-compatible)")
-    async def create_speech(body: SpeechRequest):
-        """Speak ``input``. 503 + Retry-After when the queue is full, warming up or shutting down; 504 past
-        ``serve.request_timeout_s`` before the first audio (a stream cut later ends without its final chunk)."""
+    async def create_speech(body: SpeechRequest, request: Request):
+        """Speak ``input``. 503 + Retry-After when the queue is full, warming up or shutting down; 429 + Retry-After
+        past ``serve.max_requests_per_client``; 504 ``first_audio_timeout`` with no audio after
+        ``serve.first_audio_timeout_s`` (a stream past ``serve.total_timeout_s`` ends without its final chunk)."""
         started_s = time.perf_counter()
+        arrived_s = time.monotonic()
         if state.shutting_down:
             raise context.refuse("shutting_down", "the server is shutting down; retry on another instance")
         if not state.ready:
@@ -227,10 +263,17 @@ def speech_router(context: ServeContext) -> APIRouter:
         if len(body.input) > settings.max_input_chars:
             raise ApiError(400, f"input has {len(body.input)} characters; the limit is {settings.max_input_chars}: "
                                 "split it into several requests", "input_too_long", param="input")
+        client = client_key(request)
+        if admitted_by_client.get(client, 0) >= settings.max_requests_per_client:
+            metrics.rejected.labels("too_many_requests").inc()
+            raise ApiError(429, f"this client already has {settings.max_requests_per_client} speech requests being "
+                                "synthesized (serve.max_requests_per_client); retry after the Retry-After delay",
+                           "too_many_requests", headers={"Retry-After": RETRY_AFTER_S})
         if state.admitted >= settings.queue_capacity:
             raise context.refuse("queue_full", f"the server holds {settings.queue_capacity} requests "
                                                "(serve.queue_capacity); retry after the Retry-After delay")
         state.admitted += 1
+        admitted_by_client[client] = admitted_by_client.get(client, 0) + 1
         released = False
 
         def release() -> None:
@@ -238,6 +281,9 @@ def speech_router(context: ServeContext) -> APIRouter:
             if not released:
                 released = True
                 state.admitted -= 1
+                admitted_by_client[client] -= 1
+                if not admitted_by_client[client]:
+                    del admitted_by_client[client]
 
         try:
             try:
@@ -249,55 +295,94 @@ def speech_router(context: ServeContext) -> APIRouter:
             seed = secrets.randbelow(2**31) if seed is None else seed
             jobs = [SentenceJob(ids, dataclasses.replace(sampling, seed=seed + index), voice=condition,
                                 voice_key=voice_key) for index, ids in enumerate(sentences)]
-            chunks = with_deadline(audio_chunks(jobs), time.monotonic() + settings.request_timeout_s)
+            chunks = with_deadlines(audio_chunks(jobs), arrived_s)
             try:
                 first = await anext(chunks)
-            except RequestTimeout as error:
-                raise ApiError(504, str(error), "request_timeout", "server_error") from error
+            except SynthesisTimeout as error:
+                metrics.rejected.labels("first_audio_timeout").inc()
+                log.info("504 first_audio_timeout: %s", error)
+                raise ApiError(504, str(error), "first_audio_timeout", "server_error") from None
             metrics.time_to_first_audio_s.observe(time.perf_counter() - started_s)
         except BaseException:
             release()
             raise
+        made: asyncio.Queue = asyncio.Queue()  # unbounded: the producer never waits for the client
+
+        async def produce() -> None:
+            try:
+                async for chunk in chunks:
+                    made.put_nowait(chunk)
+                made.put_nowait(SYNTHESIS_DONE)
+            except Exception as error:  # handed to the response, which ends the stream
+                made.put_nowait(error)
+            finally:
+                await chunks.aclose()
+                release()
+
+        producer = asyncio.create_task(produce(), name="speech-producer")
+        producer.add_done_callback(lambda _: release())  # also when cancelled before its first step
         sample_rate_hz = served.model.sample_rate_hz
         headers = {"X-Sample-Rate": str(sample_rate_hz), "X-Model": served.model_id}
         usage = {"input_tokens": sum(len(job.phoneme_ids) for job in jobs)}
 
         async def waveforms() -> AsyncIterator[np.ndarray]:
+            """The request's chunks as the producer makes them; raises what stopped it (``SynthesisTimeout``)."""
             samples = 0
             try:
-                yield first
-                samples += first.shape[0]
-                async for chunk in chunks:
+                chunk = first
+                while chunk is not SYNTHESIS_DONE:
+                    if isinstance(chunk, BaseException):
+                        raise chunk
                     samples += chunk.shape[0]
                     yield chunk
+                    chunk = await made.get()
                 metrics.speech_latency_s.observe(time.perf_counter() - started_s)
-            except RequestTimeout:
-                log.warning("speech request cut mid-stream after %.1f s", time.perf_counter() - started_s)
-                raise
             finally:
                 metrics.audio_seconds.inc(samples / sample_rate_hz)
                 usage["output_tokens"] = samples
                 usage["total_tokens"] = usage["input_tokens"] + samples
-                await chunks.aclose()
-                release()
+                producer.cancel()  # a client gone mid-stream takes its sentences out of the queue
 
         if body.response_format == "flac":
             try:
                 waveform = np.concatenate([chunk async for chunk in waveforms()])
-            except RequestTimeout as error:
-                raise ApiError(504, str(error), "request_timeout", "server_error") from error
-            return Response(encode_file(waveform, sample_rate_hz, "flac"), media_type=MEDIA_TYPES["flac"],
-                            headers=headers)
+            except SynthesisTimeout as error:
+                metrics.rejected.labels("total_timeout").inc()
+                log.info("504 total_timeout: %s", error)
+                raise ApiError(504, str(error), "total_timeout", "server_error") from None
+            encoded = encode_file(waveform, sample_rate_hz, "flac")
+
+            async def whole_file() -> AsyncIterator[bytes]:
+                yield encoded
+
+            # One send, paced like a stream: a client that never reads the file is dropped after the grace
+            # plus the audio's length, as a stream's would be.
+            return PacedAudioResponse(whole_file(), connection=client_connection(request.scope),
+                                      bytes_per_audio_s=len(encoded) * sample_rate_hz / max(len(waveform), 1),
+                                      grace_s=settings.slow_client_grace_s,
+                                      on_slow_reader=metrics.disconnects.labels("slow_reader").inc,
+                                      media_type=MEDIA_TYPES["flac"],
+                                      headers={**headers, "Content-Length": str(len(encoded))})
+        connection = client_connection(request.scope)
 
         async def audio_bytes() -> AsyncIterator[bytes]:
             if body.response_format == "wav":
                 yield wav_header(sample_rate_hz)
-            async for chunk in waveforms():
-                yield pcm16_bytes(chunk)
+            try:
+                async for chunk in waveforms():
+                    yield pcm16_bytes(chunk)
+            except SynthesisTimeout as error:
+                metrics.disconnects.labels("total_timeout").inc()
+                log.warning("speech stream cut after %.1f s: %s", time.perf_counter() - started_s, error)
+                await connection.cut_off()
 
+        content, media_type, bytes_per_audio_s = audio_bytes(), MEDIA_TYPES[body.response_format], 2 * sample_rate_hz
         if body.stream_format == "sse":
-            return StreamingResponse(sse_stream(audio_bytes(), usage), media_type="text/event-stream",
-                                     headers=headers)
-        return StreamingResponse(audio_bytes(), media_type=MEDIA_TYPES[body.response_format], headers=headers)
+            content, media_type, bytes_per_audio_s = sse_stream(content, usage), "text/event-stream", \
+                bytes_per_audio_s * 4 / 3  # base64 of the same 16-bit samples
+        return PacedAudioResponse(content, connection=connection, bytes_per_audio_s=bytes_per_audio_s,
+                                  grace_s=settings.slow_client_grace_s,
+                                  on_slow_reader=metrics.disconnects.labels("slow_reader").inc,
+                                  media_type=media_type, headers=headers)
 
     return router

@@ -12,19 +12,34 @@ hand out whole sentences: they stream sentence by sentence instead.
 
 SSE: ``speech.audio.delta`` events carry base64 audio bytes, then one ``speech.audio.done``,
 as in OpenAI's speech API.
+
+Sending: ``PacedAudioResponse`` holds a client to real time. The time it keeps a send waiting
+(the socket full because the client does not read) builds a debt, which the audio seconds
+those bytes carry pay back; past ``grace_s`` of debt the connection is dropped. A player that
+reads as it plays never runs into debt, however far ahead synthesis is; a client that never
+reads is dropped ``grace_s`` plus the length of the chunk in flight after the kernel's buffers
+fill. Chunks are sent as they are made (a sentence, or a decoder window): one send of a sentence
+writes it all into the transport and waits until the client has read most of it, which a
+real-time player takes the sentence's length to do.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import logging
+import time
 from concurrent.futures import Executor
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import torch
+from starlette.responses import StreamingResponse
 
 from serve.batching import SentenceJob, batch_request
+from serve.client_limits import ClientConnection
+
+log = logging.getLogger(__name__)
 
 
 def decoder_chunks(voice, job: SentenceJob, noise_channels: int | None, chunk_frames: int,
@@ -73,3 +88,40 @@ async def sse_stream(audio_bytes: AsyncIterator[bytes], usage: dict) -> AsyncIte
         if chunk:
             yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(chunk).decode("ascii")})
     yield sse_event({"type": "speech.audio.done", "usage": usage})
+
+
+class PacedAudioResponse(StreamingResponse):
+    """A streamed audio body whose client must keep up with real time (module docstring).
+
+    ``bytes_per_audio_s``: how many body bytes carry one second of audio (2 x the sample rate for
+    16-bit PCM, 4/3 of that in base64 for SSE). ``on_slow_reader()`` runs once if the client is dropped."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, connection: ClientConnection, bytes_per_audio_s: float,
+                 grace_s: float, on_slow_reader: Callable[[], None], media_type: str, headers: dict[str, str]):
+        super().__init__(content, media_type=media_type, headers=headers)
+        self.connection = connection
+        self.bytes_per_audio_s = bytes_per_audio_s
+        self.grace_s = grace_s
+        self.on_slow_reader = on_slow_reader
+
+    async def stream_response(self, send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        debt_s = 0.0  # how long the client has kept sends waiting beyond the audio it was given
+        async for chunk in self.body_iterator:
+            if self.connection.cut:
+                break
+            audio_s = len(chunk) / self.bytes_per_audio_s
+            sent_at_s = time.monotonic()
+            try:
+                await asyncio.wait_for(send({"type": "http.response.body", "body": chunk, "more_body": True}),
+                                       self.grace_s - debt_s + audio_s)
+            except asyncio.TimeoutError:
+                self.on_slow_reader()
+                log.warning("slow reader disconnected: more than %g s behind real time (serve.slow_client_grace_s)",
+                            self.grace_s)
+                await self.connection.cut_off()
+                return
+            debt_s = max(0.0, debt_s + time.monotonic() - sent_at_s - audio_s)
+        if self.connection.cut:  # the stream was cut short (past its deadline): no final chunk
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

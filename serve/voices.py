@@ -18,6 +18,7 @@ import torch
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from models.interface import ReferenceClip
+from models.text.sanitize import UnsafeTextError, speakable_text
 from serve.context import ERROR_RESPONSES, ServeContext
 from serve.errors import ApiError
 from serve.schemas import ErrorBody, VoiceList, VoiceObject
@@ -50,6 +51,13 @@ def voices_router(context: ServeContext) -> APIRouter:
             return f"family {family.name} needs the clip's transcript: upload it again with the `transcript` field"
         return ""
 
+    def form_text(field: str, text: str) -> str:
+        """``text`` of the form field ``field`` under models.text.sanitize (a transcript reaches the family)."""
+        try:
+            return speakable_text(text)
+        except UnsafeTextError as error:
+            raise ApiError(400, f"{field}: {error}", "invalid_text", param=field) from error
+
     def builtin_voice() -> VoiceObject:
         return VoiceObject(id=served.voice_name, kind="builtin", name=served.voice_name, model=served.model_id,
                            usable=True, aliases=list(settings.voice_aliases))
@@ -74,10 +82,11 @@ def voices_router(context: ServeContext) -> APIRouter:
         bytes), keep the clip and its transcript, and store it as ``voice_<hash>``. A family without zero-shot
         voices lists it with ``usable: false``, and speech with it answers 400 ``zero_shot_unsupported``. A
         server without resemblyzer and librosa answers 501 ``voice_upload_unavailable``."""
+        name, transcript = form_text("name", name), form_text("transcript", transcript)
         declared_bytes = int(request.headers.get("content-length") or 0)
         if declared_bytes > settings.max_upload_bytes + 64_000:  # room for the multipart framing
-            raise ApiError(413, f"the upload is {declared_bytes} bytes; the limit is {settings.max_upload_bytes}",
-                           "upload_too_large")
+            raise ApiError(413, f"file: the upload is {declared_bytes} bytes; the limit is "
+                                f"{settings.max_upload_bytes}", "upload_too_large", param="file")
         try:
             speaker_embedding = await asyncio.to_thread(_speaker_encoder)
         except ModuleNotFoundError as error:
@@ -100,7 +109,6 @@ def voices_router(context: ServeContext) -> APIRouter:
                 raise ApiError(400, str(error), "no_speech", param="file") from error
             await asyncio.to_thread(state.speaker_cache.put, key, embedding)
         voice_id = UPLOAD_ID_PREFIX + key[:24]
-        transcript = transcript.strip()
         note = unusable_because(transcript)
         voice = VoiceObject(
             id=voice_id, kind="reference", name=name or voice_id, model=served.model_id, usable=not note,

@@ -185,16 +185,16 @@ def test_full_queue_answers_503_with_retry_after(tmp_path, onnx_served):
     assert 'tts_rejected_requests_total{reason="queue_full"} 1.0' in metrics
 
 
-def test_request_timeout_answers_504_and_frees_the_slot(tmp_path, onnx_served):
+def test_first_audio_timeout_answers_504_and_frees_the_slot(tmp_path, onnx_served):
     served, model = gated(onnx_served)
-    settings = serve_settings(tmp_path, "serve.warmup=false", "serve.request_timeout_s=2", "serve.queue_capacity=1")
+    settings = serve_settings(tmp_path, "serve.warmup=false", "serve.first_audio_timeout_s=2", "serve.queue_capacity=1")
     with TestClient(create_app(settings, served)) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, what="ready")
         timed_out = client.post("/v1/audio/speech", json=SPEECH)
         model.gate.set()
         wait_until(lambda: client.app.state.serve.admitted == 0, what="slot freed")
         later = client.post("/v1/audio/speech", json=SPEECH)
-    _error(timed_out, 504, "request_timeout")
+    _error(timed_out, 504, "first_audio_timeout")
     assert later.status_code == 200
 
 

@@ -2,7 +2,7 @@
 
     python -m pytest -q tests/test_serve_fuzz.py
 
-503 (queue full, warming up) and 504 (request timeout) are answers the API documents; any other
+503 (queue full, warming up) and 504 (first audio timeout) are answers the API documents; any other
 5xx is a bug. Inputs are capped at 60 characters so that the generated texts speak quickly.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ DELIBERATE_5XX = (503, 504)
 @pytest.fixture(scope="module")
 def api_schema(tmp_path_factory):
     settings = serve_settings(tmp_path_factory.mktemp("fuzz"), "serve.warmup=false", "serve.max_input_chars=60",
-                              "serve.max_upload_bytes=200000", "serve.request_timeout_s=20")
+                              "serve.max_upload_bytes=200000", "serve.first_audio_timeout_s=20")
     with running_server(create_app(settings, served_variant("original_onnx"))) as (_, base_url):
         wait_until(lambda: httpx.get(f"{base_url}/readyz").status_code == 200, what="ready")
         yield schemathesis.openapi.from_url(f"{base_url}/openapi.json")
