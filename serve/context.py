@@ -19,7 +19,7 @@ from serve.speaker_cache import SpeakerCache
 from serve.uploads import UploadLimits
 
 RETRY_AFTER_S = "1"
-ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 500, 503, 504)}
+ERROR_RESPONSES = {status: {"model": ErrorBody} for status in (400, 401, 404, 408, 413, 415, 429, 500, 503, 504)}
 
 
 @dataclass
