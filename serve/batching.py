@@ -16,6 +16,16 @@ in flight let a GPU engine prepare one batch on the host (noise, padding) while 
 the other: a family's bucketed engine serialises only its device section. One (the default)
 suits engines that already use every core.
 
+Requests take turns: each batch is formed around the next sentence of the request served least
+recently (one never served goes first, in arrival order), and fills with the sentences of that
+sentence's group round-robin by request (every request's next sentence in turn order, then every
+request's second...). A request's own sentences keep their order. So a short request that arrives
+while long ones wait joins the next batch that forms, instead of waiting behind all of their
+sentences: first-in first-out made a 5-word request wait 12.2 s behind one 4096-character request on
+2 CPU cores. A full group that is not the turn's still leaves at once when the turn's group is
+still gathering (within ``max_wait_ms``). ``submit``'s ``request`` says which request a sentence is
+of; by default the calling task's (the speech service submits each request's sentences from one).
+
 This is the batching of non-autoregressive families, whose whole sentence is one model call.
 ``make_scheduler`` picks it from the family's capabilities; an autoregressive family decodes
 tokens step by step and needs a token-step scheduler, which the server refuses to start without.
@@ -31,7 +41,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import itertools
 import time
+from collections.abc import Hashable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -158,11 +170,23 @@ class BatcherClosedError(RuntimeError):
     """The batcher is shutting down and takes no new sentences."""
 
 
+@dataclass(eq=False)
+class _Request:
+    """One request's place in the turns: ``last_batch`` is the number of the last batch that held one
+    of its sentences (-1: none yet, so it goes before every request served already)."""
+
+    arrival: int
+    submitted: int = 0
+    last_batch: int = -1
+
+
 @dataclass
 class _Waiting:
     job: SentenceJob
     future: asyncio.Future
     enqueued_s: float
+    request: _Request
+    index: int  # the sentence's place in its request
 
 
 class DynamicBatcher:
@@ -181,7 +205,10 @@ class DynamicBatcher:
         self.length_buckets = tuple(length_buckets)
         self._executor = executor
         self._on_batch = on_batch
-        self._groups: dict[tuple, list[_Waiting]] = {}
+        self._groups: dict[tuple, list[_Waiting]] = {}  # in submission order
+        self._requests: dict[Hashable, _Request] = {}  # those with sentences waiting
+        self._arrivals = itertools.count()
+        self._batches_formed = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._closing = False
@@ -202,13 +229,22 @@ class DynamicBatcher:
         if self._task is None:
             self._task = asyncio.create_task(self._loop(), name="dynamic-batcher")
 
-    def submit(self, job: SentenceJob) -> asyncio.Future:
-        """A future for ``job``'s waveform (T,) float32; cancel it to drop the job if it has not run."""
+    def submit(self, job: SentenceJob, request: Hashable | None = None) -> asyncio.Future:
+        """A future for ``job``'s waveform (T,) float32; cancel it to drop the job if it has not run.
+
+        ``request``: what the sentences of one request share, so that requests take turns; None: the
+        calling task (every sentence one task submits counts as one request's, in submission order)."""
         if self._closing or self._task is None:
             raise BatcherClosedError("the batcher is not running (not started, or shutting down)")
+        if request is None:
+            request = asyncio.current_task() or object()
+        if request not in self._requests:
+            self._requests[request] = _Request(next(self._arrivals))
+        owner = self._requests[request]
         key = (self.bucket_of(len(job.phoneme_ids)), job.group)
         future = asyncio.get_running_loop().create_future()
-        self._groups.setdefault(key, []).append(_Waiting(job, future, time.monotonic()))
+        self._groups.setdefault(key, []).append(_Waiting(job, future, time.monotonic(), owner, owner.submitted))
+        owner.submitted += 1
         self._wakeup.set()
         return future
 
@@ -231,29 +267,51 @@ class DynamicBatcher:
                 return rows - 1
         return size
 
+    def _in_turn_order(self, group: list[_Waiting], turn: dict[int, int]) -> list[_Waiting]:
+        """``group`` round-robin by request: each request's first sentence here in turn order, then each one's
+        second... (``turn``: a request's id -> its place in the turns)."""
+        seen: dict[int, int] = {}
+        rounds = []
+        for waiting in group:  # a request's sentences are in its own order here
+            rounds.append(seen.get(id(waiting.request), 0))
+            seen[id(waiting.request)] = rounds[-1] + 1
+        order = sorted(range(len(group)), key=lambda k: (rounds[k], turn[id(group[k].request)]))
+        return [group[k] for k in order]
+
     def _next_batch(self, now_s: float) -> tuple[list[_Waiting], float | None]:
-        """(a batch to run now or [], seconds until the next group is due or None)."""
+        """(a batch to run now or [], seconds until the turn's group is due or None)."""
         for key in list(self._groups):  # drop requests that gave up (timed out, disconnected)
             self._groups[key] = [w for w in self._groups[key] if not w.future.done()]
             if not self._groups[key]:
                 del self._groups[key]
+        waiting_requests = {id(w.request) for group in self._groups.values() for w in group}
+        self._requests = {name: r for name, r in self._requests.items() if id(r) in waiting_requests}
         if not self._groups:
             return [], None
-        oldest_key = min(self._groups, key=lambda k: self._groups[k][0].enqueued_s)
+        turns = sorted(self._requests.values(), key=lambda r: (r.last_batch, r.arrival))
+        turn = {id(request): place for place, request in enumerate(turns)}
+        ordered = {key: self._in_turn_order(group, turn) for key, group in self._groups.items()}
+        # The turn's group: the one holding the next sentence of the request whose turn it is.
+        turn_key = min(ordered, key=lambda k: (turn[id(ordered[k][0].request)], ordered[k][0].index))
         # Full: the next batch of this group cannot grow (max_batch_size or the budget reached).
-        full_keys = [k for k, group in self._groups.items()
+        full_keys = [k for k, group in ordered.items()
                      if self._batch_size(group) < len(group) or len(group) == self.max_batch_size]
-        due_s = self._groups[oldest_key][0].enqueued_s + self.max_wait_s
-        if full_keys:
-            key = min(full_keys, key=lambda k: self._groups[k][0].enqueued_s)
-        elif self._closing or now_s >= due_s:
-            key = oldest_key
+        due_s = min(w.enqueued_s for w in ordered[turn_key]) + self.max_wait_s
+        if turn_key in full_keys or self._closing or now_s >= due_s:
+            key = turn_key
+        elif full_keys:
+            key = min(full_keys, key=lambda k: turn[id(ordered[k][0].request)])
         else:
             return [], due_s - now_s
-        size = self._batch_size(self._groups[key])
-        batch, self._groups[key] = self._groups[key][:size], self._groups[key][size:]
+        size = self._batch_size(ordered[key])
+        batch = ordered[key][:size]
+        taken = {id(w) for w in batch}
+        self._groups[key] = [w for w in self._groups[key] if id(w) not in taken]
         if not self._groups[key]:
             del self._groups[key]
+        for waiting in batch:
+            waiting.request.last_batch = self._batches_formed
+        self._batches_formed += 1
         return batch, None
 
     async def _loop(self) -> None:
@@ -301,7 +359,7 @@ class SentenceScheduler(Protocol):
 
     async def start(self) -> None: ...
 
-    def submit(self, job: SentenceJob) -> asyncio.Future: ...
+    def submit(self, job: SentenceJob, request: Hashable | None = None) -> asyncio.Future: ...
 
     async def close(self) -> None: ...
 

@@ -198,7 +198,8 @@ def speech_router(context: ServeContext) -> APIRouter:
                 async for chunk in iterate_blocking(chunks, state.executor):
                     yield chunk
             return
-        futures = [state.batcher.submit(job) for job in jobs]
+        request_turn = object()  # this request's sentences take one turn among the requests waiting
+        futures = [state.batcher.submit(job, request=request_turn) for job in jobs]
         try:
             for future in futures:
                 yield await future
