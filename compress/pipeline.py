@@ -118,49 +118,54 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     with start_parent_run(settings.tracking.tracking_uri, settings.tracking.experiment_name,
                           f"compress:{'+'.join(settings.variants)}", resolved_config, config_path,
                           settings.paths.root):
-        for name in ordered:
-            if name in STAGES:
-                spec = STAGES[name]
-                context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
-                                       settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
-                                       family, settings.model.voice)
-                context.work_dir.mkdir(parents=True, exist_ok=True)
-                stage_settings = settings.stages[spec.settings_key] if spec.settings_key else None
-                variant = spec.build(built[spec.source], stage_settings, context)
-            else:
-                variant = build_variant(name, settings)
-            built[name] = variant
-            if evaluation_set is None:  # every variant of a run shares the voice's frontend
-                evaluation_set = EvaluationSet.build(sentences, variant.model, sampling)
-                recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
-            timed = STAGES[name].timed_on_cpu if name in STAGES else True
-            result = evaluate_variant(variant, evaluation_set, settings.evaluate,
-                                      None if name == reference_name else reference, recognizer, timed)
-            if name == reference_name:
-                reference = result
-            # Every variant's deployable graph, its checks and (torch variants) its parity; later
-            # stages (lite_ort) start from it.
-            graph_metrics, graph_tags, graph_artifacts = variant_graph(
-                variant, settings, calibration_sequences(), Path(settings.paths.output_dir) / "graphs" / name)
-            variant.artifacts.update(graph_artifacts)
-            metrics = {**variant.stage_metrics, **result.metrics, **graph_metrics,
-                       **gpu.get("variants", {}).get(name, {})}
-            tags = {"engine": variant.engine, "device": variant.device,
-                    "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
-                    "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
-            if name in gpu.get("variants", {}):
-                tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
-            samples = settings.evaluate.audio_samples
-            pending_logs[name] = (tags, result.waveforms[:samples], [s.text for s in evaluation_set.sequences][:samples],
-                                  result.sample_rate_hz, variant.model.hop_length, variant.artifacts)
-            rows[name] = metrics
-            if timed and variant.device == "cpu":
-                cpu_timed.append(name)
-        if settings.evaluate.speed_rounds and cpu_timed:
-            _time_interleaved({name: built[name] for name in cpu_timed}, evaluation_set, settings.evaluate, rows)
-        for name, (tags, waveforms, texts, sample_rate_hz, hop_length, artifacts) in pending_logs.items():
-            log_variant_run(name, rows[name], tags, waveforms, texts, sample_rate_hz, hop_length, len(waveforms),
-                            artifacts)
+        # Variants are logged once the interleaved speed rounds have run; a run that fails part way
+        # still logs every variant it finished, with the speed it measured alone.
+        try:
+            for name in ordered:
+                if name in STAGES:
+                    spec = STAGES[name]
+                    context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
+                                           settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
+                                           family, settings.model.voice)
+                    context.work_dir.mkdir(parents=True, exist_ok=True)
+                    stage_settings = settings.stages[spec.settings_key] if spec.settings_key else None
+                    variant = spec.build(built[spec.source], stage_settings, context)
+                else:
+                    variant = build_variant(name, settings)
+                built[name] = variant
+                if evaluation_set is None:  # every variant of a run shares the voice's frontend
+                    evaluation_set = EvaluationSet.build(sentences, variant.model, sampling)
+                    recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
+                timed = STAGES[name].timed_on_cpu if name in STAGES else True
+                result = evaluate_variant(variant, evaluation_set, settings.evaluate,
+                                          None if name == reference_name else reference, recognizer, timed)
+                if name == reference_name:
+                    reference = result
+                # Every variant's deployable graph, its checks and (torch variants) its parity; later
+                # stages (lite_ort) start from it.
+                graph_metrics, graph_tags, graph_artifacts = variant_graph(
+                    variant, settings, calibration_sequences(), Path(settings.paths.output_dir) / "graphs" / name)
+                variant.artifacts.update(graph_artifacts)
+                metrics = {**variant.stage_metrics, **result.metrics, **graph_metrics,
+                           **gpu.get("variants", {}).get(name, {})}
+                tags = {"engine": variant.engine, "device": variant.device,
+                        "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
+                        "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
+                if name in gpu.get("variants", {}):
+                    tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
+                samples = settings.evaluate.audio_samples
+                sample_texts = [s.text for s in evaluation_set.sequences][:samples]
+                pending_logs[name] = (tags, result.waveforms[:samples], sample_texts, result.sample_rate_hz,
+                                      variant.model.hop_length, variant.artifacts)
+                rows[name] = metrics
+                if timed and variant.device == "cpu":
+                    cpu_timed.append(name)
+            if settings.evaluate.speed_rounds and cpu_timed:
+                _time_interleaved({name: built[name] for name in cpu_timed}, evaluation_set, settings.evaluate, rows)
+        finally:
+            for name, (tags, waveforms, texts, sample_rate_hz, hop_length, artifacts) in pending_logs.items():
+                log_variant_run(name, rows[name], tags, waveforms, texts, sample_rate_hz, hop_length, len(waveforms),
+                                artifacts)
         _log_engine_runs(gpu, rows)
         table = results_markdown(rows)
         write_text_atomic(run_dir / "results.md", table)

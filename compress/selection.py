@@ -153,6 +153,7 @@ class SelectionSettings:
     constraints: tuple[Constraint, ...] = (
         Constraint("dnsmos_p808", at_least=-0.1, relative_to_reference=True),
         Constraint("wer", at_most=0.02, relative_to_reference=True),
+        Constraint("cer", at_most=0.02, relative_to_reference=True, when_measured=True),
         Constraint("spk_sim", at_least=0.90),
         Constraint("parity_within_budget", at_least=1, when_measured=True),
         Constraint("calib_durations_changed_fraction", at_most=0.0, when_measured=True),

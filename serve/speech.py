@@ -39,7 +39,7 @@ from fastapi.responses import Response
 from models.interface import UnspeakableTextError, VoiceCondition
 from models.sampling import Sampling
 from serve.audio_format import MEDIA_TYPES, encode_file, pcm16_bytes, wav_header
-from serve.batching import BatchBudget, SentenceJob
+from serve.batching import BatchBudget, BatcherClosedError, SentenceJob
 from serve.client_limits import client_connection
 from serve.context import ERROR_RESPONSES, RETRY_AFTER_S, ServeContext
 from serve.engines import ServedModel
@@ -303,6 +303,9 @@ def speech_router(context: ServeContext) -> APIRouter:
                 metrics.rejected.labels("first_audio_timeout").inc()
                 log.info("504 first_audio_timeout: %s", error)
                 raise ApiError(504, str(error), "first_audio_timeout", "server_error") from None
+            except BatcherClosedError:  # shutdown began while this request was phonemized
+                raise context.refuse("shutting_down",
+                                     "the server is shutting down; retry on another instance") from None
             metrics.time_to_first_audio_s.observe(time.perf_counter() - started_s)
         except BaseException:
             release()

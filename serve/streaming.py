@@ -107,21 +107,28 @@ class PacedAudioResponse(StreamingResponse):
     async def stream_response(self, send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         debt_s = 0.0  # how long the client has kept sends waiting beyond the audio it was given
-        async for chunk in self.body_iterator:
-            if self.connection.cut:
-                break
-            audio_s = len(chunk) / self.bytes_per_audio_s
-            sent_at_s = time.monotonic()
-            try:
-                await asyncio.wait_for(send({"type": "http.response.body", "body": chunk, "more_body": True}),
-                                       self.grace_s - debt_s + audio_s)
-            except asyncio.TimeoutError:
-                self.on_slow_reader()
-                log.warning("slow reader disconnected: more than %g s behind real time (serve.slow_client_grace_s)",
-                            self.grace_s)
-                await self.connection.cut_off()
-                return
-            debt_s = max(0.0, debt_s + time.monotonic() - sent_at_s - audio_s)
+        try:
+            async for chunk in self.body_iterator:
+                if self.connection.cut:
+                    break
+                audio_s = len(chunk) / self.bytes_per_audio_s
+                sent_at_s = time.monotonic()
+                try:
+                    await asyncio.wait_for(send({"type": "http.response.body", "body": chunk, "more_body": True}),
+                                           self.grace_s - debt_s + audio_s)
+                except asyncio.TimeoutError:
+                    self.on_slow_reader()
+                    log.warning("slow reader disconnected: more than %g s behind real time "
+                                "(serve.slow_client_grace_s)", self.grace_s)
+                    await self.connection.cut_off()
+                    return
+                debt_s = max(0.0, debt_s + time.monotonic() - sent_at_s - audio_s)
+        finally:
+            # Closing the audio generator now, not when it is collected, stops the synthesis of a
+            # client that is gone and gives its admission slot back.
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
         if self.connection.cut:  # the stream was cut short (past its deadline): no final chunk
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
