@@ -18,7 +18,6 @@ import argparse
 import copy
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,10 +27,9 @@ from evaluate.memory import parameter_count, state_dict_size_mb
 from models.family import DistilHooks, Family
 from models.registry import FAMILIES, get_family
 from texts.training_text import generate_training_sentences
+from core.paths import DEFAULT_CACHE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# paths.cache_dir's default (conf/paths/default.yaml), so a bundle reuses the pipeline's converted weights.
-DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ numbers spelled out, punctuation dropped), so formatting choices of the recogniz
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import unicodedata
 from pathlib import Path
@@ -31,11 +30,11 @@ from torchmetrics.text import CharErrorRate
 
 from core.atomic_io import atomic_write
 from evaluate.audio_input import mono_float32
+from evaluate.settings import WHISPER_MODELS
+from core.paths import DEFAULT_CACHE_DIR
 
 WHISPER_SAMPLE_RATE_HZ = 16_000  # Whisper's log-mel front end is defined at 16 kHz
-WHISPER_MODELS = ("tiny.en", "base")
 CHARACTER_LANGUAGES = ("zh", "ja")  # written without spaces between words: score characters
-DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))
 _MODEL_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
 
 

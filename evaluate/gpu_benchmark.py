@@ -50,6 +50,7 @@ from models.family import Family
 from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
 from models.precision import VARIANT_NAMES, compare_outputs, part_sensitivity, to_half_precision
 from models.registry import FAMILIES, get_family
+from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 
 MIB = 1024 * 1024
 HALF_VARIANTS = {name: dtype for dtype, name in VARIANT_NAMES.items()}  # fp16 -> float16, bf16 -> bfloat16
@@ -59,10 +60,7 @@ HALF_VARIANTS = {name: dtype for dtype, name in VARIANT_NAMES.items()}  # fp16 -
 DEFAULT_KEEP_FP32 = ("encoder", "duration")
 # Files come back from the GPU machine up to 16 MiB each; the waveforms leave room for the zip and texts.
 AUDIO_WAVEFORM_BYTES_MAX = 15 * MIB
-# Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def prepare(eval_set: str, out: str, seed: int, family_name: str | None = None, voice: str | None = None,

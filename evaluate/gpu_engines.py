@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
 from core.revision import provenance, save_diff
 from evaluate.gpu_benchmark import save_audio
 from evaluate.rtf import measure_batch1, measure_batched
@@ -37,7 +38,6 @@ from models.registry import get_family
 
 MIB = 1024 * 1024
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def _snr_db(reference: list[SynthesisResult], candidate: list[SynthesisResult]) -> float:

@@ -26,11 +26,9 @@ from evaluate.speaker import SpeakerSimilarity
 from models.interface import SynthesisRequest, TTSModel
 from models.registry import FAMILIES, family_of, get_family
 from texts import load_sentences
+from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 
-# Converted teacher weights, the pipeline's cache (conf/paths cache_dir).
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "tts-compress"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def score_conditions(voice: TTSModel, sentences: list[str], language: str = "en",

@@ -24,12 +24,12 @@ import torch
 
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
 from core.revision import provenance, save_diff
 from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the results: this checkout's git state
 
 
 def load_audio(path: str) -> tuple[str, int, list[str], list[torch.Tensor]]:

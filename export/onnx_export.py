@@ -26,7 +26,6 @@ import ast
 import contextlib
 import io
 import logging
-import os
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -38,10 +37,10 @@ from torch import nn
 from core.atomic_io import atomic_write
 from models.graph_contract import SYNTHESIZER, GraphContract
 from models.registry import FAMILIES, get_family
+from core.paths import DEFAULT_CACHE_DIR
 
 OPSET = 18  # what torch 2.13's dynamo exporter emits (asking for 17 gives 18)
 TORCHSCRIPT_OPSET = 17  # what export_decoder's TorchScript graphs (modelopt Q/DQ) have been exported and checked at
-DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))  # conf/paths
 
 
 @contextlib.contextmanager

@@ -51,6 +51,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
 from core.revision import git_revision, provenance, save_diff
 from texts import load_sentences
 
@@ -72,7 +73,6 @@ CLIENT_CPU_WARN = 0.9  # a client process this busy may be the bottleneck, not t
 class LoopbackOnlyError(ValueError):
     """The URL points somewhere other than this machine."""
 
-REPO_ROOT = Path(__file__).resolve().parent.parent  # provenance of the reports: this checkout's git state
 
 
 def check_loopback(url: str) -> tuple[str, int]:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 from core.config import ConfigError, build_dataclass
+from core.paths import DEFAULT_CACHE_DIR
 from models.registry import FAMILIES
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
@@ -37,7 +37,7 @@ class ServeSettings:
     manifest_path: str = ""
     fallback_variant: str = "original_onnx"
     voice: str = ""  # for variant sources, "" for the family's default voice; a manifest names its own
-    cache_dir: str = str(Path.home() / ".cache" / "tts-compress")  # where converted teacher weights are cached
+    cache_dir: str = str(DEFAULT_CACHE_DIR)  # where converted teacher weights are cached
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti

@@ -42,10 +42,10 @@ from models.registry import FAMILIES, get_family
 from models.sampling import Sampling
 from serve.engines import load_deployed, load_variant
 from serve.settings import SERVABLE_VARIANTS
+from core.paths import DEFAULT_CACHE_DIR
 
 ENGINES = ("torch", "onnxruntime")
 ENGINE_VARIANTS = {"torch": "teacher", "onnxruntime": "original_onnx"}  # --engine is shorthand for these
-DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))  # converted weights
 SAMPLING_FLAGS = ("noise_scale", "noise_scale_w")  # flags that are options of a family's sampling type
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,8 +34,9 @@ from models.piper.importer import onnx_to_state_dict
 from models.piper.vits import DecoderLatent, PiperVits, VitsHyperParams
 from models.piper.voice_files import PiperVoiceFiles
 from models.text.espeak_frontend import EspeakFrontend
+from core.atomic_io import atomic_write
+from core.paths import DEFAULT_CACHE_DIR
 
-DEFAULT_CACHE_DIR = Path(os.environ.get("TTS_COMPRESS_CACHE", Path.home() / ".cache" / "tts-compress"))
 
 
 def _file_digest(path: Path) -> str:
@@ -63,12 +62,8 @@ def load_converted_weights(files: PiperVoiceFiles, cache_dir: Path = DEFAULT_CAC
         state = load_file(cache_path)
         return _hyperparams_from_json(_metadata(cache_path)["hyperparams"]), state
     hp, state = onnx_to_state_dict(onnx.load(str(files.onnx_path)))
-    cache_path.parent.mkdir(parents=True, exist_ok=True)
-    # Write beside the target, then rename: a crash never leaves a half-written cache file.
-    fd, tmp = tempfile.mkstemp(dir=cache_path.parent, suffix=".tmp")
-    os.close(fd)
-    save_file(state, tmp, metadata={"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path)})
-    os.replace(tmp, cache_path)
+    metadata = {"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path)}
+    atomic_write(cache_path, lambda tmp: save_file(state, tmp, metadata=metadata))  # never a half-written cache
     return hp, state
 
 
@@ -105,12 +100,10 @@ def save_converted_voice(voice: str | Path, out_path: Path, dtype: torch.dtype =
     files = PiperVoiceFiles.resolve(voice)
     hp, state = load_converted_weights(files, cache_dir)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_path.parent, suffix=".tmp")
-    os.close(fd)
-    save_file({name: tensor.to(dtype).contiguous() for name, tensor in state.items()}, tmp,
-              metadata={"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path), "dtype": str(dtype)})
     shutil.copyfile(files.config_path, _config_beside(out_path))
-    os.replace(tmp, out_path)
+    weights = {name: tensor.to(dtype).contiguous() for name, tensor in state.items()}
+    metadata = {"hyperparams": json.dumps(asdict(hp)), "source": str(files.onnx_path), "dtype": str(dtype)}
+    atomic_write(out_path, lambda tmp: save_file(weights, tmp, metadata=metadata))
     return out_path
 
 
