@@ -7,7 +7,7 @@ from core.fixture_check import Check, close_to_peak, error_of_peak, exactly_equa
 
 
 def test_error_is_relative_to_the_reference_peak():
-    expected = torch.tensor([10.0, -20.0, 5.0])
+    expected = torch.tensor([10.0, -20.0, 5.0], dtype=torch.float64)
     assert abs(error_of_peak(expected + torch.tensor([0.0, 0.002, 0.0]), expected) - 1e-4) < 1e-9
     assert close_to_peak("a", expected + 0.001, expected).passed
     assert not close_to_peak("a", expected + 0.01, expected).passed
