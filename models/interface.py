@@ -13,6 +13,7 @@ model refuses conditioning its capabilities do not list with a ValueError rather
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -148,4 +149,30 @@ class TTSModel(Protocol):
 
     def replace_part(self, role: str, module: nn.Module) -> None:
         """Swap the part playing ``role`` for a module with the same call signature."""
+        ...
+
+
+@runtime_checkable
+class TokenStepDecoder(Protocol):
+    """Continuous batching of an autoregressive model (``capabilities.autoregressive``): sentences join
+    and leave the decode batch between token steps, so a short sentence never waits for the longest
+    row of a batch to finish. The model hands one out with ``step_decoder(max_rows)``.
+
+    Calls come from one thread (the server's model thread); nothing here is thread-safe.
+    """
+
+    max_rows: int  # rows decoded together at most
+    active: int  # rows decoding now
+
+    def join(self, key: Hashable, request: SynthesisRequest) -> None:
+        """Start decoding ``request`` (one sentence, B = 1) as row ``key``: its prompt is prefilled now,
+        its tokens come with the next steps. A ValueError when no row is free or the request is bad."""
+        ...
+
+    def step(self) -> list[tuple[Hashable, SynthesisResult]]:
+        """One token step for every active row; the rows that finished with it, each with its audio."""
+        ...
+
+    def cancel(self, key: Hashable) -> None:
+        """Drop row ``key`` (its client left); a key not decoding is ignored."""
         ...

@@ -31,7 +31,7 @@ from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp
 
-from serve.batching import SentenceJob, scheduler_for, synthesize_jobs
+from serve.batching import DynamicBatcher, SchedulerUnavailableError, SentenceJob, synthesize_jobs
 from serve.client_limits import MULTIPART_FRAMING_BYTES, BodyCap, ClientLimitsMiddleware
 from serve.context import ServeContext
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
@@ -42,6 +42,7 @@ from serve.settings import ServeSettings
 from serve.speaker_cache import make_speaker_cache
 from serve.speech import batch_budget, speech_router, warmup_batches
 from serve.streaming import decoder_chunks
+from serve.token_scheduler import TokenStepScheduler
 from serve.voices import voices_router
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,19 @@ def uvicorn_options(settings: ServeSettings) -> dict:
                 h11_max_incomplete_event_size=settings.max_header_bytes)
 
 
+def _step_decoder_of(served: ServedModel):
+    """An autoregressive family's ``step_decoder`` (continuous batching by token step); None for a
+    family whose sentence is one model call (sentence batching)."""
+    if not served.capabilities.autoregressive:
+        return None
+    step_decoder = getattr(served.model, "step_decoder", None)
+    if not callable(step_decoder):
+        raise SchedulerUnavailableError(
+            f"family {served.family.name} is autoregressive (capabilities.autoregressive) but its {served.engine} "
+            "model offers no step_decoder (models.interface.TokenStepDecoder) for token-step batching")
+    return step_decoder
+
+
 def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serving: bool = False) -> FastAPI:
     """The HTTP app over ``served``. It warms up in the background by default: /healthz answers and
     /readyz says 503 until the model is warm. ``warm_up_before_serving``: warm up inside the lifespan's
@@ -74,8 +88,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     port (serve.workers > 1) need that: a client or probe cannot choose which worker answers, and a
     worker still warming would take its share of requests only to refuse them with 503.
 
-    Raises ``SchedulerUnavailableError`` (a ValueError naming the family) for a family the server
-    has no scheduling strategy for."""
+    Raises ``SchedulerUnavailableError`` (a ValueError naming the family) for an autoregressive model
+    without a token-step decoder."""
     context = ServeContext(settings, served)
     state, metrics = context.state, context.metrics
     use_decoder_chunks = settings.streaming == "decoder_chunks" and served.decoder_streaming
@@ -90,7 +104,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     def run_batch(jobs: list[SentenceJob]) -> list[np.ndarray]:
         return synthesize_jobs(served.model, jobs, served.noise_channels, served.noise_device)
 
-    scheduler = scheduler_for(served.capabilities, served.family.name)  # refuses a family before it starts
+    step_decoder = _step_decoder_of(served)  # refuses an autoregressive model without one, before it starts
 
     def warm_up() -> None:
         batches = warmup_batches(served, settings)
@@ -117,10 +131,15 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.executor = ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model")
-        state.batcher = scheduler(run_batch, max_batch_size=settings.max_batch_size, max_wait_ms=settings.max_wait_ms,
-                                  length_buckets=settings.length_buckets, executor=state.executor,
-                                  on_batch=metrics.batch_size.observe, batches_in_flight=settings.batches_in_flight,
-                                  budget=batch_budget(served, settings))
+        if step_decoder is not None:
+            state.batcher = TokenStepScheduler(step_decoder(settings.max_batch_size), executor=state.executor,
+                                               on_step=metrics.batch_size.observe)
+        else:
+            state.batcher = DynamicBatcher(run_batch, max_batch_size=settings.max_batch_size,
+                                           max_wait_ms=settings.max_wait_ms, length_buckets=settings.length_buckets,
+                                           executor=state.executor, on_batch=metrics.batch_size.observe,
+                                           batches_in_flight=settings.batches_in_flight,
+                                           budget=batch_budget(served, settings))
         await state.batcher.start()
         metrics.queue_depth.set_function(lambda: state.batcher.pending)
         metrics.admitted.set_function(lambda: state.admitted)

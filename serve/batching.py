@@ -26,9 +26,9 @@ sentences: first-in first-out made a 5-word request wait 12.2 s behind one 4096-
 still gathering (within ``max_wait_ms``). ``submit``'s ``request`` says which request a sentence is
 of; by default the calling task's (the speech service submits each request's sentences from one).
 
-This is the batching of non-autoregressive families, whose whole sentence is one model call.
-``make_scheduler`` picks it from the family's capabilities; an autoregressive family decodes
-tokens step by step and needs a token-step scheduler, which the server refuses to start without.
+This is the batching of non-autoregressive families, whose whole sentence is one model call. An
+autoregressive family decodes tokens step by step: serve/token_scheduler.py batches it by token
+step instead (the app picks one from the family's capabilities).
 
 Batching never changes a sentence's audio: a sampling type that draws explicit noise tensors
 (``draw``) gets each sentence's own noise from its own seed, exactly as an unbatched call would
@@ -365,18 +365,4 @@ class SentenceScheduler(Protocol):
 
 
 class SchedulerUnavailableError(ValueError):
-    """The served family needs a scheduling strategy this server does not have."""
-
-
-def scheduler_for(capabilities: Capabilities, family: str) -> Callable[..., SentenceScheduler]:
-    """The scheduling strategy of ``family``, built as ``DynamicBatcher`` is: length buckets for models
-    that make a sentence in one call.
-
-    An autoregressive family decodes one token step at a time; batching it by sentence would hold every
-    row until the longest finishes, so it needs a token-step scheduler (rows joining and leaving between
-    steps), which this server does not have: it refuses the family at start."""
-    if capabilities.autoregressive:
-        raise SchedulerUnavailableError(
-            f"family {family} is autoregressive (capabilities.autoregressive): it needs a token-step scheduler, "
-            "which this server does not offer; serve a non-autoregressive family")
-    return DynamicBatcher
+    """The served family needs a scheduling strategy its model does not offer."""

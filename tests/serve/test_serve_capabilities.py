@@ -1,6 +1,6 @@
 """The API follows the served family's capabilities (models/interface.py), not its name: style prompts
 reach families with prompt_style, uploaded clips reach zero-shot families, sampling options are the
-family's, and a family without a scheduling strategy is refused at start.
+family's, and an autoregressive model without a token-step decoder is refused at start.
 
     python -m pytest -q tests/serve/test_serve_capabilities.py
 """
@@ -159,8 +159,8 @@ def test_a_zero_shot_family_speaks_with_the_uploaded_clip_and_transcript(app_of)
     assert reference.sample_rate_hz == 16_000 and reference.waveform.ndim == 1
 
 
-def test_an_autoregressive_family_is_refused_at_start(tmp_path):
+def test_an_autoregressive_model_without_a_step_decoder_is_refused_at_start(tmp_path):
     served = _served("talker", Capabilities(autoregressive=True, streaming_unit="tokens", durations=False),
                      AutoregressiveSampling)
-    with pytest.raises(SchedulerUnavailableError, match="family talker is autoregressive.*token-step scheduler"):
+    with pytest.raises(SchedulerUnavailableError, match="family talker is autoregressive.*no step_decoder"):
         create_app(serve_settings(tmp_path, "serve.warmup=false"), served)
