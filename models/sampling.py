@@ -86,8 +86,9 @@ class VitsSampling(Sampling):
 
 @dataclass(frozen=True)
 class AutoregressiveSampling(Sampling):
-    """Decoding of a text-to-token model: the token distribution is cut and sharpened in this order:
-    repetition penalty, temperature, top-k, top-p."""
+    """Decoding of a text-to-token model. The order the distribution is cut and sharpened in is the
+    family's (GPT-SoVITS v2: repetition penalty, top-p, temperature, top-k, as its official decoder
+    does; the order changes the draw when top_p < 1 and temperature != 1)."""
 
     top_k: int = 15
     top_p: float = 1.0
