@@ -56,9 +56,10 @@ def exactly_equal(name: str, actual: torch.Tensor, expected: torch.Tensor) -> Ch
     return Check(name, mismatches == 0, f"{mismatches} of {expected.numel()} entries differ")
 
 
-def run_checks(checks: Iterable[Check], stream: TextIO = sys.stdout) -> int:
+def run_checks(checks: Iterable[Check], stream: TextIO | None = None) -> int:
     """Print each check as it completes and a summary; 0 when all passed, 1 otherwise. A check
     generator that raises counts as a failure named after the exception, not a traceback."""
+    stream = stream or sys.stdout
     results: list[Check] = []
     try:
         for check in checks:
