@@ -52,7 +52,7 @@ class OrtEngineSettings:
 
 @dataclass(frozen=True)
 class TensorRTSettings:
-    workspace_mib: int = 4096
+    workspace_mib: int = 32768  # the activations at axis_ranges' largest shapes: Piper's decoder needs 25 GiB
     # Dim name (as the exporter names them: batch_size, phonemes, frames) -> [min, opt, max].
     axis_ranges: dict = field(default_factory=lambda: {
         "batch_size": [1, 4, 16],

@@ -1,15 +1,23 @@
-"""What TensorRT 10's ONNX parser accepts, as data, and a readiness report of a graph against it.
+"""Is a graph TensorRT-ready? The real builder's verdict, with our operator table as a hint beside it.
 
-    from export.tensorrt_support import readiness_report
-    report = readiness_report("outputs/export/teacher.onnx")
-    report["ready"], report["blockers"]   # blockers: [{"node", "op", "reason"}], precise per node
+    from export.tensorrt_support import engine_readiness, readiness_report
+    report = engine_readiness("outputs/export/teacher.onnx", "outputs/export/teacher.plan", settings.engine.tensorrt)
+    report["ready"], report["verdict_source"]   # True/False from the TensorRT builder that ran
+    report["engine"]                            # status, the parser's/builder's error, time, size, layer precisions
+    report["op_table_hint"]["blockers"]         # what the table below predicts, node by node
+
+    readiness_report("outputs/export/teacher.onnx")   # the table alone: {"ready", "blockers", "warnings", ...}
+
+``engine_readiness`` builds the graph with whichever TensorRT is importable
+(export/tensorrt_engine.py: full TensorRT, else TensorRT-RTX, which builds without a GPU); only
+where none imports does the verdict fall back to the table, and the report says so.
 
 Source of the table: onnx-tensorrt's docs/operators.md ("Supported ONNX Operators",
 https://github.com/onnx/onnx-tensorrt/blob/main/docs/operators.md; the operator table of the 8.5
 revision, with the TensorRT 10 changes its header and changelog state: opsets 9 to 20, native
-INT64/BF16, LayerNormalization through INormalizationLayer since 8.6). TensorRT itself is not
-installable on our machines, so this graph-level report is what is verified here; a real parse
-happens in export/tensorrt_engine.py where TensorRT exists.
+INT64/BF16, LayerNormalization through INormalizationLayer since 8.6). It is a hint: the builder
+finds what a table cannot (TensorRT-RTX has no NonZero importer; a shape computed from float
+activations is refused), so the verdict is the builder's.
 
 A finding is a *blocker* when the parser rejects the node, or when it accepts it but the engine
 would not compute what the graph says (random ops ignore their seed, so no run can be compared
@@ -25,6 +33,8 @@ import onnx
 from onnx import numpy_helper
 
 from export.graph_checks import all_nodes, default_opset, load, op_histogram
+from export.settings import TensorRTSettings
+from export.tensorrt_engine import build_engine
 
 MIN_OPSET, MAX_OPSET = 9, 20  # "TensorRT 10.0 supports operators in the inclusive range of opset 9 to opset 20"
 
@@ -158,3 +168,19 @@ def readiness_report(model_or_path: onnx.ModelProto | str | Path) -> dict:
                              "reason": f"int64 weight of {int(np.prod(tensor.dims))} elements: few TensorRT layers take INT64"})
     return {"ready": not blockers, "opset": opset, "blockers": blockers, "warnings": warnings,
             "op_histogram": op_histogram(model)}
+
+
+def engine_readiness(onnx_path: str | Path, engine_path: str | Path, settings: TensorRTSettings) -> dict:
+    """JSON-able: ``ready`` and ``verdict_source`` (the builder that decided, or the table where no
+    TensorRT imports), ``engine`` (export/tensorrt_engine.py's result: status, the parser's or
+    builder's error verbatim, build time, plan size, layers and precision counts) and
+    ``op_table_hint`` (``readiness_report``'s blockers and warnings)."""
+    hint = readiness_report(onnx_path)
+    built = build_engine(onnx_path, engine_path, settings)
+    if built.status == "unavailable":
+        ready, source = hint["ready"], f"op table only: {built.reason}"
+    else:
+        ready, source = built.status == "built", f"{built.backend} {built.backend_version} builder"
+    return {"ready": ready, "verdict_source": source, "engine": built.to_dict(),
+            "op_table_hint": {"ready": hint["ready"], "blockers": hint["blockers"], "warnings": hint["warnings"]},
+            "opset": hint["opset"], "op_histogram": hint["op_histogram"]}

@@ -10,10 +10,13 @@ Writes two model entries:
 * ``tts_<variant>/``: the ONNX Runtime backend, ``config.pbtxt`` plus ``1/model.onnx``, the
   variant's prepared graph made batchable by its family (``Family.triton``: every input gets a
   batch dimension first, so per-request settings stay per request).
-* ``tts_<variant>_trt/``: the TensorRT slot, ``config.pbtxt`` (platform ``tensorrt_plan``) and an
-  empty ``1/``. ``1/model.plan`` is built from ``tts_<variant>/1/model.onnx`` by
-  ``python -m export.tensorrt_engine`` on a machine with TensorRT; until then start Triton with
+* ``tts_<variant>_trt/``: the TensorRT entry, ``config.pbtxt`` (platform ``tensorrt_plan``) and
+  ``1/model.plan``, built here from ``tts_<variant>/1/model.onnx`` by whichever TensorRT is
+  installed (export/tensorrt_engine.py: TensorRT-RTX builds without a GPU), with a profile whose
+  batch reaches ``max_batch_size``. The config's header says which builder made the plan, or the
+  parser's/builder's error when it could not; then ``1/`` holds no plan and Triton is started with
   ``--model-control-mode=explicit --load-model=tts_<variant>`` so the empty slot is not loaded.
+  A TensorRT-RTX plan runs on compute capability 8.0, 8.6, 8.9 and 12.x GPUs only.
 
 The graph takes phoneme ids, not text: the client runs the voice's frontend
 (the family reference runtime's ``text_to_utterances``) and builds the other inputs the family
@@ -25,7 +28,9 @@ change a row's audio (the graph masks by the lengths).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +38,8 @@ import onnx
 
 from core.atomic_io import write_text_atomic
 from export.manifest import load_manifest
+from export.settings import TensorRTSettings
+from export.tensorrt_engine import EngineBuildResult, build_engine
 from models.family import Family, ServedTensor, TritonLayout
 from models.registry import FAMILIES, get_family
 
@@ -167,35 +174,58 @@ def _scalar(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _plan_slot_comment(onnx_model: str, trt_model: str) -> str:
-    return (
-        f"# TensorRT slot for {onnx_model}: same inputs and outputs, engine in 1/model.plan.\n"
-        f"# Build it where TensorRT is installed, from this repository's {onnx_model}/1/model.onnx:\n"
-        f"#   python -m export.tensorrt_engine --onnx {onnx_model}/1/model.onnx --out {trt_model}/1/model.plan\n"
-        f"# Until the plan exists, start Triton with --model-control-mode=explicit --load-model={onnx_model}.\n"
-    )
+def _plan_comment(onnx_model: str, trt_model: str, built: EngineBuildResult | None) -> str:
+    """The TensorRT entry's header: what built its plan, or why there is none and how to build one."""
+    rebuild = (f"#   python -m export.tensorrt_engine --onnx {onnx_model}/1/model.onnx "
+               f"--out {trt_model}/1/model.plan\n")
+    if built is not None and built.status == "built":
+        counts = ", ".join(f"{precision} {count}" for precision, count in built.precision_counts.items())
+        return (f"# 1/model.plan: built from {onnx_model}/1/model.onnx by {built.backend} {built.backend_version} "
+                f"in {built.build_time_s:.1f} s, {built.plan_bytes / 2**20:.1f} MiB; engine layers: {counts}.\n"
+                f"# Rebuild it with\n{rebuild}")
+    why = "no plan was asked for" if built is None else f"{built.status}: {built.reason}"
+    why = " ".join(why.split())  # the builder's message on one comment line
+    return (f"# TensorRT slot for {onnx_model}: same inputs and outputs, engine in 1/model.plan; not built ({why}).\n"
+            f"# Build it where TensorRT is installed and accepts the graph:\n{rebuild}"
+            f"# Until the plan exists, start Triton with --model-control-mode=explicit --load-model={onnx_model}.\n")
 
 
-def write_repository(variant: VariantGraph, out_dir: Path, batching: BatchingSettings) -> dict[str, Path]:
-    """Write both entries under ``out_dir``; returns {model name: its config.pbtxt}."""
+def plan_settings(tensorrt: TensorRTSettings, batching: BatchingSettings) -> TensorRTSettings:
+    """``tensorrt`` with a batch range Triton can fill: 1 .. max_batch_size, optimized for the largest
+    preferred batch."""
+    batch = [1, max(batching.preferred_batch_sizes), batching.max_batch_size]
+    return dataclasses.replace(tensorrt, axis_ranges={**tensorrt.axis_ranges, "batch_size": batch})
+
+
+def write_repository(variant: VariantGraph, out_dir: Path, batching: BatchingSettings,
+                     tensorrt: TensorRTSettings | None = TensorRTSettings()) -> dict[str, Path]:
+    """Write both entries under ``out_dir``; returns {model name: its config.pbtxt}. ``tensorrt``:
+    the plan's build settings (the batch range comes from ``batching``); None leaves the slot empty."""
     out_dir = Path(out_dir)
     onnx_name, trt_name = f"tts_{variant.name}", f"tts_{variant.name}_trt"
     layout = triton_layout(get_family(variant.family))
     graph = layout.batchable_graph(variant.graph)
-    written = {}
-    for name, platform in ((onnx_name, "onnxruntime_onnx"), (trt_name, "tensorrt_plan")):
+    for name in (onnx_name, trt_name):
         model_dir = out_dir / name
         if model_dir.exists():
             shutil.rmtree(model_dir)  # a stale version folder would be served beside the new one
         (model_dir / "1").mkdir(parents=True)
+    onnx_path = out_dir / onnx_name / "1" / "model.onnx"
+    onnx.save(graph, str(onnx_path))
+    built = None
+    if tensorrt is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TensorRT-RTX flags calls it ignores
+            built = build_engine(onnx_path, out_dir / trt_name / "1" / "model.plan", plan_settings(tensorrt, batching))
+    written = {}
+    for name, platform in ((onnx_name, "onnxruntime_onnx"), (trt_name, "tensorrt_plan")):
         header = f"# Triton model config for variant {variant.name} (family {variant.family}, voice " \
                  f"{variant.voice}); written by `python -m serve.triton_repo`.\n"
         if platform == "tensorrt_plan":
-            header += _plan_slot_comment(onnx_name, trt_name)
-        config_path = model_dir / "config.pbtxt"
+            header += _plan_comment(onnx_name, trt_name, built)
+        config_path = out_dir / name / "config.pbtxt"
         write_text_atomic(config_path, header + to_pbtxt(model_config(name, platform, graph, batching, layout)) + "\n")
         written[name] = config_path
-    onnx.save(graph, str(out_dir / onnx_name / "1" / "model.onnx"))
     return written
 
 
@@ -212,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-queue-delay-us", type=int, default=BatchingSettings.max_queue_delay_us)
     parser.add_argument("--instance-kind", default=BatchingSettings.instance_kind, choices=sorted(INSTANCE_KINDS))
     parser.add_argument("--instances", type=int, default=BatchingSettings.instances)
+    parser.add_argument("--no-plan", action="store_true", help="leave the TensorRT slot's model.plan unbuilt")
     args = parser.parse_args(argv)
     try:
         preferred = tuple(int(size) for size in args.preferred_batch_sizes.split(","))
@@ -223,7 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.variant is not None and args.family is None:
         parser.error(f"--variant {args.variant} needs --family: one of {sorted(FAMILIES)}")
     variant = load_variant_graph(args.manifest, args.variant, args.voice, args.family)
-    for name, config_path in write_repository(variant, args.out, batching).items():
+    for name, config_path in write_repository(variant, args.out, batching,
+                                              None if args.no_plan else TensorRTSettings()).items():
         print(f"{name}: {config_path}")
 
 

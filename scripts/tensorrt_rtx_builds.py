@@ -1,0 +1,113 @@
+"""Build TensorRT engines of the joe voice's graphs, the original beside ours, and record what the builder said.
+
+    python scripts/tensorrt_rtx_builds.py --work outputs/tensorrt_builds \
+        --qdq mlruns/1/<run>/artifacts/stage/qdq_decoder-<key>.onnx \
+        --lite mlruns/1/<run>/artifacts/stage/lite.simplified.onnx \
+        --out docs/results/cpu_7_tensorrt_rtx_builds.json
+
+Graphs: the voice's ONNX as it ships and as the pipeline deploys it (prepared); our exporter's
+synthesizer in fp32 and with an fp16 decoder and flow; our exporter's decoder alone in fp32 and
+fp16; and, when given, graphs a pipeline run made (modelopt's Q/DQ INT8 decoder, the Lite
+student's synthesizer). Each goes through export/tensorrt_support.py ``engine_readiness`` with the
+default engine settings (batch 1-16, phonemes 2-400, frames 2-6400), so the figures are the
+pipeline's own. One thread: the machine is shared.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from core.atomic_io import write_text_atomic
+from core.paths import DEFAULT_CACHE_DIR
+from core.revision import provenance
+from export.onnx_export import export_decoder, export_graph
+from export.settings import TensorRTSettings
+from export.tensorrt_support import engine_readiness
+from models.graph_contract import SYNTHESIZER
+from models.piper.onnx_runtime import prepare_graph
+from models.piper.voice_files import PiperVoiceFiles
+from models.precision import PrecisionIsland
+from models.registry import get_family
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+HALF_PARTS = ("flow", "decoder")  # the fp16 graph: the parts the fp16 stage can keep in half precision
+
+
+def _graphs(work: Path, qdq: Path | None, lite: Path | None) -> dict[str, Path]:
+    """name -> ONNX path, exporting what is missing under ``work``."""
+    files = PiperVoiceFiles.resolve("bundled:joe")
+    graphs = {"original (as shipped)": files.onnx_path}
+    prepared = work / "original_prepared.onnx"
+    if not prepared.is_file():
+        import onnx  # noqa: PLC0415 (only to save the prepared graph)
+
+        onnx.save(prepare_graph(files.onnx_path), str(prepared))
+    graphs["original (prepared, as deployed)"] = prepared
+    family = get_family("piper")
+    teacher = family.load_teacher("bundled:joe", DEFAULT_CACHE_DIR)
+    half = copy.deepcopy(teacher)
+    for role in HALF_PARTS:
+        half.replace_part(role, PrecisionIsland(half.parts()[role], torch.float16))
+    latent_channels = teacher.model.hp.latent_channels
+    exports = {
+        "ours fp32 synthesizer": (work / "fp32.onnx", lambda p: export_graph(family.graph_contracts(teacher)[SYNTHESIZER], p)),
+        "ours fp16 synthesizer (flow, decoder fp16)": (
+            work / "fp16.onnx", lambda p: export_graph(family.graph_contracts(half)[SYNTHESIZER], p)),
+        "ours fp32 decoder": (work / "decoder_fp32.onnx", lambda p: export_decoder(teacher.parts()["decoder"], p,
+                                                                                    latent_channels)),
+        "ours fp16 decoder": (work / "decoder_fp16.onnx", lambda p: export_decoder(half.parts()["decoder"], p,
+                                                                                    latent_channels)),
+    }
+    for name, (path, export) in exports.items():
+        graphs[name] = path if path.is_file() else export(path)
+    if qdq is not None:
+        graphs["modelopt Q/DQ INT8 decoder"] = qdq
+    if lite is not None:
+        graphs["Lite student synthesizer"] = lite
+    return graphs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True, help="exported graphs and plans go here")
+    parser.add_argument("--qdq", type=Path, help="a modelopt Q/DQ decoder graph from a pipeline run")
+    parser.add_argument("--lite", type=Path, help="a Lite student's exported synthesizer from a pipeline run")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    args.work.mkdir(parents=True, exist_ok=True)
+    settings = TensorRTSettings()
+    rows = {}
+    for name, graph in _graphs(args.work, args.qdq, args.lite).items():
+        plan = args.work / (graph.stem + ".plan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            report = engine_readiness(graph, plan, settings)
+        engine = report["engine"]
+        rows[name] = {
+            "graph": str(graph), "graph_mib": graph.stat().st_size / 2**20, "ready": report["ready"],
+            "verdict_source": report["verdict_source"], "status": engine["status"], "reason": engine["reason"],
+            "build_time_s": engine["build_time_s"], "plan_mib": (engine["plan_bytes"] or 0) / 2**20 or None,
+            "precision_counts": engine["precision_counts"], "engine_layers": len(engine["layers"]),
+            "op_table_ready": report["op_table_hint"]["ready"],
+            "op_table_blockers": sorted({b["op"] for b in report["op_table_hint"]["blockers"]}),
+        }
+        print(f"{name}: {engine['status']} {engine['build_time_s'] or 0:.2f} s "
+              f"{rows[name]['plan_mib'] or 0:.1f} MiB {engine['precision_counts']} {(engine['reason'] or '')[:200]}")
+    sources = sorted({row["verdict_source"] for row in rows.values()})
+    result = {**provenance(REPO_ROOT), "torch_threads": torch.get_num_threads(), "gpu": "none",
+              "verdict_sources": sources,
+              "settings": {"axis_ranges": settings.axis_ranges, "workspace_mib": settings.workspace_mib,
+                           "builder_optimization_level": settings.builder_optimization_level},
+              "graphs": rows}
+    write_text_atomic(args.out, json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
