@@ -177,6 +177,9 @@ class Family:
     triton: TritonLayout | None = None  # None: the family's graph is not served through Triton
     prune: PruneHooks | None = None  # None: the pruning stage refuses the family
     distil: DistilHooks | None = None  # None: the family has no small student (no ``lite`` variant)
+    # Keys of conf/model/<family>_*.yaml that name a voice's files (``model.gpt=...``); the config
+    # folds them into ``model.voice``, the one string every loader reads, and the run drops them after.
+    voice_fields: tuple[str, ...] = ()
 
     def sampling(self, **values) -> Sampling:
         """This family's sampling from config or request values; unknown options name the family."""

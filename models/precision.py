@@ -48,11 +48,13 @@ def half_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def _cast_floating(value, dtype: torch.dtype):
-    """Cast floating tensors inside ``value`` (a tensor, tuple, list or anything else) to ``dtype``."""
+    """Cast floating tensors inside ``value`` (a tensor, tuple, list, dict or anything else) to ``dtype``."""
     if isinstance(value, torch.Tensor):
         return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, (tuple, list)):
         return type(value)(_cast_floating(item, dtype) for item in value)
+    if isinstance(value, dict):
+        return type(value)((key, _cast_floating(item, dtype)) for key, item in value.items())
     return value
 
 
@@ -75,6 +77,17 @@ class PrecisionIsland(nn.Module):
 
     def reverse(self, *args, **kwargs):
         return self._run(self.module.reverse, args, kwargs)
+
+    def __getattr__(self, name: str):
+        """Other entry points of the wrapped part (a style encoder's ``pooled``) run in ``dtype`` too;
+        its other attributes (sub-modules, configs) are the part's own."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            attribute = getattr(self._modules["module"], name)
+        if callable(attribute) and not isinstance(attribute, nn.Module):
+            return lambda *args, **kwargs: self._run(attribute, args, kwargs)
+        return attribute
 
     def _run(self, entry_point: Callable, args: tuple, kwargs: dict):
         inside_args = _cast_floating(args, self.dtype)

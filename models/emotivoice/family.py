@@ -1,0 +1,38 @@
+"""EmotiVoice as a registered family: loaders, parts, sampling and its ONNX graph contract.
+
+    voice = FAMILY.load_teacher("random", cache_dir)   # full-size random weights (manifests)
+    voice = FAMILY.load_teacher("checkpoint=.../g_00140000;style_encoder=.../checkpoint_163431;"
+                                "data_dir=.../data/youdao/text", cache_dir)
+
+conf/model/emotivoice.yaml builds that string from ``model.checkpoint``, ``model.style_encoder`` and
+``model.data_dir`` (models/emotivoice/voice_files.py lists the files).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.emotivoice.onnx_contract import graph_contracts
+from models.emotivoice.tiny import tiny_voice
+from models.emotivoice.voice import EmotiVoiceVoice
+from models.emotivoice.voice_files import RANDOM, EmotiVoiceFiles, load_voice
+from models.family import Family
+from models.sampling import Sampling
+
+
+def _load_teacher(voice: str, cache_dir: Path) -> EmotiVoiceVoice:
+    # Nothing is converted or cached: the released files load directly (cache_dir is unused).
+    return load_voice(EmotiVoiceFiles.parse(voice))
+
+
+FAMILY = Family(
+    name=FAMILY_NAME,
+    capabilities=CAPABILITIES,
+    sampling_type=Sampling,
+    part_roles=PART_ROLES,
+    load_teacher=_load_teacher,
+    tiny_model=tiny_voice,
+    default_voice=RANDOM,
+    graph_contracts=graph_contracts,
+    voice_fields=("checkpoint", "style_encoder", "data_dir", "bert_dir"),
+)
