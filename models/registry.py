@@ -6,9 +6,11 @@ Adding a family: one folder (models/<family>/ with a ``family.py`` defining FAMI
 from __future__ import annotations
 
 from models.family import Family
+from models.emotivoice.family import FAMILY as EMOTIVOICE
+from models.gpt_sovits.family import FAMILY as GPT_SOVITS_V2
 from models.piper.family import FAMILY as PIPER
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (PIPER,)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (PIPER, EMOTIVOICE, GPT_SOVITS_V2)}
 
 
 def get_family(name: str) -> Family:

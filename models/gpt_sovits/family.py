@@ -1,0 +1,38 @@
+"""GPT-SoVITS v2 as a registered family: loaders, parts, sampling and its ONNX graph contracts.
+
+    voice = FAMILY.load_teacher("random", cache_dir)   # full-size random weights (the official manifests)
+    voice = FAMILY.load_teacher("gpt=s1.ckpt;sovits=s2G.pth;hubert=chinese-hubert-base;"
+                                "bert=chinese-roberta-wwm-ext-large;reference_audio=me.wav;"
+                                "reference_text=What the clip says.", cache_dir)
+
+conf/model/gpt_sovits_v2.yaml builds that string from ``model.gpt``, ``model.sovits``, ``model.hubert``,
+``model.bert``, ``model.reference_audio`` and ``model.reference_text`` (models/gpt_sovits/voice_files.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.family import Family
+from models.gpt_sovits.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES, GptSovitsSampling
+from models.gpt_sovits.onnx_contract import graph_contracts
+from models.gpt_sovits.tiny import tiny_voice
+from models.gpt_sovits.voice import GptSovitsVoice
+from models.gpt_sovits.voice_files import RANDOM, GptSovitsFiles, load_voice
+
+
+def _load_teacher(voice: str, cache_dir: Path) -> GptSovitsVoice:
+    # The official files load directly; nothing is converted or cached (cache_dir is unused).
+    return load_voice(GptSovitsFiles.parse(voice))
+
+
+FAMILY = Family(
+    name=FAMILY_NAME,
+    capabilities=CAPABILITIES,
+    sampling_type=GptSovitsSampling,
+    part_roles=PART_ROLES,
+    load_teacher=_load_teacher,
+    tiny_model=tiny_voice,
+    default_voice=RANDOM,
+    graph_contracts=graph_contracts,
+    voice_fields=("gpt", "sovits", "hubert", "bert", "reference_audio", "reference_text"),
+)

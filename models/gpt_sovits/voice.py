@@ -1,0 +1,198 @@
+"""A GPT-SoVITS v2 voice behind the family-neutral interface: text -> phones, a zero-shot prompt from
+a reference clip and its transcript, semantic tokens from the text-to-semantic transformer, audio
+from the SoVITS synthesizer at 32 kHz.
+
+    voice = GptSovitsVoice.from_files(gpt="s1.ckpt", sovits="s2G.pth", hubert="chinese-hubert-base",
+                                      bert="chinese-roberta-wwm-ext-large", reference=clip)
+    result = voice.synthesize(SynthesisRequest.from_utterances(voice.text_to_utterances("Hello."),
+                                                               sampling=GptSovitsSampling(seed=0)))
+
+How one sentence is made (the official web UI's order): the reference clip at 16 kHz (plus 0.3 s of
+silence) -> HuBERT -> ``ssl_proj`` -> codebook -> the prompt's semantic tokens; the transcript's phones
+and the target's phones, with their BERT features (Chinese text only; zeros otherwise), prefix the
+decode; the tokens after the prompt, with the target's phones and the clip's spectrogram, go through
+SoVITS. A prompt is computed once per clip and kept by content hash.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy.signal import resample_poly
+from torch import nn
+
+from models.gpt_sovits.capabilities import CAPABILITIES, FAMILY_NAME, GptSovitsSampling
+from models.gpt_sovits.sovits import SovitsSynthesizer
+from models.gpt_sovits.spectrogram import reference_spectrogram
+from models.gpt_sovits.ssl_encoders import SSL_SAMPLE_RATE_HZ, bert_phone_features, ssl_features
+from models.gpt_sovits.t2s import Text2SemanticModel
+from models.gpt_sovits.prompt import Prompt, pad_results
+from models.gpt_sovits.step_decoder import GptSovitsStepDecoder
+from models.gpt_sovits.t2s_decode import decode
+from models.gpt_sovits.text import LanguageRun, PhonemizedSentence, text_to_phones
+from models.interface import ReferenceClip, SynthesisRequest, SynthesisResult, UnspeakableTextError, Utterance
+
+REFERENCE_SECONDS = (3.0, 10.0)  # the official web UI refuses clips outside this range
+PROMPT_TAIL_SILENCE_S = 0.3  # appended to the clip before HuBERT, as the web UI does
+PROMPT_CACHE_ENTRIES = 64
+BERT_DIM = 1024
+PHRASE_CACHE_ENTRIES = 4096
+
+
+def _resample(waveform: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
+    if from_hz == to_hz:
+        return waveform
+    divisor = math.gcd(from_hz, to_hz)
+    return resample_poly(waveform, to_hz // divisor, from_hz // divisor).astype(np.float32)
+
+
+def clip_key(clip: ReferenceClip) -> str:
+    """Content hash of a clip and its transcript: equal clips share one prompt."""
+    digest = hashlib.sha256(clip.waveform.detach().cpu().numpy().astype(np.float32).tobytes())
+    digest.update(f"{clip.sample_rate_hz}|{clip.transcript}".encode())
+    return digest.hexdigest()
+
+
+class GptSovitsVoice:
+    """``TTSModel`` of the GPT-SoVITS v2 family (models/interface.py)."""
+
+    family = FAMILY_NAME
+    capabilities = CAPABILITIES
+    sampling_type = GptSovitsSampling
+
+    def __init__(self, t2s: Text2SemanticModel, sovits: SovitsSynthesizer, hubert: nn.Module, bert: nn.Module,
+                 tokenize, default_reference: ReferenceClip, max_tokens: int, language: str = "auto"):
+        """``tokenize``: text -> (1, tokens) BERT input ids with [CLS] first and [SEP] last.
+        ``max_tokens``: the checkpoint's early stop (50 per second of ``max_sec``), a cap on a
+        request's own ``max_tokens``."""
+        self.t2s, self.sovits, self.hubert, self.bert = t2s.eval(), sovits.eval(), hubert.eval(), bert.eval()
+        self.tokenize = tokenize
+        self.default_reference = default_reference
+        self.max_tokens = max_tokens
+        self.language = language
+        self.sample_rate_hz = sovits.config.sample_rate_hz
+        self.hop_length = sovits.samples_per_code  # output samples per semantic token
+        self._prompts: OrderedDict[str, Prompt] = OrderedDict()
+        # Phone ids -> the sentence's language runs: BERT features need a Chinese run's text, and a
+        # request carries only ids. Filled by ``text_to_utterances``; ids met without it get the
+        # zero features the official front end gives non-Chinese text.
+        self._phrases: OrderedDict[tuple[int, ...], tuple[LanguageRun, ...]] = OrderedDict()
+
+    # ----- text
+    def text_to_utterances(self, text: str) -> list[Utterance]:
+        sentences = text_to_phones(text, self.language)
+        if not sentences:
+            raise UnspeakableTextError(f"nothing to speak in {text!r}")
+        utterances = []
+        for sentence in sentences:
+            ids = tuple(sentence.phone_ids)
+            self._remember(ids, sentence)
+            utterances.append(Utterance(sentence.text, tuple(sentence.phones), ids))
+        return utterances
+
+    def _remember(self, ids: tuple[int, ...], sentence: PhonemizedSentence) -> None:
+        self._phrases[ids] = sentence.runs
+        self._phrases.move_to_end(ids)
+        while len(self._phrases) > PHRASE_CACHE_ENTRIES:
+            self._phrases.popitem(last=False)
+
+    def bert_features(self, phoneme_ids: tuple[int, ...]) -> torch.Tensor:
+        """(1024, T) BERT features of a sentence's phones: Chinese runs through BERT, zeros otherwise."""
+        runs = self._phrases.get(phoneme_ids)
+        if runs is None:
+            return torch.zeros(BERT_DIM, len(phoneme_ids))
+        features = [bert_phone_features(self.bert, self.tokenize(run.text), run.word2ph) if run.language == "zh"
+                    else torch.zeros(BERT_DIM, len(run.phones)) for run in runs]
+        return torch.cat(features, dim=1)  # (1024, T)
+
+    # ----- voice
+    @torch.inference_mode()
+    def prompt_of(self, clip: ReferenceClip) -> Prompt:
+        """The clip's prompt, computed once per content hash."""
+        key = clip_key(clip)
+        if key in self._prompts:
+            self._prompts.move_to_end(key)
+            return self._prompts[key]
+        seconds = clip.waveform.numel() / clip.sample_rate_hz
+        if not REFERENCE_SECONDS[0] <= seconds <= REFERENCE_SECONDS[1]:
+            raise ValueError(f"a reference clip must last {REFERENCE_SECONDS[0]:g} to {REFERENCE_SECONDS[1]:g} s, "
+                             f"got {seconds:.2f} s")
+        if not clip.transcript or not clip.transcript.strip():
+            raise ValueError("a GPT-SoVITS reference clip needs its transcript (what the clip says)")
+        waveform = clip.waveform.detach().cpu().float().numpy()
+        at_16k = _resample(waveform, clip.sample_rate_hz, SSL_SAMPLE_RATE_HZ)
+        silence = np.zeros(int(PROMPT_TAIL_SILENCE_S * SSL_SAMPLE_RATE_HZ), dtype=np.float32)
+        ssl = ssl_features(self.hubert, torch.from_numpy(np.concatenate([at_16k, silence]))[None])  # (1, 768, T)
+        tokens = self.sovits.extract_latent(ssl)[0, 0]  # (T_prompt,)
+        at_model_rate = torch.from_numpy(_resample(waveform, clip.sample_rate_hz, self.sample_rate_hz))
+        spectrogram = reference_spectrogram(at_model_rate[None], self.sovits.config)  # (1, bins, T_spec)
+        transcript = self.text_to_utterances(clip.transcript)
+        ids = tuple(i for utterance in transcript for i in utterance.phoneme_ids)
+        bert = torch.cat([self.bert_features(u.phoneme_ids) for u in transcript], dim=1)  # (1024, T_ref_text)
+        prompt = Prompt(tokens.long(), torch.tensor(ids, dtype=torch.long), bert, spectrogram)
+        self._prompts[key] = prompt
+        while len(self._prompts) > PROMPT_CACHE_ENTRIES:
+            self._prompts.popitem(last=False)
+        return prompt
+
+    # ----- synthesis
+    def _sampling(self, request: SynthesisRequest) -> GptSovitsSampling:
+        sampling = GptSovitsSampling.of(request.sampling)
+        if sampling.max_tokens > self.max_tokens:
+            sampling = GptSovitsSampling(**{**vars(sampling), "max_tokens": self.max_tokens})
+        return sampling
+
+    def decode_input(self, phoneme_ids: tuple[int, ...], prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
+        """(phone ids (T,), BERT features (1024, T)) the transformer reads: transcript then target."""
+        target = torch.tensor(phoneme_ids, dtype=torch.long)
+        return (torch.cat([prompt.phoneme_ids, target]),
+                torch.cat([prompt.bert_features, self.bert_features(phoneme_ids)], dim=1))
+
+    @torch.inference_mode()
+    def tokens_to_audio(self, tokens: torch.Tensor, phoneme_ids: tuple[int, ...], prompt: Prompt,
+                        sampling: GptSovitsSampling, seed_offset: int = 0) -> torch.Tensor:
+        """Semantic tokens (n,) of one sentence -> its waveform (samples,) at 32 kHz. The prior noise
+        is drawn from the sentence's seed, so a sentence sounds the same alone or in a batch."""
+        codes = tokens.reshape(1, 1, -1).to(torch.long)  # (1, 1, n)
+        target = torch.tensor([phoneme_ids], dtype=torch.long)  # (1, T_x)
+        ge = self.sovits.reference_embedding([prompt.spectrogram])
+        m_p, logs_p, mask = self.sovits.prior(codes, target, ge, speed=1.0 / sampling.length_scale)
+        noise = None
+        if sampling.noise_scale != 0:
+            generator = torch.Generator().manual_seed((sampling.seed or 0) + seed_offset)
+            noise = torch.randn(m_p.shape, generator=generator)  # (1, inter, T')
+        audio = self.sovits.synthesize_latent(m_p, logs_p, mask, ge, noise, sampling.noise_scale)[1]
+        return audio[0, 0]
+
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        self.capabilities.check(request.voice, self.family)
+        reference = request.voice.reference if request.voice and request.voice.reference else self.default_reference
+        prompt = self.prompt_of(reference)
+        sampling = self._sampling(request)
+        waveforms, token_rows = [], []
+        with torch.inference_mode():
+            for row in range(request.phoneme_ids.shape[0]):
+                ids = tuple(int(i) for i in request.phoneme_ids[row, : int(request.phoneme_lengths[row])])
+                text_ids, bert = self.decode_input(ids, prompt)
+                decoded = decode(self.t2s, text_ids, bert, prompt.tokens, sampling)
+                tokens = decoded.semantic_for_sovits
+                token_rows.append(tokens)
+                waveforms.append(self.tokens_to_audio(tokens, ids, prompt, sampling))
+        return pad_results(waveforms, token_rows, self.sample_rate_hz)
+
+    def step_decoder(self, max_rows: int):
+        """Token-step decoding for the server (models/gpt_sovits/step_decoder.py)."""
+        return GptSovitsStepDecoder(self, max_rows)
+
+    # ----- parts
+    def parts(self) -> dict[str, nn.Module]:
+        return {"t2s": self.t2s, "sovits": self.sovits}
+
+    def replace_part(self, role: str, module: nn.Module) -> None:
+        if role not in self.parts():
+            raise ValueError(f"{self.family} has no part {role!r}; parts: {list(self.parts())}")
+        setattr(self, role, module)

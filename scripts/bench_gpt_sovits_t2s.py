@@ -1,0 +1,394 @@
+"""T2S decode speed of GPT-SoVITS v2 at full size (random weights from the official manifest).
+
+    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --out $OUT/gpt_sovits_t2s_h200.json
+    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cpu --threads 2 --tokens 60 \\
+        --out docs/results/cpu_7_gpt_sovits_t2s.json
+
+Light on purpose (torch and numpy only): it runs on a bare GPU machine. Every request is a ~60
+position prefill (30 phonemes + 30 prompt tokens) and a fixed-length greedy decode with EOS
+suppressed (``eos_from_step`` past the end), so each run makes exactly ``--tokens`` tokens.
+
+CUDA, side by side in one process: the eager FP32 port (growing cache, batch 1); the engine in
+FP32, FP16 and BF16 with CUDA graphs at batch 1 (median of warm runs), on the cuBLAS step and on
+the fused Triton step (its knobs swept first at FP16); FP16 top-k sampling; aggregate tokens/s
+with continuous batching over 64 slots; time to the first 25 tokens; peak VRAM; the kernels of one
+step; greedy token agreement of each engine with the eager FP32 port. The JSON is rewritten after
+each section, so a run cut short still leaves what it measured.
+
+CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the Linear layers) and the engine in FP32
+without graphs, same run.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.revision import git_revision
+from models.gpt_sovits.engine import T2SEngine, T2SRequest
+from models.gpt_sovits.engine_reference import EagerT2S
+from models.gpt_sovits.engine_weights import (
+    BERT_FEATURE_DIM,
+    MANIFEST_PATH,
+    T2SConfig,
+    T2SWeights,
+    check_against_manifest,
+    random_state_dict,
+)
+
+PHONEMES = 30
+PROMPT_TOKENS = 30
+TTFA_TOKENS = 25  # 25 semantic tokens = 1 s of audio at 25 Hz: a first streamed chunk
+STREAMS = 64
+
+
+def make_request(config: T2SConfig, tokens: int, seed: int, top_k: int = 1) -> T2SRequest:
+    generator = torch.Generator().manual_seed(seed)
+    return T2SRequest(
+        phoneme_ids=torch.randint(0, config.phoneme_vocab_size, (PHONEMES,), generator=generator),
+        bert_features=0.5 * torch.randn(BERT_FEATURE_DIM, PHONEMES, generator=generator),
+        prompt_tokens=torch.randint(0, config.vocab_size - 1, (PROMPT_TOKENS,), generator=generator),
+        top_k=top_k,
+        max_steps=tokens,
+        eos_from_step=tokens,  # EOS suppressed: every run makes exactly `tokens` tokens
+    )
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> dict:
+    equal = tokens == reference
+    first = int((~equal).nonzero()[0]) if not bool(equal.all()) else None
+    return {"fraction_equal": round(float(equal.float().mean()), 4), "first_difference_at": first,
+            "identical": first is None}
+
+
+def time_eager(model: EagerT2S, request: T2SRequest, device: str) -> tuple[float, torch.Tensor]:
+    """Seconds for one whole decode (prefill included) and its tokens."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = model.decode(request)
+    synchronize(device)
+    return time.perf_counter() - start, result.tokens
+
+
+def engine_run(engine: T2SEngine, request: T2SRequest, device: str) -> tuple[float, float, torch.Tensor]:
+    """(seconds end to end, seconds of decode steps after the prefill, tokens) of one request alone."""
+    synchronize(device)
+    start = time.perf_counter()
+    request_id = engine.submit(request)
+    engine.admit()
+    synchronize(device)
+    decode_start = time.perf_counter()
+    while engine.has_work():
+        engine.advance(engine.sync_every)
+        engine.collect()
+    end = time.perf_counter()
+    return end - start, end - decode_start, engine.result(request_id).tokens
+
+
+def bench_engine(engine: T2SEngine, request: T2SRequest, device: str, repeats: int) -> dict:
+    engine_run(engine, request, device)  # warm
+    runs = [engine_run(engine, request, device) for _ in range(repeats)]
+    tokens = request.max_steps
+    decode_s = statistics.median(run[1] for run in runs)
+    total_s = statistics.median(run[0] for run in runs)
+    return {
+        "decode_tokens_per_s": round((tokens - 1) / decode_s, 1),  # token 0 comes from the prefill
+        "end_to_end_tokens_per_s": round(tokens / total_s, 1),
+        "step_ms": round(1000 * decode_s / (tokens - 1), 4),
+        "runs_decode_s": [round(run[1], 5) for run in runs],
+        "tokens": runs[-1][2],
+    }
+
+
+def time_to_first_tokens(engine: T2SEngine, request: T2SRequest, repeats: int) -> dict:
+    """Request submitted -> its first TTFA_TOKENS tokens on the host, batch 1."""
+    times = []
+    for _ in range(repeats + 1):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        request_id = engine.submit(request)
+        engine.admit()
+        engine.advance(TTFA_TOKENS - 1)
+        first = engine.tokens_so_far(request_id)
+        times.append(time.perf_counter() - start)
+        if first.shape[0] != TTFA_TOKENS:
+            raise RuntimeError(f"expected {TTFA_TOKENS} tokens, got {first.shape[0]}")
+        engine.run()
+        engine.result(request_id)
+    return {"ms_median": round(1000 * statistics.median(times[1:]), 3), "ms_runs": [round(1000 * t, 3) for t in times[1:]]}
+
+
+def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, requests: int) -> dict:
+    """Requests of different lengths through 64 slots: rows leave and new ones join between steps."""
+    lengths = np.linspace(tokens // 2, tokens, requests).astype(int)
+    batch = [make_request(config, int(length), seed=1000 + index) for index, length in enumerate(lengths)]
+    engine.generate(batch[:STREAMS])  # warm
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    results = engine.generate(batch)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    made = sum(result.tokens.shape[0] for result in results)
+    # Every slot full and no turnover: the decode ceiling at 64 rows.
+    for index in range(STREAMS):
+        engine.submit(make_request(config, tokens, seed=2000 + index))
+    engine.admit()
+    torch.cuda.synchronize()
+    decode_start = time.perf_counter()
+    engine.run()
+    torch.cuda.synchronize()
+    decode_s = time.perf_counter() - decode_start
+    return {
+        "streams": STREAMS,
+        "requests": requests,
+        "tokens_per_request": [int(lengths.min()), int(lengths.max())],
+        "aggregate_tokens_per_s": round(made / elapsed, 1),
+        "wall_s": round(elapsed, 3),
+        "full_batch_decode_tokens_per_s": round(STREAMS * (tokens - 1) / decode_s, 1),
+    }
+
+
+def write(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=lambda value: value.tolist()) + "\n")
+
+
+def fresh_memory() -> int:
+    """Free what earlier sections left (engines hold reference cycles), reset the peak; bytes in use."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
+def guarded(measure, *args) -> dict:
+    """``measure(*args)``, or what went wrong: one failed measurement must not end the run."""
+    try:
+        return measure(*args)
+    except Exception as error:  # noqa: BLE001 - recorded in the results, the run goes on
+        return {"error": f"{type(error).__name__}: {error}"[:800]}
+
+
+def peak_mib(baseline: int) -> float:
+    return round((torch.cuda.max_memory_allocated() - baseline) / 2**20, 1)
+
+
+def kernel_profile(engine: T2SEngine, request: T2SRequest) -> dict:
+    """CUDA kernels of one eager decode step at batch 1: how many, their summed time, the costliest."""
+    request_id = engine.submit(request)
+    engine.admit()
+    engine.decode_step(1, engine.length_buckets[-1], True)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        engine.decode_step(1, engine.length_buckets[-1], True)
+        torch.cuda.synchronize()
+    engine.run()
+    engine.result(request_id)
+    kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for event in kernels:
+        by_name.setdefault(event.name[:60], []).append(event.device_time)
+    costliest = sorted(by_name.items(), key=lambda item: -sum(item[1]))[:8]
+    return {
+        "kernels": len(kernels),
+        "kernel_time_us": round(sum(event.device_time for event in kernels), 1),
+        "costliest": [{"kernel": name, "count": len(times), "total_us": round(sum(times), 1)} for name, times in costliest],
+    }
+
+
+def cuda_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, result: dict) -> None:
+    tokens = args.tokens
+    max_len = ((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16
+    request = make_request(config, tokens, seed=1)
+    rows = result["batch1"] = {}
+
+    def engine_for(dtype: torch.dtype, fused: bool = False, sampling: bool = False, max_batch: int = 1,
+                   **knobs) -> T2SEngine:
+        weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
+        if fused:  # imported here: Triton is on the GPU machine only, not in the CPU-only install
+            from models.gpt_sovits.engine_triton import TritonT2SEngine
+
+            engine = TritonT2SEngine(weights, max_batch=max_batch, max_len=max_len, length_buckets=[max_len], **knobs)
+        else:
+            engine = T2SEngine(weights, max_batch=max_batch, max_len=max_len)
+        engine.capture_graphs(greedy_modes=(False,) if sampling else (True,))
+        return engine
+
+    def measured(name: str, build, request: T2SRequest, reference: torch.Tensor | None) -> T2SEngine | None:
+        baseline = fresh_memory()
+        try:
+            engine = build()
+            row = bench_engine(engine, request, "cuda", args.repeats)
+            row["vram_peak_mib"] = peak_mib(baseline)
+            tokens_made = row.pop("tokens")
+            if reference is not None:
+                row["greedy_agreement_with_eager_fp32"] = agreement(tokens_made, reference)
+        except Exception as error:  # noqa: BLE001 - a kernel that fails to build there is a result too
+            engine, row = None, {"error": f"{type(error).__name__}: {error}"[:800]}
+        rows[name] = row
+        write(result, args.out)
+        return engine
+
+    baseline = fresh_memory()
+    eager = EagerT2S.from_state_dict(config, state_dict).cuda().eval()
+    time_eager(eager, make_request(config, 20, seed=99), "cuda")  # warm
+    eager_s, eager_tokens = time_eager(eager, request, "cuda")
+    rows["eager_fp32"] = {"end_to_end_tokens_per_s": round(tokens / eager_s, 1), "vram_peak_mib": peak_mib(baseline)}
+    del eager
+    write(result, args.out)
+
+    for name, dtype in (("engine_fp32_graphs", torch.float32), ("engine_fp16_graphs", torch.float16),
+                        ("engine_bf16_graphs", torch.bfloat16)):
+        engine = measured(name, lambda dtype=dtype: engine_for(dtype), request, eager_tokens)
+        if engine is not None and dtype == torch.float16:
+            result["time_to_first_25_tokens_fp16_b1"] = guarded(time_to_first_tokens, engine, request, args.repeats)
+            result["kernel_profile_fp16_b1"] = guarded(kernel_profile, engine, request)
+        del engine
+    write(result, args.out)
+
+    # The fused kernels' knobs, tried on this machine at FP16 batch 1; the fastest is used below.
+    sweep = result["fused_sweep_fp16_b1"] = []
+    best = None
+    for programs, warps, block in ((128, 4, 128), (256, 4, 128), (128, 8, 128), (128, 4, 64), (64, 4, 256),
+                                   (256, 2, 64)):
+        knobs = {"linear_programs": programs, "num_warps": warps, "attention_block": block}
+        fresh_memory()
+        try:
+            engine = engine_for(torch.float16, fused=True, **knobs)
+            speed = bench_engine(engine, request, "cuda", 3)["decode_tokens_per_s"]
+            del engine
+        except Exception as error:  # noqa: BLE001 - a knob set that fails to build is skipped, and said
+            speed, knobs["error"] = 0.0, f"{type(error).__name__}: {error}"[:300]
+        sweep.append({**knobs, "decode_tokens_per_s": speed})
+        if speed and (best is None or speed > best[1]):
+            best = ({key: value for key, value in knobs.items() if key != "error"}, speed)
+        write(result, args.out)
+    if best is not None:
+        knobs = best[0]
+        result["fused_knobs"] = knobs
+        for name, dtype in (("engine_fp16_fused_graphs", torch.float16), ("engine_bf16_fused_graphs", torch.bfloat16),
+                            ("engine_fp32_fused_graphs", torch.float32)):
+            engine = measured(name, lambda dtype=dtype: engine_for(dtype, fused=True, **knobs), request, eager_tokens)
+            if engine is not None and dtype == torch.float16:
+                result["time_to_first_25_tokens_fp16_fused_b1"] = guarded(
+                    time_to_first_tokens, engine, request, args.repeats)
+                result["kernel_profile_fp16_fused_b1"] = guarded(kernel_profile, engine, request)
+            del engine
+        write(result, args.out)
+
+    peaks = {name: rows[name].get("vram_peak_mib") for name in rows}
+    if peaks.get("engine_fp32_graphs") and peaks.get("engine_fp16_graphs"):
+        result["vram_fp16_over_fp32_engine"] = round(peaks["engine_fp16_graphs"] / peaks["engine_fp32_graphs"], 3)
+    if peaks.get("engine_fp32_fused_graphs") and peaks.get("engine_fp16_fused_graphs"):
+        result["vram_fp16_over_fp32_fused"] = round(peaks["engine_fp16_fused_graphs"] / peaks["engine_fp32_fused_graphs"], 3)
+
+    streams = result["continuous_batching_fp16"] = {}
+    for name, fused in (("cublas", False), ("fused", True)):
+        if fused and best is None:
+            continue
+        baseline = fresh_memory()
+        try:
+            knobs = {**best[0], "fused_max_batch": STREAMS} if fused else {}  # the fused kernels at 64 rows
+            engine = engine_for(torch.float16, fused=fused, max_batch=STREAMS, **knobs)
+            streams[name] = continuous_batching(engine, config, tokens, args.stream_requests)
+            streams[name]["vram_peak_mib"] = peak_mib(baseline)
+            del engine
+        except Exception as error:  # noqa: BLE001 - recorded in the results, the run goes on
+            streams[name] = {"error": f"{type(error).__name__}: {error}"[:800]}
+        write(result, args.out)
+
+    knobs = best[0] if best is not None else None
+    try:  # sampling inside a graph needs the generator registered with it (torch >= 2.6)
+        engine = measured("engine_fp16_graphs_top_k15", lambda: engine_for(torch.float16, sampling=True),
+                          make_request(config, tokens, seed=1, top_k=15), None)
+        del engine
+        if knobs is not None:
+            engine = measured("engine_fp16_fused_graphs_top_k15",
+                              lambda: engine_for(torch.float16, fused=True, sampling=True, **knobs),
+                              make_request(config, tokens, seed=1, top_k=15), None)
+            del engine
+    finally:
+        write(result, args.out)
+
+
+def cpu_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, result: dict) -> None:
+    tokens = args.tokens
+    request = make_request(config, tokens, seed=1)
+    rows = result["batch1"] = {}
+    eager = EagerT2S.from_state_dict(config, state_dict).eval()
+    time_eager(eager, make_request(config, 5, seed=99), "cpu")
+    eager_s, eager_tokens = time_eager(eager, request, "cpu")
+    rows["eager_fp32"] = {"end_to_end_tokens_per_s": round(tokens / eager_s, 2)}
+    write(result, args.out)
+    int8 = torch.ao.quantization.quantize_dynamic(eager, {torch.nn.Linear}, dtype=torch.qint8)
+    time_eager(int8, make_request(config, 5, seed=99), "cpu")
+    int8_s, int8_tokens = time_eager(int8, request, "cpu")
+    rows["eager_dynamic_int8"] = {"end_to_end_tokens_per_s": round(tokens / int8_s, 2),
+                                  "greedy_agreement_with_eager_fp32": agreement(int8_tokens, eager_tokens)}
+    write(result, args.out)
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    engine = T2SEngine(weights, max_batch=1, max_len=((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16)
+    row = bench_engine(engine, request, "cpu", repeats=1)
+    row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), eager_tokens)
+    rows["engine_fp32_eager_steps"] = row
+    write(result, args.out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tokens", type=int, default=500, help="tokens decoded per request (EOS suppressed)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed warm runs; the median is reported")
+    parser.add_argument("--threads", type=int, default=2, help="CPU threads (--device cpu)")
+    parser.add_argument("--stream-requests", type=int, default=5 * STREAMS,
+                        help="requests through the 64 slots in the continuous-batching run")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random full-size weights")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    manifest = json.loads(MANIFEST_PATH.read_text())
+    config = T2SConfig.from_model_config(manifest["config"]["model"])
+    state_dict = random_state_dict(config, seed=args.seed)
+    check_against_manifest(state_dict, manifest)
+    result = {
+        "what": "GPT-SoVITS v2 T2S decode, full-size random weights from the official manifest",
+        "command": "PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py " + " ".join(
+            f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items() if key != "out"),
+        "git_revision": git_revision(Path(__file__).resolve().parents[1]),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),
+        "config": {"layers": config.num_layers, "hidden_dim": config.hidden_dim, "heads": config.num_heads,
+                   "vocab_size": config.vocab_size, "parameters": manifest["total_parameters"]},
+        "request": {"phonemes": PHONEMES, "prompt_tokens": PROMPT_TOKENS, "decoded_tokens": args.tokens,
+                    "sampling": "greedy (top_k=1), repetition penalty 1.35, EOS suppressed"},
+    }
+    if args.device == "cuda":
+        result["device_count"] = torch.cuda.device_count()
+        cuda_bench(args, config, state_dict, result)
+    else:
+        torch.set_num_threads(args.threads)
+        result["threads"] = args.threads
+        # Other work on a shared machine slows every row alike; the load says how much there was.
+        result["load_average_1m_at_start"] = round(os.getloadavg()[0], 2)
+        cpu_bench(args, config, state_dict, result)
+        result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
+    write(result, args.out)
+    print(json.dumps(result, indent=1, default=lambda value: value.tolist()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The T2S engine against the official fixtures, a naive full-recompute decode, itself alone vs
+batched, and its sampler against the official sampling order. CPU, seconds; GPU tests skip without CUDA."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.gpt_sovits.engine import T2SEngine, T2SRequest
+from models.gpt_sovits.engine_reference import EagerT2S, official_sample
+from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
+from models.gpt_sovits.engine_weights import (
+    BERT_FEATURE_DIM,
+    MANIFEST_PATH,
+    T2SConfig,
+    T2SWeights,
+    check_against_manifest,
+    load_t2s_checkpoint,
+    position_table,
+    random_state_dict,
+)
+
+FIXTURES = Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "gpt_sovits_v2"
+needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"shared fixtures not found at {FIXTURES}")
+FIXTURE_SAMPLING = {"top_k": 1, "repetition_penalty": 1.35, "early_stop_num": 40, "max_steps": 60}  # stops by 41
+OTHER_SHAPE = {"vocab_size": 41, "phoneme_vocab_size": 23, "embedding_dim": 48, "hidden_dim": 48, "head": 3,
+               "n_layer": 3, "EOS": 40}
+
+
+@pytest.fixture(scope="module")
+def fixture_model():
+    config, state_dict = load_t2s_checkpoint(FIXTURES / "tiny_gpt.ckpt")
+    cases = torch.load(FIXTURES / "cases.pt", weights_only=True)
+    return config, state_dict, cases
+
+
+def fixture_requests(cases: dict) -> dict[str, tuple[T2SRequest, torch.Tensor, int]]:
+    """Case name -> (request, expected generated tokens, expected official idx)."""
+    requests = {}
+    for case in ("case0", "case1", "case2"):
+        prompt = cases[f"{case}/t2s.prompt_semantic"][0]
+        request = T2SRequest(cases[f"{case}/t2s.phoneme_ids"][0], cases[f"{case}/t2s.bert_feature"][0], prompt,
+                             **FIXTURE_SAMPLING)
+        expected = cases[f"{case}/t2s.infer_panel.y"][0, prompt.shape[0]:]
+        requests[case] = (request, expected, int(cases[f"{case}/t2s.infer_panel.idx"]))
+    case = "extra_t2s_ref_free"
+    request = T2SRequest(cases[f"{case}/t2s.phoneme_ids"][0], cases[f"{case}/t2s.bert_feature"][0], None,
+                         **FIXTURE_SAMPLING)
+    requests[case] = (request, cases[f"{case}/t2s.infer_panel.y"][0].long(), int(cases[f"{case}/t2s.infer_panel.idx"]))
+    prompts = cases["extra_t2s_batch/t2s.prompts"]
+    for row in range(2):
+        request = T2SRequest(cases[f"extra_t2s_batch/t2s.x{row}"], cases[f"extra_t2s_batch/t2s.bert{row}"], prompts[row],
+                             **FIXTURE_SAMPLING)
+        expected = cases[f"extra_t2s_batch/t2s.y{row}"][prompts.shape[1]:]
+        requests[f"extra_t2s_batch/{row}"] = (request, expected, int(cases[f"extra_t2s_batch/t2s.idx{row}"]))
+    return requests
+
+
+@needs_fixtures
+def test_every_fixture_case_alone_gives_the_official_tokens(fixture_model):
+    config, state_dict, cases = fixture_model
+    engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu"), max_len=256)
+    for name, (request, expected, idx) in fixture_requests(cases).items():
+        result = engine.generate([request])[0]
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+
+
+@needs_fixtures
+def test_fixture_cases_batched_together_give_the_official_tokens(fixture_model):
+    """All six rows through two slots: rows leave and others join between steps."""
+    config, state_dict, cases = fixture_model
+    engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu"), max_batch=2,
+                       max_len=256, sync_every=5)
+    cases_by_name = fixture_requests(cases)
+    results = engine.generate([request for request, _, _ in cases_by_name.values()])
+    for (name, (_, expected, idx)), result in zip(cases_by_name.items(), results):
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+    assert [result.stopped_by for result in results[:3]] == ["eos", "early_stop", "eos"]
+
+
+@needs_fixtures
+def test_the_eager_reference_port_gives_the_official_tokens(fixture_model):
+    config, state_dict, cases = fixture_model
+    model = EagerT2S.from_state_dict(config, state_dict).eval()
+    for name, (request, expected, idx) in fixture_requests(cases).items():
+        result = model.decode(request)
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+
+
+def naive_greedy_decode(config: T2SConfig, state_dict: dict, request: T2SRequest) -> list[int]:
+    """Recompute the whole sequence at every step (no cache), official greedy rules, float64."""
+    sd = {key: value.double() for key, value in state_dict.items()}
+    d, heads = config.hidden_dim, config.num_heads
+    table = position_table(4000, d).double()
+    text = sd["ar_text_embedding.word_embeddings.weight"][request.phoneme_ids]
+    text = text + request.bert_features.double().T @ sd["bert_proj.weight"].T + sd["bert_proj.bias"]
+    text = text + sd["ar_text_position.alpha"] * table[: text.shape[0]]
+    audio_ids = [] if request.prompt_tokens is None else request.prompt_tokens.tolist()
+    generated = []
+    for step in range(request.max_steps):
+        ids = torch.tensor(audio_ids, dtype=torch.int64)
+        audio = sd["ar_audio_embedding.word_embeddings.weight"][ids] + sd["ar_audio_position.alpha"] * table[: len(ids)]
+        x = torch.cat([text, audio])
+        n, t = x.shape[0], text.shape[0]
+        allowed = torch.zeros(n, n, dtype=torch.bool)
+        allowed[:, :t] = True
+        allowed[t:, t:] = torch.ones(n - t, n - t, dtype=torch.bool).tril()
+        for layer in range(config.num_layers):
+            p = f"h.layers.{layer}."
+            q, k, v = (x @ sd[p + "self_attn.in_proj_weight"].T + sd[p + "self_attn.in_proj_bias"]).chunk(3, dim=-1)
+            q, k, v = (z.view(n, heads, -1).transpose(0, 1) for z in (q, k, v))
+            scores = (q @ k.transpose(1, 2) / math.sqrt(d // heads)).masked_fill(~allowed, float("-inf"))
+            attention = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, d)
+            x = F.layer_norm(x + attention @ sd[p + "self_attn.out_proj.weight"].T + sd[p + "self_attn.out_proj.bias"],
+                             (d,), sd[p + "norm1.weight"], sd[p + "norm1.bias"], 1e-5)
+            hidden = F.relu(x @ sd[p + "linear1.weight"].T + sd[p + "linear1.bias"])
+            x = F.layer_norm(x + hidden @ sd[p + "linear2.weight"].T + sd[p + "linear2.bias"],
+                             (d,), sd[p + "norm2.weight"], sd[p + "norm2.bias"], 1e-5)
+        logits = x[-1] @ sd["ar_predict_layer.weight"].T
+        if step < request.eos_from_step:
+            logits = logits[: config.eos_id]
+        for token in set(audio_ids):
+            logits[token] = logits[token] * request.repetition_penalty if logits[token] < 0 \
+                else logits[token] / request.repetition_penalty
+        token = int(logits.argmax())
+        if token == config.eos_id:
+            return generated
+        generated.append(token)
+        if request.early_stop_num != -1 and len(generated) > request.early_stop_num:
+            return generated
+        audio_ids.append(token)
+    return generated
+
+
+def other_shape_requests(config: T2SConfig, count: int) -> list[T2SRequest]:
+    generator = torch.Generator().manual_seed(7)
+    requests = []
+    for index in range(count):
+        text_len = 5 + 3 * index
+        prompt = None if index == 2 else torch.randint(0, config.eos_id, (4 + 2 * index,), generator=generator)
+        requests.append(T2SRequest(
+            phoneme_ids=torch.randint(0, config.phoneme_vocab_size, (text_len,), generator=generator),
+            bert_features=torch.randn(BERT_FEATURE_DIM, text_len, generator=generator),
+            prompt_tokens=prompt, early_stop_num=12 + 4 * index, max_steps=40, eos_from_step=3 + index,
+        ))
+    return requests
+
+
+def test_engine_equals_a_naive_full_recompute_decode_on_another_shape():
+    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    state_dict = random_state_dict(config, seed=3)
+    engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float64, "cpu"), max_len=128)
+    model = EagerT2S.from_state_dict(config, state_dict).double().eval()
+    stops = set()
+    for request in other_shape_requests(config, 4):
+        expected = naive_greedy_decode(config, state_dict, request)
+        result = engine.generate([request])[0]
+        assert result.tokens.tolist() == expected
+        assert model.decode(request).tokens.tolist() == expected
+        stops.add(result.stopped_by)
+    assert stops == {"eos", "early_stop"}, "the requests should exercise both stops"
+
+
+def test_continuous_batching_gives_each_request_its_tokens_alone():
+    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float64, "cpu")
+    requests = other_shape_requests(config, 6)
+    alone = [T2SEngine(weights, max_len=128).generate([request])[0].tokens for request in requests]
+    engine = T2SEngine(weights, max_batch=4, max_len=128, sync_every=3, batch_buckets=[1, 2, 4],
+                       length_buckets=[32, 64, 128])
+    batched = engine.generate(requests)
+    assert all(torch.equal(one.tokens, tokens) for one, tokens in zip(batched, alone))
+    assert not engine.has_work()
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
+    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3, logit_std=1.0), torch.float32, "cpu")
+    request = other_shape_requests(config, 1)[0]
+    sampled = T2SRequest(request.phoneme_ids, request.bert_features, request.prompt_tokens, top_k=10, top_p=0.9,
+                         temperature=1.2, max_steps=30, eos_from_step=30)
+    first = T2SEngine(weights, max_len=128, seed=5).generate([sampled])[0].tokens
+    again = T2SEngine(weights, max_len=128, seed=5).generate([sampled])[0].tokens
+    other = T2SEngine(weights, max_len=128, seed=6).generate([sampled])[0].tokens
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    greedy = T2SRequest(request.phoneme_ids, request.bert_features, request.prompt_tokens, max_steps=30,
+                        eos_from_step=30)
+    one = T2SRequest(*(getattr(greedy, name) for name in ("phoneme_ids", "bert_features", "prompt_tokens")),
+                     top_k=1, top_p=0.5, temperature=3.0, max_steps=30, eos_from_step=30)
+    assert torch.equal(T2SEngine(weights, max_len=128).generate([greedy])[0].tokens,
+                       T2SEngine(weights, max_len=128, seed=9).generate([one])[0].tokens)
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(15, 1.0, 1.0), (5, 0.8, 0.7), (1025, 0.6, 1.5), (3, 0.99, 1.0)])
+def test_device_sampler_follows_the_official_order(top_k, top_p, temperature):
+    """Same logits, same history, same random draws: the batched sampler picks what the plain
+    official-order sampler picks, and stops on EOS when it does."""
+    vocab, eos_id = 1025, 1024
+    request = T2SRequest(torch.zeros(1, dtype=torch.int64), torch.zeros(BERT_FEATURE_DIM, 1), None, top_k=top_k,
+                         top_p=top_p, temperature=temperature, repetition_penalty=1.35, eos_from_step=0)
+    sampling = RowSampling(torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([temperature]),
+                           torch.tensor([1.35]), torch.tensor([0]))
+    data = torch.Generator().manual_seed(top_k)
+    for trial in range(40):
+        logits = 3 * torch.randn(vocab, generator=data)
+        logits[eos_id] = logits.max() + (1.0 if trial % 4 == 0 else -0.5)
+        history = torch.randint(0, vocab, (30,), generator=data)
+        seen = torch.zeros(1, vocab, dtype=torch.bool)
+        seen[0, history] = True
+        ours, ours_eos = choose_tokens(logits.unsqueeze(0), seen, sampling, torch.tensor([5]), eos_id,
+                                       torch.Generator().manual_seed(trial), greedy=False)
+        theirs, theirs_eos = official_sample(logits, history, request, 5, eos_id, torch.Generator().manual_seed(trial))
+        assert int(ours) == int(theirs)
+        assert bool(ours_eos) == theirs_eos
+
+
+def test_bad_requests_and_weights_are_named():
+    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    state_dict = random_state_dict(config, seed=3)
+    engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu"), max_len=64)
+    request = other_shape_requests(config, 1)[0]
+    with pytest.raises(ValueError, match="bert_features"):
+        engine.submit(T2SRequest(request.phoneme_ids, request.bert_features[:, :2], request.prompt_tokens))
+    with pytest.raises(ValueError, match="exceed the engine's max_len 64"):
+        engine.submit(T2SRequest(request.phoneme_ids, request.bert_features, request.prompt_tokens, max_steps=100))
+    state_dict["h.layers.0.linear1.weight"] = torch.zeros(7, 48)
+    with pytest.raises(ValueError, match="wrong shape"):
+        T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="embedding_dim"):
+        T2SConfig.from_model_config({**OTHER_SHAPE, "embedding_dim": 32})
+
+
+def test_full_size_random_weights_match_the_official_manifest():
+    manifest = json.loads(MANIFEST_PATH.read_text())
+    config = T2SConfig.from_model_config(manifest["config"]["model"])
+    state_dict = random_state_dict(config, seed=0)
+    check_against_manifest(state_dict, manifest)
+    assert sum(value.numel() for value in state_dict.values()) == manifest["total_parameters"]
+    del state_dict["ar_predict_layer.weight"]
+    with pytest.raises(ValueError, match="missing ar_predict_layer.weight"):
+        check_against_manifest(state_dict, manifest)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
+def test_cuda_graphs_equal_eager_steps_on_the_fixtures(fixture_model):
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    requests = [request for request, _, _ in fixture_requests(cases).values()]
+    eager = T2SEngine(weights, max_batch=2, max_len=256, sync_every=5).generate(requests)
+    graphed_engine = T2SEngine(weights, max_batch=2, max_len=256, sync_every=5)
+    graphed_engine.capture_graphs()
+    graphed = graphed_engine.generate(requests)
+    for (request, expected, _), one, other in zip(fixture_requests(cases).values(), eager, graphed):
+        assert torch.equal(one.tokens, expected)
+        assert torch.equal(other.tokens, expected)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_graph_sampling_is_reproducible_and_matches_eager_steps():
+    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3, logit_std=1.0), torch.float32,
+                                         "cuda")
+    base = other_shape_requests(config, 1)[0]
+    request = T2SRequest(base.phoneme_ids, base.bert_features, base.prompt_tokens, top_k=10, top_p=0.9,
+                         max_steps=30, eos_from_step=30)
+    runs = []
+    for capture in (False, True, True):
+        engine = T2SEngine(weights, max_len=128, seed=5)
+        if capture:
+            engine.capture_graphs()
+        runs.append(engine.generate([request])[0].tokens)
+    assert torch.equal(runs[1], runs[2])
+    assert torch.equal(runs[0], runs[1])
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
+def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_model):
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_triton import (
+        TritonT2SEngine,  # Triton is a GPU-machine-only package
+    )
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5)
+    engine.capture_graphs()
+    cases_by_name = fixture_requests(cases)
+    results = engine.generate([request for request, _, _ in cases_by_name.values()])
+    for (name, (_, expected, idx)), result in zip(cases_by_name.items(), results):
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
