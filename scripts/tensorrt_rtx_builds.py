@@ -2,15 +2,16 @@
 
     python scripts/tensorrt_rtx_builds.py --work outputs/tensorrt_builds \
         --qdq mlruns/1/<run>/artifacts/stage/qdq_decoder-<key>.onnx \
-        --lite mlruns/1/<run>/artifacts/stage/lite.simplified.onnx \
+        --lite-weights mlruns/1/<run>/artifacts/stage/lite_joe_medium.safetensors \
         --out docs/results/cpu_7_tensorrt_rtx_builds.json
 
 Graphs: the voice's ONNX as it ships and as the pipeline deploys it (prepared); our exporter's
-synthesizer in fp32 and with an fp16 decoder and flow; our exporter's decoder alone in fp32 and
-fp16; and, when given, graphs a pipeline run made (modelopt's Q/DQ INT8 decoder, the Lite
-student's synthesizer). Each goes through export/tensorrt_support.py ``engine_readiness`` with the
-default engine settings (batch 1-16, phonemes 2-400, frames 2-6400), so the figures are the
-pipeline's own. One thread: the machine is shared.
+synthesizer in fp32 and with an fp16 decoder and flow, as one graph and as the pair split at the
+durations that TensorRT builds (models/piper/rewrites/duration_split.py); our exporter's decoder
+alone in fp32 and fp16; when given, modelopt's Q/DQ INT8 decoder graph from a pipeline run; and
+the Lite student (a pipeline run's trained flow and decoder in the teacher) exported both ways.
+Each goes through export/tensorrt_support.py ``engine_readiness`` with the default engine
+settings (batch 1-16, phonemes 2-400, frames 2-6400), so the figures are the pipeline's own. One thread: the machine is shared.
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from export.onnx_export import export_decoder, export_graph
 from export.settings import TensorRTSettings
 from export.tensorrt_support import engine_readiness
 from models.graph_contract import SYNTHESIZER
+from models.piper.lite import load_student
+from models.piper.onnx_contract import tensorrt_graph_contracts
 from models.piper.onnx_runtime import prepare_graph
 from models.piper.voice_files import PiperVoiceFiles
 from models.precision import PrecisionIsland
@@ -39,7 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 HALF_PARTS = ("flow", "decoder")  # the fp16 graph: the parts the fp16 stage can keep in half precision
 
 
-def _graphs(work: Path, qdq: Path | None, lite: Path | None) -> dict[str, Path]:
+def _graphs(work: Path, qdq: Path | None, lite_weights: Path | None) -> dict[str, Path]:
     """name -> ONNX path, exporting what is missing under ``work``."""
     files = PiperVoiceFiles.resolve("bundled:joe")
     graphs = {"original (as shipped)": files.onnx_path}
@@ -59,6 +62,10 @@ def _graphs(work: Path, qdq: Path | None, lite: Path | None) -> dict[str, Path]:
         "ours fp32 synthesizer": (work / "fp32.onnx", lambda p: export_graph(family.graph_contracts(teacher)[SYNTHESIZER], p)),
         "ours fp16 synthesizer (flow, decoder fp16)": (
             work / "fp16.onnx", lambda p: export_graph(family.graph_contracts(half)[SYNTHESIZER], p)),
+        **{f"ours fp32 pair: {graph}": (work / f"fp32_{graph}.onnx", lambda p, c=contract: export_graph(c, p))
+           for graph, contract in tensorrt_graph_contracts(teacher).items()},
+        **{f"ours fp16 pair: {graph}": (work / f"fp16_{graph}.onnx", lambda p, c=contract: export_graph(c, p))
+           for graph, contract in tensorrt_graph_contracts(half).items()},
         "ours fp32 decoder": (work / "decoder_fp32.onnx", lambda p: export_decoder(teacher.parts()["decoder"], p,
                                                                                     latent_channels)),
         "ours fp16 decoder": (work / "decoder_fp16.onnx", lambda p: export_decoder(half.parts()["decoder"], p,
@@ -66,10 +73,19 @@ def _graphs(work: Path, qdq: Path | None, lite: Path | None) -> dict[str, Path]:
     }
     for name, (path, export) in exports.items():
         graphs[name] = path if path.is_file() else export(path)
+    if lite_weights is not None:
+        lite = copy.deepcopy(teacher)
+        for role, part in load_student(teacher.model.hp, lite_weights)[0].items():
+            lite.replace_part(role, part)
+        exports = {"Lite student synthesizer": (work / "lite.onnx", lambda p: export_graph(
+            family.graph_contracts(lite)[SYNTHESIZER], p))}
+        exports.update({f"Lite student pair: {graph}": (work / f"lite_{graph}.onnx",
+                                                        lambda p, c=contract: export_graph(c, p))
+                        for graph, contract in tensorrt_graph_contracts(lite).items()})
+        for name, (path, export) in exports.items():
+            graphs[name] = path if path.is_file() else export(path)
     if qdq is not None:
         graphs["modelopt Q/DQ INT8 decoder"] = qdq
-    if lite is not None:
-        graphs["Lite student synthesizer"] = lite
     return graphs
 
 
@@ -77,14 +93,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", type=Path, required=True, help="exported graphs and plans go here")
     parser.add_argument("--qdq", type=Path, help="a modelopt Q/DQ decoder graph from a pipeline run")
-    parser.add_argument("--lite", type=Path, help="a Lite student's exported synthesizer from a pipeline run")
+    parser.add_argument("--lite-weights", type=Path, help="a Lite student's weights from a pipeline run")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     args.work.mkdir(parents=True, exist_ok=True)
     settings = TensorRTSettings()
     rows = {}
-    for name, graph in _graphs(args.work, args.qdq, args.lite).items():
+    for name, graph in _graphs(args.work, args.qdq, args.lite_weights).items():
         plan = args.work / (graph.stem + ".plan")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)

@@ -15,6 +15,15 @@ graphs, and ``durations`` (B, 1, T_text) float32 frames per phoneme, the output 
 The frame count is data dependent; PiperVits states it as an unbacked symbol (models/piper/vits.py),
 which keeps T_frames dynamic under the dynamo exporter. The TorchScript exporter would freeze it
 to the example's value, so this contract asks for dynamo.
+
+TensorRT takes no shape computed from values, so for it the synthesizer is also stated as a pair
+of graphs split at the durations (models/piper/rewrites/duration_split.py), fed in turn::
+
+    pair = tensorrt_graph_contracts(voice)    # {"text_to_durations": ..., "durations_to_audio": ...}
+    text_feeds = pair[TEXT_TO_DURATIONS].feeds(request)
+    first = dict(zip(TEXT_OUTPUT_NAMES, text_session.run(None, text_feeds)))
+    prior_noise = piper_feeds(request, latent_channels, num_speakers)["prior_noise"]
+    (audio,) = audio_session.run(None, frame_feeds(first, text_feeds, prior_noise))
 """
 from __future__ import annotations
 
@@ -29,6 +38,7 @@ from torch import nn
 from models.graph_contract import SYNTHESIZER, GraphContract
 from models.interface import SynthesisRequest, VoiceCondition
 from models.sampling import VitsSampling
+from models.piper.rewrites.duration_split import DurationsToAudio, TextToDurations
 from models.piper.vits import PiperVits
 
 INPUT_NAMES = ("input", "input_lengths", "scales", "duration_noise", "prior_noise")  # then "sid" if multi-speaker
@@ -195,3 +205,66 @@ def synthesizer_contract(voice_or_vits) -> GraphContract:
 def graph_contracts(voice_or_vits) -> dict[str, GraphContract]:
     """Piper exports one graph, the synthesizer."""
     return {SYNTHESIZER: synthesizer_contract(voice_or_vits)}
+
+
+# ---------------------------------------------------------------- the pair TensorRT builds
+
+TEXT_TO_DURATIONS, DURATIONS_TO_AUDIO = "text_to_durations", "durations_to_audio"
+TEXT_OUTPUT_NAMES = ("durations", "prior_mean", "prior_log_std")
+PRIOR_AXES = {0: "batch_size", 2: "phonemes"}
+
+
+def frame_feeds(text_outputs: dict[str, np.ndarray], text_feeds: dict[str, np.ndarray],
+                prior_noise: np.ndarray) -> dict[str, np.ndarray]:
+    """``durations_to_audio``'s inputs from ``text_to_durations``' outputs and inputs (by name): the
+    host's one step between the graphs is cutting ``prior_noise`` to the batch's frame count, the
+    largest duration sum (at least one frame, as PiperVits)."""
+    frames = max(1, int(text_outputs["durations"].sum(axis=-1).max()))
+    if prior_noise.shape[-1] < frames:
+        raise ValueError(f"prior_noise covers {prior_noise.shape[-1]} frames but the utterance needs {frames}: "
+                         "raise VitsSampling.max_frames_per_phoneme_id")
+    feeds = {name: text_outputs[name] for name in TEXT_OUTPUT_NAMES}
+    feeds.update(prior_noise=np.ascontiguousarray(prior_noise[:, :, :frames]), scales=text_feeds["scales"])
+    if "sid" in text_feeds:
+        feeds["sid"] = text_feeds["sid"]
+    return feeds
+
+
+def tensorrt_graph_contracts(voice_or_vits) -> dict[str, GraphContract]:
+    """The synthesizer as two graphs split at the durations (module docstring), each of whose shapes
+    TensorRT derives from input shapes. ``text_to_durations`` is fed from a request (without the
+    prior noise); ``durations_to_audio`` from ``frame_feeds``. Not among ``graph_contracts``: the
+    onnxruntime path and the pipeline keep the one synthesizer graph."""
+    vits = vits_of(voice_or_vits)
+    if next(vits.parameters()).device.type != "cpu":
+        vits = copy.deepcopy(vits).cpu()
+    text_module, audio_module = TextToDurations(vits).eval(), DurationsToAudio(vits).eval()
+    synthesizer_inputs = example_inputs(vits)
+    prior_noise = synthesizer_inputs.pop("prior_noise")
+    with torch.no_grad():
+        text_outputs = dict(zip(TEXT_OUTPUT_NAMES, text_module(*synthesizer_inputs.values())))
+    audio_feeds = frame_feeds({name: tensor.numpy() for name, tensor in text_outputs.items()},
+                              {name: tensor.numpy() for name, tensor in synthesizer_inputs.items()},
+                              prior_noise.numpy())
+    audio_inputs = {name: torch.from_numpy(array) for name, array in audio_feeds.items()}
+    latent_channels, num_speakers = vits.hp.latent_channels, vits.hp.num_speakers
+
+    def text_feeds(request: SynthesisRequest) -> dict[str, np.ndarray]:
+        feeds = piper_feeds(request, latent_channels, num_speakers)
+        del feeds["prior_noise"]  # the second graph's, cut to the frame count by frame_feeds
+        return feeds
+
+    example_voice = VoiceCondition(speaker_id=torch.zeros(1, dtype=torch.long)) if num_speakers > 1 else None
+    text_axes = {name: axes for name, axes in INPUT_AXES.items() if name in synthesizer_inputs}
+    audio_axes = {"durations": PRIOR_AXES, "prior_mean": PRIOR_AXES, "prior_log_std": PRIOR_AXES,
+                  "prior_noise": INPUT_AXES["prior_noise"], "sid": INPUT_AXES["sid"]}
+    return {
+        TEXT_TO_DURATIONS: GraphContract(
+            module=text_module, example_inputs=synthesizer_inputs, output_names=TEXT_OUTPUT_NAMES,
+            input_axes=text_axes, feeds=text_feeds, durations_output="durations", example_voice=example_voice,
+            rewrites=("split at the durations",)),
+        DURATIONS_TO_AUDIO: GraphContract(
+            module=audio_module, example_inputs=audio_inputs, output_names=("output",),
+            input_axes={name: axes for name, axes in audio_axes.items() if name in audio_inputs},
+            audio_output="output", example_voice=example_voice, rewrites=("split at the durations",)),
+    }

@@ -82,7 +82,10 @@ class RelativeMultiHeadAttention(nn.Module):
     """Self-attention with learned relative-position embeddings for offsets in [-window, window].
 
     A banded formulation: logits against the 2w+1 relative keys are computed densely, then
-    placed on the (T, T) grid with a gather; offsets beyond the window contribute nothing.
+    placed on the (T, T) grid with a gather; offsets beyond the window contribute nothing. The
+    way back, attention weights per relative offset, is a gather too: offset r of query q is key
+    q + r - w, one key at most, so the gather equals a scatter-add over keys bit for bit,
+    and exports without ScatterElements(reduction=add), which TensorRT does not import.
     """
 
     def __init__(self, channels: int, n_heads: int, window_size: int):
@@ -105,6 +108,14 @@ class RelativeMultiHeadAttention(nn.Module):
         index = (offset + self.window_size).clamp(0, 2 * self.window_size)
         return index, in_window
 
+    def _key_index(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For each query and relative offset, the key it lands on and whether that key exists."""
+        queries = torch.arange(length, device=device).unsqueeze(1)  # (T_q, 1)
+        offsets = torch.arange(2 * self.window_size + 1, device=device).unsqueeze(0)  # (1, 2w+1)
+        key = queries + offsets - self.window_size  # (T_q, 2w+1)
+        in_sequence = (key >= 0) & (key < length)
+        return key.clamp(0, length - 1), in_sequence
+
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
         batch, channels, length = x.shape
         heads, head_ch = self.n_heads, self.head_channels
@@ -124,10 +135,10 @@ class RelativeMultiHeadAttention(nn.Module):
         weights = torch.softmax(scores, dim=-1)  # (B, H, T, T)
 
         output = weights @ value  # (B, H, T, Ch)
-        # Sum the attention weights falling on each relative offset: (B, H, T, 2w+1).
-        rel_weights = torch.zeros_like(rel_logits).scatter_add_(
-            3, index.expand(batch, heads, length, length), weights * in_window
-        )
+        # The attention weight on each relative offset: (B, H, T, 2w+1), zero where no key is there.
+        key_index, in_sequence = self._key_index(length, x.device)  # (T, 2w+1)
+        window = 2 * self.window_size + 1
+        rel_weights = torch.gather(weights, 3, key_index.expand(batch, heads, length, window)) * in_sequence
         output = output + rel_weights @ self.emb_rel_v[0]
         output = output.transpose(2, 3).reshape(batch, channels, length)
         return self.conv_o(output)

@@ -18,7 +18,8 @@ SETTINGS = TensorRTSettings(axis_ranges={"batch_size": [1, 2, 4], "frames": [2, 
 
 
 def scatter_add_graph(path):
-    """Relative attention's per-offset sum, as our exporter writes it: ScatterElements(reduction=add)."""
+    """Relative attention's per-offset sum as our exporter wrote it before it became a gather:
+    ScatterElements(reduction=add)."""
     weights = helper.make_tensor_value_info("weights", TensorProto.FLOAT, ["batch_size", 4, "frames"])
     summed = helper.make_tensor_value_info("summed", TensorProto.FLOAT, ["batch_size", 4, "frames"])
     index = numpy_helper.from_array(np.zeros((1, 4, 1), np.int64), "index_row")
