@@ -62,8 +62,14 @@ def parameter_count(module: torch.nn.Module) -> int:
 
 
 def state_dict_size_mb(module: torch.nn.Module) -> float:
-    """Bytes the weights take serialised as safetensors (what a variant ships), in MB (1e6)."""
-    tensors = {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()}
+    """Bytes the weights take serialised as safetensors (what a variant ships), in MB (1e6). A tensor
+    shared under several names (tied BERT embeddings and output layer) ships and counts once."""
+    tensors, seen = {}, set()
+    for name, value in module.state_dict().items():
+        key = (value.untyped_storage().data_ptr(), value.storage_offset(), tuple(value.shape))
+        if key not in seen:
+            seen.add(key)
+            tensors[name] = value.detach().cpu().contiguous()
     return len(safetensors_bytes(tensors)) / 1e6
 
 

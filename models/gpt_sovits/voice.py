@@ -57,8 +57,9 @@ def clip_key(clip: ReferenceClip) -> str:
     return digest.hexdigest()
 
 
-class GptSovitsVoice:
-    """``TTSModel`` of the GPT-SoVITS v2 family (models/interface.py)."""
+class GptSovitsVoice(nn.Module):
+    """``TTSModel`` of the GPT-SoVITS v2 family (models/interface.py). A module, so that its four
+    networks move, count and copy together (``to``, ``parameters``, ``deepcopy``)."""
 
     family = FAMILY_NAME
     capabilities = CAPABILITIES
@@ -69,6 +70,7 @@ class GptSovitsVoice:
         """``tokenize``: text -> (1, tokens) BERT input ids with [CLS] first and [SEP] last.
         ``max_tokens``: the checkpoint's early stop (50 per second of ``max_sec``), a cap on a
         request's own ``max_tokens``."""
+        super().__init__()
         self.t2s, self.sovits, self.hubert, self.bert = t2s.eval(), sovits.eval(), hubert.eval(), bert.eval()
         self.tokenize = tokenize
         self.default_reference = default_reference

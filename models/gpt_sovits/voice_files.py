@@ -51,18 +51,22 @@ class GptSovitsFiles:
 
     @classmethod
     def parse(cls, voice: str) -> "GptSovitsFiles":
-        """``random``, or ``gpt=PATH;sovits=PATH;hubert=DIR;bert=DIR;reference_audio=PATH;reference_text=TEXT``."""
+        """``random``, or ``gpt=PATH;sovits=PATH;hubert=DIR;bert=DIR;reference_audio=PATH;reference_text=TEXT``.
+        ``reference_text`` comes last and runs to the end, so a transcript may hold ``;``."""
         if voice.strip().lower() == RANDOM:
             return cls()
         known = {field.name for field in fields(cls)}
         values: dict[str, object] = {}
-        for item in filter(None, (part.strip() for part in voice.split(";"))):
+        paths, marker, transcript = voice.partition("reference_text=")
+        if marker and transcript.strip().lower() not in UNSET:
+            values["reference_text"] = transcript.strip()
+        for item in filter(None, (part.strip() for part in paths.split(";"))):
             key, separator, value = item.partition("=")
             if not separator or key not in known:
                 raise ValueError(f"voice {voice!r}: {item!r} is not KEY=VALUE with KEY in {sorted(known)}; "
                                  f"or use {RANDOM!r}")
             if value.strip().lower() not in UNSET:
-                values[key] = value.strip() if key == "reference_text" else Path(value.strip()).expanduser()
+                values[key] = Path(value.strip()).expanduser()
         files = cls(**values)
         given = [name for name in sorted(known) if getattr(files, name) is not None]
         if given and len(given) < len(known):
