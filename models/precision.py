@@ -122,8 +122,10 @@ def synthesize_each(voice, sequences: Sequence[Utterance], noises: Sequence[Samp
     results = []
     for sequence, noise in zip(sequences, noises, strict=True):
         result = voice.synthesize(SynthesisRequest.from_utterances([sequence], sampling=noise))
-        results.append(SynthesisResult(result.audio.float().cpu(), result.audio_lengths.cpu(),
-                                       result.sample_rate_hz, durations=result.durations.cpu()))
+        results.append(SynthesisResult(
+            result.audio.float().cpu(), result.audio_lengths.cpu(), result.sample_rate_hz,
+            durations=None if result.durations is None else result.durations.cpu(),
+            tokens=None if result.tokens is None else result.tokens.cpu()))
     return results
 
 
@@ -136,6 +138,15 @@ def waveform_snr_db(candidate: torch.Tensor, reference: torch.Tensor) -> float:
     return 10 * math.log10(signal_energy / error_energy)
 
 
+def _units(result: SynthesisResult) -> torch.Tensor:
+    """What a family decides before the waveform: frames per phoneme, else semantic tokens."""
+    if result.durations is not None:
+        return result.durations
+    if result.tokens is None:
+        raise ValueError("a result with neither durations nor tokens cannot be compared unit by unit")
+    return result.tokens
+
+
 def compare_outputs(
     candidate: Sequence[SynthesisResult],
     reference: Sequence[SynthesisResult],
@@ -145,16 +156,26 @@ def compare_outputs(
 
     Durations are compared phoneme by phoneme; the waveform SNR only where they all agree (a
     changed duration shifts every later sample, so SNR would measure the shift, not the noise).
+    An autoregressive family has no durations: its semantic tokens play their part (the
+    ``durations_*`` keys then count changed tokens, ``frames_moved_max`` changed token positions).
     ``mcd_db(test, reference, sample_rate_hz)`` (evaluate.mcd.mel_cepstral_distortion) aligns
     by DTW, so it covers every utterance; None leaves ``mcd_db`` out (a machine without librosa).
     """
     changed, phonemes_changed, phonemes, frames_moved, snrs_db, mcds_db = 0, 0, 0, 0, [], []
     for ours, theirs in zip(candidate, reference, strict=True):
-        phonemes += theirs.durations.numel()
-        if not torch.equal(ours.durations, theirs.durations):
+        our_units, their_units = _units(ours), _units(theirs)
+        phonemes += their_units.numel()
+        if not torch.equal(our_units, their_units):
             changed += 1
-            phonemes_changed += int((ours.durations != theirs.durations).sum())
-            frames_moved = max(frames_moved, int((ours.durations - theirs.durations).abs().sum()))
+            if theirs.durations is not None:
+                phonemes_changed += int((our_units != their_units).sum())
+                frames_moved = max(frames_moved, int((our_units - their_units).abs().sum()))
+            else:  # token sequences may differ in length: positions past the shorter one all changed
+                shared = min(our_units.numel(), their_units.numel())
+                moved = int((our_units.flatten()[:shared] != their_units.flatten()[:shared]).sum())
+                moved += max(our_units.numel(), their_units.numel()) - shared
+                phonemes_changed += moved
+                frames_moved = max(frames_moved, moved)
         else:
             snrs_db.append(waveform_snr_db(ours.waveforms()[0], theirs.waveforms()[0]))
         if mcd_db is not None:
