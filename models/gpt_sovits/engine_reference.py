@@ -21,8 +21,8 @@ from models.gpt_sovits.engine_weights import (
     STATE_DICT_PREFIX,
     T2SConfig,
     expected_shapes,
-    position_table,
 )
+from models.gpt_sovits.t2s import sinusoid_table
 
 
 class _Layer(nn.Module):
@@ -68,7 +68,7 @@ class EagerT2S(nn.Module):
         self.audio_alpha = nn.Parameter(torch.ones(1))
         self.layers = nn.ModuleList(_Layer(config) for _ in range(config.num_layers))
         self.predict = nn.Linear(d, config.vocab_size, bias=False)
-        self.register_buffer("pe", position_table(POSITION_TABLE_LEN, d), persistent=False)
+        self.register_buffer("pe", sinusoid_table(POSITION_TABLE_LEN, d), persistent=False)
 
     @classmethod
     def from_state_dict(cls, config: T2SConfig, state_dict: dict[str, torch.Tensor]) -> EagerT2S:

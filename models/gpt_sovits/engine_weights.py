@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from models.gpt_sovits.t2s import sinusoid_table
+
 STATE_DICT_PREFIX = "model."
 BERT_FEATURE_DIM = 1024  # the official bert_proj reads 1024-dim RoBERTa-large features
 LAYER_NORM_EPS = 1e-5  # torch's TransformerEncoderLayer default; not stored in the file
@@ -148,16 +150,6 @@ def random_state_dict(config: T2SConfig, seed: int, logit_std: float = 3.0) -> d
     return state_dict
 
 
-def position_table(length: int, dim: int) -> torch.Tensor:
-    """(length, dim) float32 sinusoids: sin on even channels, cos on odd ones (interleaved)."""
-    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
-    inverse_frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * -(math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(position * inverse_frequency)
-    table[:, 1::2] = torch.cos(position * inverse_frequency)
-    return table
-
-
 @dataclass
 class T2SLayerWeights:
     qkv_weight: torch.Tensor  # (3d, d), rows q, k, v
@@ -216,7 +208,7 @@ class T2SWeights:
             # Upcast first: fp16 file weights become exact float32, then go to the engine's dtype.
             return state_dict[key].float().to(device=device, dtype=dtype).contiguous()
 
-        table = position_table(POSITION_TABLE_LEN, config.hidden_dim)
+        table = sinusoid_table(POSITION_TABLE_LEN, config.hidden_dim)
         # The official code adds alpha * PE in the module's dtype; for float32 this is the same product.
         text_positions = (state_dict["ar_text_position.alpha"].float() * table).to(device=device, dtype=dtype)
         audio_positions = (state_dict["ar_audio_position.alpha"].float() * table).to(device=device, dtype=dtype)

@@ -13,7 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.family import Family
-from models.gpt_sovits.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES, GptSovitsSampling
+from models.gpt_sovits.capabilities import (
+    CAPABILITIES,
+    FAMILY_NAME,
+    PART_ROLES,
+    GptSovitsSampling,
+)
 from models.gpt_sovits.onnx_contract import graph_contracts
 from models.gpt_sovits.tiny import tiny_voice
 from models.gpt_sovits.voice import GptSovitsVoice

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.layers import ChannelLayerNorm
+
 LRELU_SLOPE = 0.1  # HiFi-GAN's slope inside the decoder; the last activation uses torch's default 0.01
 
 # Sizes the official code fixes in its constructors rather than reading from the config.
@@ -77,20 +79,6 @@ def sequence_mask(lengths: torch.Tensor, max_length: int, dtype: torch.dtype = t
     """(B,) lengths -> (B, 1, T) mask in ``dtype`` (the activations'), 1 on valid frames."""
     positions = torch.arange(max_length, device=lengths.device)  # (T,)
     return (positions.unsqueeze(0) < lengths.unsqueeze(1)).unsqueeze(1).to(dtype)
-
-
-class ChannelLayerNorm(nn.Module):
-    """LayerNorm over the channel axis of a (B, C, T) tensor."""
-
-    def __init__(self, channels: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.gamma = nn.Parameter(torch.ones(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        normed = F.layer_norm(x.transpose(1, 2), (x.shape[1],), self.gamma, self.beta, self.eps)  # (B, T, C)
-        return normed.transpose(1, 2)
 
 
 class ConvAttention(nn.Module):

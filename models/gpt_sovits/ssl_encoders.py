@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, HubertConfig, HubertModel
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    HubertConfig,
+    HubertModel,
+)
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 SSL_SAMPLE_RATE_HZ = 16000

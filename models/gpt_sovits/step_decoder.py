@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from models.gpt_sovits.engine import T2SEngine, T2SRequest, T2SResult
-from models.gpt_sovits.engine_weights import T2SConfig as EngineConfig, T2SWeights
+from models.gpt_sovits.engine_weights import T2SConfig as EngineConfig
+from models.gpt_sovits.engine_weights import T2SWeights
 from models.gpt_sovits.prompt import Prompt, pad_results
 from models.interface import SynthesisRequest, SynthesisResult
 

@@ -26,15 +26,25 @@ from scipy.signal import resample_poly
 from torch import nn
 
 from models.gpt_sovits.capabilities import CAPABILITIES, FAMILY_NAME, GptSovitsSampling
+from models.gpt_sovits.prompt import Prompt, pad_results
 from models.gpt_sovits.sovits import SovitsSynthesizer
 from models.gpt_sovits.spectrogram import reference_spectrogram
-from models.gpt_sovits.ssl_encoders import SSL_SAMPLE_RATE_HZ, bert_phone_features, ssl_features
-from models.gpt_sovits.t2s import Text2SemanticModel
-from models.gpt_sovits.prompt import Prompt, pad_results
+from models.gpt_sovits.ssl_encoders import (
+    SSL_SAMPLE_RATE_HZ,
+    bert_phone_features,
+    ssl_features,
+)
 from models.gpt_sovits.step_decoder import GptSovitsStepDecoder
+from models.gpt_sovits.t2s import Text2SemanticModel
 from models.gpt_sovits.t2s_decode import decode
 from models.gpt_sovits.text import LanguageRun, PhonemizedSentence, text_to_phones
-from models.interface import ReferenceClip, SynthesisRequest, SynthesisResult, UnspeakableTextError, Utterance
+from models.interface import (
+    ReferenceClip,
+    SynthesisRequest,
+    SynthesisResult,
+    UnspeakableTextError,
+    Utterance,
+)
 
 REFERENCE_SECONDS = (3.0, 10.0)  # the official web UI refuses clips outside this range
 PROMPT_TAIL_SILENCE_S = 0.3  # appended to the clip before HuBERT, as the web UI does

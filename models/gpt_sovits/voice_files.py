@@ -24,8 +24,16 @@ from pathlib import Path
 import soundfile
 import torch
 
-from models.gpt_sovits.sovits_checkpoint import load_sovits_checkpoint, sovits_from_manifest
-from models.gpt_sovits.ssl_encoders import load_bert, load_hubert, random_bert, random_hubert
+from models.gpt_sovits.sovits_checkpoint import (
+    load_sovits_checkpoint,
+    sovits_from_manifest,
+)
+from models.gpt_sovits.ssl_encoders import (
+    load_bert,
+    load_hubert,
+    random_bert,
+    random_hubert,
+)
 from models.gpt_sovits.t2s_checkpoint import load_t2s_checkpoint, t2s_from_manifest
 from models.gpt_sovits.t2s_decode import max_tokens_for_early_stop
 from models.gpt_sovits.voice import GptSovitsVoice

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from models.layers import ChannelLayerNorm
 from models.piper.spline import inverse_rational_quadratic_spline
 
 LRELU_SLOPE = 0.1  # HiFi-GAN's slope between layers; the final activation uses torch's 0.01
@@ -59,20 +60,6 @@ class VitsHyperParams:
 def sequence_mask(lengths: torch.Tensor, max_length: int | torch.Tensor) -> torch.Tensor:
     positions = torch.arange(max_length, device=lengths.device)  # (T,)
     return positions.unsqueeze(0) < lengths.unsqueeze(1)  # (B, T)
-
-
-class ChannelLayerNorm(nn.Module):
-    """LayerNorm over channels of a (B, C, T) tensor; parameters named gamma/beta as in VITS."""
-
-    def __init__(self, channels: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.gamma = nn.Parameter(torch.ones(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(x.transpose(1, -1), (x.shape[1],), self.gamma, self.beta, self.eps)
-        return x.transpose(1, -1)
 
 
 # ---------------------------------------------------------------- text encoder

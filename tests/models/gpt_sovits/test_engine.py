@@ -20,9 +20,9 @@ from models.gpt_sovits.engine_weights import (
     T2SWeights,
     check_against_manifest,
     load_t2s_checkpoint,
-    position_table,
     random_state_dict,
 )
+from models.gpt_sovits.t2s import sinusoid_table
 
 FIXTURES = Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "gpt_sovits_v2"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"shared fixtures not found at {FIXTURES}")
@@ -98,7 +98,7 @@ def naive_greedy_decode(config: T2SConfig, state_dict: dict, request: T2SRequest
     """Recompute the whole sequence at every step (no cache), official greedy rules, float64."""
     sd = {key: value.double() for key, value in state_dict.items()}
     d, heads = config.hidden_dim, config.num_heads
-    table = position_table(4000, d).double()
+    table = sinusoid_table(4000, d).double()
     text = sd["ar_text_embedding.word_embeddings.weight"][request.phoneme_ids]
     text = text + request.bert_features.double().T @ sd["bert_proj.weight"].T + sd["bert_proj.bias"]
     text = text + sd["ar_text_position.alpha"] * table[: text.shape[0]]

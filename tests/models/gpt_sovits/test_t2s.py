@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from models.gpt_sovits.fixture_checks_t2s import t2s_checks
-from models.gpt_sovits.t2s_checkpoint import T2SCheckpointError, load_t2s_checkpoint, t2s_from_manifest
+from models.gpt_sovits.t2s_checkpoint import (
+    T2SCheckpointError,
+    load_t2s_checkpoint,
+    t2s_from_manifest,
+)
 from models.gpt_sovits.t2s_decode import decode, decode_batch, max_tokens_for_early_stop
 from models.sampling import AutoregressiveSampling
 
