@@ -11,9 +11,12 @@ Light on purpose (torch and numpy only): it runs on a bare GPU machine. The batc
 
 Side by side in one process, median of warm runs:
 * batch 1, acoustic model and vocoder timed apart: the eager FP32 port as loaded (weight norm
-  computed each call), then weight norm folded in FP32 and FP16, FP16 with CUDA graphs (one graph
-  for the text side, one for the frame side: the frame count is known only between them), and
-  FP16 with torch.compile on the encoder, decoder and vocoder;
+  computed each call), then weight norm folded in FP32 and FP16, and FP16 with torch.compile on
+  the encoder, decoder and vocoder;
+* the bucketed engine (models/emotivoice/engines.py: FP32 text stage per text bucket, frame stage
+  per frame bucket in FP32, FP16 or BF16, each a CUDA graph; eager FP16 buckets on any device):
+  batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
+  batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16.
 The JSON is rewritten after each section, so a run cut short still leaves its figures.
@@ -33,6 +36,7 @@ import torch
 
 from core.revision import git_revision
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
+from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
 
 SENTENCE_SYMBOLS = 43  # "今天天气很好，我们一起去公园散步。" through models/emotivoice/frontend.py
@@ -99,46 +103,6 @@ class StagedRun:
                 / self.generator.config.sample_rate_hz}
 
 
-class CudaGraphRun:
-    """FP16 batch 1 on two CUDA graphs: the text side (fixed text length) and, once its frame count
-    is read back, the frame side (fixed frame count). The read-back is the one host sync."""
-
-    def __init__(self, generator: EmotiVoiceGenerator, inputs: tuple):
-        self.generator = generator
-        self.static_inputs = tuple(t.clone() for t in inputs)
-        am = generator.am
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(3):  # warm up outside the graph, as CUDA graph capture requires
-                am.predict_variance(*self.static_inputs)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.text_graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.text_graph):
-            self.variance = am.predict_variance(*self.static_inputs)
-        self.frames = int(self.variance["frame_lengths"].max())
-        with torch.inference_mode(), torch.cuda.stream(stream):
-            for _ in range(3):
-                self._frame_side()
-        torch.cuda.current_stream().wait_stream(stream)
-        self.frame_graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.frame_graph):
-            self.audio = self._frame_side()
-
-    def _frame_side(self) -> torch.Tensor:
-        v = self.variance
-        mel = self.generator.am.frames_to_mel(v["hidden"], v["used_durations"], self.static_inputs[1], self.frames)
-        return self.generator.generator(mel.transpose(1, 2), v["frame_lengths"])
-
-    def __call__(self) -> torch.Tensor:
-        self.text_graph.replay()
-        frames = int(self.variance["frame_lengths"].max())  # the host sync a variable-length model needs
-        if frames != self.frames:
-            raise RuntimeError(f"frame count changed from {self.frames} to {frames}: recapture for this input")
-        self.frame_graph.replay()
-        return self.audio
-
-
 def write(path: Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False))
@@ -157,9 +121,7 @@ def batch_section(args, dtype: torch.dtype) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     generator = build(args.device, dtype, True, args.seed)
-    rng = np.random.default_rng(args.seed)
-    spread = max(1, int(args.text_tokens * LENGTH_SPREAD))
-    lengths = rng.integers(args.text_tokens - spread, args.text_tokens + spread + 1, size=args.batch).tolist()
+    lengths = batch_lengths(args, args.batch)
     inputs = cast_inputs(make_inputs(generator, lengths, args.device, args.seed), dtype)
     with torch.inference_mode():
         batch_ms = median_ms(lambda: generator(*inputs, masked=True), args.device, args.repeats, args.warmup)
@@ -167,6 +129,39 @@ def batch_section(args, dtype: torch.dtype) -> dict:
     if args.device.startswith("cuda"):
         section["peak_vram_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     return section  # the model is freed with this frame, before the next dtype's is built
+
+
+def snr_db(reference: torch.Tensor, estimate: torch.Tensor) -> float:
+    reference, estimate = reference.double(), estimate.double()
+    return float(10 * torch.log10(reference.pow(2).sum() / (reference - estimate).pow(2).sum().clamp_min(1e-30)))
+
+
+def batch_lengths(args, batch: int) -> list[int]:
+    rng = np.random.default_rng(args.seed)
+    spread = max(1, int(args.text_tokens * LENGTH_SPREAD))
+    return rng.integers(args.text_tokens - spread, args.text_tokens + spread + 1, size=batch).tolist()
+
+
+def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
+                   reference: torch.Tensor) -> dict:
+    """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
+    audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches."""
+    # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
+    # would count in the eager sections' peak VRAM.
+    torch.backends.cudnn.benchmark = True
+    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype)
+    single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
+    audio = engine.synthesize(*single)["audio"][0]
+    section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
+               "snr_vs_eager_fp32_db": snr_db(reference, audio), "same_length": audio.numel() == reference.numel()}
+    for batch in args.engine_batches:
+        inputs = make_inputs(generator, batch_lengths(args, batch), args.device, args.seed)
+        batch_ms = median_ms(lambda batch_inputs=inputs: engine.synthesize(*batch_inputs), args.device, max(3, args.repeats // 4), 1)
+        section[f"b{batch}_sentences_per_s"] = batch / (batch_ms / 1000.0)
+    if args.device.startswith("cuda"):
+        section["graphs_captured"] = len(engine.cache.captured) if graphs else 0
+    torch.backends.cudnn.benchmark = False
+    return section
 
 
 def main() -> None:
@@ -180,6 +175,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
+                        help="batch sizes of mixed-length sentences through the bucketed engine")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
@@ -203,15 +200,27 @@ def main() -> None:
         write(args.out, report)
         del generator
 
+    fp32 = build(args.device, torch.float32, True, args.seed)
+    with torch.inference_mode():
+        reference = fp32(*make_inputs(fp32, single, args.device, args.seed), masked=True)["audio"][0].float().cpu()
+    engines = [("engine_eager_fp16", False, half)]
+    if cuda:
+        engines += [("engine_graphs_fp32", True, torch.float32), ("engine_graphs_fp16", True, half),
+                    ("engine_graphs_bf16", True, torch.bfloat16)]
+    report["engines"] = {}
+    for name, graphs, frame_dtype in engines:
+        try:
+            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference)
+        except (RuntimeError, ValueError) as error:
+            report["errors"][name] = f"{type(error).__name__}: {error}"
+        write(args.out, report)
+    del fp32
+    report["engine_speedup_vs_eager_fp32"] = {name: report["batch1"]["eager_fp32"]["total_ms"] / figures["total_ms"]
+                                              for name, figures in report["engines"].items()}
+    write(args.out, report)
+
     generator = build(args.device, half, True, args.seed)
     inputs = cast_inputs(make_inputs(generator, single, args.device, args.seed), half)
-    if cuda:
-        try:
-            graphs = CudaGraphRun(generator, inputs)
-            report["batch1"]["cuda_graphs_fp16"] = {"total_ms": median_ms(graphs, args.device, args.repeats, args.warmup)}
-        except RuntimeError as error:
-            report["errors"]["cuda_graphs_fp16"] = str(error)
-        write(args.out, report)
     if not args.no_compile:
         try:
             for module in (generator.am.encoder, generator.am.decoder, generator.generator):
