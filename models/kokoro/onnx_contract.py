@@ -1,0 +1,122 @@
+"""Kokoro's ONNX graph contract: one end-to-end ``synthesizer`` graph over a padded batch.
+
+Inputs: ``input_ids`` (B, T_text) int64 with each sentence's two 0 pads, right-padded with 0;
+``input_lengths`` (B,) int64 ids per sentence, pads included; ``style`` (B, 2S) float32, each
+sentence's row of the voice's style pack (KokoroVoice.style_rows), so one graph speaks every voice;
+``speed`` (1,) float32 (1 / length_scale); the SineGen's random draws, ``source_phase`` (B, 9) and
+``source_noise`` (B, L_noise, 9), already scaled by noise_scale (KokoroSampling.source_noise; zeros
+turn the noise off, as the shipped int8 graph has it). Outputs: ``audio`` (B, T_audio) float32, zero
+past ``audio_lengths`` (B,) int64, and ``durations`` (B, T_text) int64 frames per id (0 on padding)::
+
+    contract = graph_contracts(FAMILIES["kokoro"].tiny_model(0))[SYNTHESIZER]
+    export_graph(contract, "kokoro.onnx")              # export/onnx_export.py
+    session.run(None, contract.feeds(request))         # the audio KokoroVoice.synthesize gives
+
+The frame count is data dependent: the model takes it with ``.item()``, an unbacked symbol under
+torch.export, and its LSTMs become ONNX LSTM nodes with ``sequence_lens`` (models/kokoro/lstm.py),
+so the graph needs the dynamo exporter. The graph holds no STFT/DFT (convolutions, models/kokoro/
+stft.py), no random op and no NonZero (alignment from cumulative sums).
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from models.graph_contract import SYNTHESIZER, GraphContract
+from models.interface import SynthesisRequest
+from models.kokoro.decoder import HARMONICS, SourceNoise
+from models.kokoro.model import KokoroModel
+from models.kokoro.sampling import KokoroSampling
+from models.kokoro.voice import KokoroVoice
+
+INPUT_NAMES = ("input_ids", "input_lengths", "style", "speed", "source_phase", "source_noise")
+OUTPUT_NAMES = ("audio", "audio_lengths", "durations")
+# Batch 2 with unequal lengths: torch.export specializes a dimension whose example size is 1.
+EXAMPLE_TEXT_LENGTHS = (14, 9)
+INPUT_AXES = {
+    "input_ids": {0: "batch_size", 1: "phonemes"},
+    "input_lengths": {0: "batch_size"},
+    "style": {0: "batch_size"},
+    "source_phase": {0: "batch_size"},
+    "source_noise": {0: "batch_size", 1: "noise_samples"},
+}
+OUTPUT_AXES = {
+    "audio": {0: "batch_size", 1: "samples"},
+    "audio_lengths": {0: "batch_size"},
+    "durations": {0: "batch_size", 1: "phonemes"},
+}
+
+
+class KokoroExportWrapper(nn.Module):
+    """Tensor-only forward with the contract's inputs and outputs (module docstring)."""
+
+    def __init__(self, model: KokoroModel):
+        super().__init__()
+        self.model = model
+        self.samples_per_frame = model.config.samples_per_frame
+
+    def forward(self, input_ids, input_lengths, style, speed, source_phase, source_noise):
+        prediction = self.model.predict(input_ids, style, speed, lengths=input_lengths)
+        audio = self.model.decode(prediction, style, SourceNoise(source_phase, source_noise))  # (B, T_audio)
+        return audio, prediction["frame_lengths"] * self.samples_per_frame, prediction["frames_per_token"]
+
+
+def kokoro_feeds(request: SynthesisRequest, voice: KokoroVoice) -> dict[str, np.ndarray]:
+    """The graph inputs for ``request``: the styles and SineGen draws KokoroVoice.synthesize uses."""
+    sampling = KokoroSampling.of(request.sampling)
+    lengths = request.phoneme_lengths
+    ids = request.phoneme_ids[:, : int(lengths.max())]
+    if sampling.noise_scale == 0:
+        noise = SourceNoise(torch.zeros(len(lengths), HARMONICS), torch.zeros(len(lengths), 1, HARMONICS))
+    else:
+        noise = sampling.source_noise(lengths, voice.hop_length)
+    return {
+        "input_ids": ids.numpy().astype(np.int64),
+        "input_lengths": lengths.numpy().astype(np.int64),
+        "style": voice.style_rows(lengths).numpy().astype(np.float32),
+        "speed": np.array([1.0 / sampling.length_scale], np.float32),
+        "source_phase": noise.initial_phase.numpy().astype(np.float32),
+        "source_noise": noise.additive.numpy().astype(np.float32),
+    }
+
+
+def example_inputs(voice: KokoroVoice) -> dict[str, torch.Tensor]:
+    """Deterministic tracing inputs by graph input name: batch 2, unequal lengths, noise on."""
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.tensor(EXAMPLE_TEXT_LENGTHS, dtype=torch.long)
+    vocabulary = voice.model.config.n_token
+    ids = torch.randint(1, vocabulary, (len(lengths), int(lengths.max())), generator=generator)  # (B, T)
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    ids = ids * ((positions > 0) & (positions < lengths.unsqueeze(1) - 1))  # the 0 pads and the padding
+    request = SynthesisRequest(phoneme_ids=ids, phoneme_lengths=lengths, sampling=KokoroSampling(seed=0))
+    return {name: torch.from_numpy(array) for name, array in kokoro_feeds(request, voice).items()}
+
+
+def synthesizer_contract(voice: KokoroVoice) -> GraphContract:
+    """The end-to-end graph of a KokoroVoice, traced on a CPU copy of its model."""
+    model = voice.model
+    if next(model.parameters()).device.type != "cpu":
+        model = copy.deepcopy(model).cpu()
+    cpu_voice = KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name)
+    return GraphContract(
+        module=KokoroExportWrapper(model).eval(),
+        example_inputs=example_inputs(cpu_voice),
+        output_names=OUTPUT_NAMES,
+        input_axes=INPUT_AXES,
+        output_axes=OUTPUT_AXES,
+        feeds=lambda request: kokoro_feeds(request, cpu_voice),
+        audio_output="audio",
+        durations_output="durations",
+        rewrites=("AdaIN as masked normalisation over time", "STFT/iSTFT as convolutions",
+                  "random sources as inputs", "LSTMs as ONNX LSTM with sequence_lens"),
+    )
+
+
+def graph_contracts(voice: KokoroVoice) -> dict[str, GraphContract]:
+    """Kokoro exports one graph, the synthesizer."""
+    if not isinstance(voice, KokoroVoice):
+        raise TypeError(f"a Kokoro graph contract needs a KokoroVoice, got {type(voice).__name__}")
+    return {SYNTHESIZER: synthesizer_contract(voice)}
