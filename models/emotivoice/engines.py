@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from models.cuda_graphs import GraphCache, as_tuple
 from models.emotivoice.generator import EmotiVoiceGenerator
 
 TEXT_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # symbols; a batch pads to the next one
@@ -68,45 +69,6 @@ class FrameStage(nn.Module):
         mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames,
                                     masked=True)  # (B, F_bucket, n_mels)
         return self.vocoder(mel.transpose(1, 2), used_durations.sum(dim=-1))[:, 0]  # (B, F_bucket * hop)
-
-
-class GraphCache:
-    """One CUDA graph per (stage, shape) key, all allocating from one memory pool; outputs are
-    copied into buffers outside the pool, so no later capture reuses memory they are read from."""
-
-    def __init__(self):
-        self.captured: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs)
-        self.pool = torch.cuda.graph_pool_handle()
-
-    def run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        if key not in self.captured:
-            self.captured[key] = self._capture(stage, inputs)
-        graph, static_inputs, static_outputs = self.captured[key]
-        for static, value in zip(static_inputs, inputs):
-            static.copy_(value)
-        graph.replay()
-        return static_outputs
-
-    def _capture(self, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple:
-        static_inputs = tuple(t.clone() for t in inputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside the graph: cuDNN picks its kernels
-                sample = as_tuple(stage(*static_inputs))
-        torch.cuda.current_stream().wait_stream(stream)
-        static_outputs = tuple(torch.empty_like(t) for t in sample)
-        del sample
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            for static, value in zip(static_outputs, as_tuple(stage(*static_inputs))):
-                static.copy_(value)
-        torch.cuda.empty_cache()  # the warm-up runs' activations: captures are rare
-        return graph, static_inputs, static_outputs
-
-
-def as_tuple(outputs) -> tuple[torch.Tensor, ...]:
-    return (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
 
 
 def folded_copy(generator: EmotiVoiceGenerator) -> EmotiVoiceGenerator:

@@ -62,20 +62,6 @@ class AdaLayerNorm(nn.Module):
         return (1 + gamma) * F.layer_norm(x, (self.channels,), eps=self.eps) + beta
 
 
-class ChannelLayerNorm(nn.Module):
-    """LayerNorm over the channel axis of a (B, C, T) tensor, with the official gamma/beta names."""
-
-    def __init__(self, channels: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.gamma = nn.Parameter(torch.ones(channels))
-        self.beta = nn.Parameter(torch.zeros(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.layer_norm(x.transpose(1, -1), (x.shape[1],), self.gamma, self.beta, self.eps)
-        return x.transpose(1, -1)  # (B, C, T)
-
-
 class AdainResBlk1d(nn.Module):
     """StyleTTS2's residual block: AdaIN -> LeakyReLU(0.2) -> [x2 upsample] -> conv, twice, added
     to a (1x1-projected, upsampled) shortcut and scaled by 1/sqrt(2). ``mask`` (B, 1, T) marks the

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.kokoro.layers import AdainResBlk1d, AdaLayerNorm, ChannelLayerNorm
+from models.kokoro.layers import AdainResBlk1d, AdaLayerNorm
 from models.kokoro.lstm import length_mask, run_bilstm
+from models.layers import ChannelLayerNorm
 
 
 class TextEncoder(nn.Module):

@@ -1,0 +1,45 @@
+"""CUDA graphs of a family's engine stages, one per (stage, shape) key, shared by the families'
+bucketed engines (models/<family>/engines.py)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class GraphCache:
+    """One CUDA graph per (stage, shape) key, all allocating from one memory pool; outputs are
+    copied into buffers outside the pool, so no later capture reuses memory they are read from."""
+
+    def __init__(self):
+        self.captured: dict[tuple, tuple] = {}  # key -> (graph, static inputs, static outputs)
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if key not in self.captured:
+            self.captured[key] = self._capture(stage, inputs)
+        graph, static_inputs, static_outputs = self.captured[key]
+        for static, value in zip(static_inputs, inputs):
+            static.copy_(value)
+        graph.replay()
+        return static_outputs
+
+    def _capture(self, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple:
+        static_inputs = tuple(t.clone() for t in inputs)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside the graph: cuDNN picks its kernels
+                sample = as_tuple(stage(*static_inputs))
+        torch.cuda.current_stream().wait_stream(stream)
+        static_outputs = tuple(torch.empty_like(t) for t in sample)
+        del sample
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            for static, value in zip(static_outputs, as_tuple(stage(*static_inputs))):
+                static.copy_(value)
+        torch.cuda.empty_cache()  # the warm-up runs' activations: captures are rare
+        return graph, static_inputs, static_outputs
+
+
+def as_tuple(outputs) -> tuple[torch.Tensor, ...]:
+    return (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
