@@ -23,7 +23,9 @@ from models.kokoro.model import KokoroModel
 from models.kokoro.sampling import KokoroSampling
 
 
-class KokoroVoice:
+class KokoroVoice(nn.Module):
+    """A module, so that the network and its voice's style pack move, count and copy together."""
+
     family = FAMILY_NAME
     capabilities = CAPABILITIES
     sampling_type = KokoroSampling
@@ -33,9 +35,11 @@ class KokoroVoice:
         if style_pack.dim() != 2 or style_pack.shape[1] != expected:
             raise ValueError(f"style pack of voice {voice_name!r} has shape {tuple(style_pack.shape)}; "
                              f"expected (rows, {expected})")
+        super().__init__()
         self.model = model.eval()
         self.frontend = frontend
-        self.style_pack = style_pack.float()  # (rows, 2S): row n - 1 styles a sentence of n phonemes
+        # (rows, 2S): row n - 1 styles a sentence of n phonemes
+        self.register_buffer("style_pack", style_pack.float(), persistent=False)
         self.voice_name = voice_name
         self.sample_rate_hz = model.config.sample_rate_hz
         self.hop_length = model.config.samples_per_frame
