@@ -76,7 +76,7 @@ class GptSovitsStepDecoder:
         voice.capabilities.check(request.voice, voice.family)
         reference = request.voice.reference if request.voice and request.voice.reference else voice.default_reference
         prompt = voice.prompt_of(reference)
-        sampling = voice._sampling(request)
+        sampling = voice.sampling_of(request)
         ids = tuple(int(i) for i in request.phoneme_ids[0, : int(request.phoneme_lengths[0])])
         text_ids, bert = voice.decode_input(ids, prompt)
         request_id = self.engine.submit(T2SRequest(

@@ -15,10 +15,10 @@ SoVITS. A prompt is computed once per clip and kept by content hash.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -152,10 +152,11 @@ class GptSovitsVoice(nn.Module):
         return prompt
 
     # ----- synthesis
-    def _sampling(self, request: SynthesisRequest) -> GptSovitsSampling:
+    def sampling_of(self, request: SynthesisRequest) -> GptSovitsSampling:
+        """The request's sampling as this family's kind, its max_tokens capped by the checkpoint's early stop."""
         sampling = GptSovitsSampling.of(request.sampling)
         if sampling.max_tokens > self.max_tokens:
-            sampling = GptSovitsSampling(**{**vars(sampling), "max_tokens": self.max_tokens})
+            sampling = dataclasses.replace(sampling, max_tokens=self.max_tokens)
         return sampling
 
     def decode_input(self, phoneme_ids: tuple[int, ...], prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,7 +185,7 @@ class GptSovitsVoice(nn.Module):
         self.capabilities.check(request.voice, self.family)
         reference = request.voice.reference if request.voice and request.voice.reference else self.default_reference
         prompt = self.prompt_of(reference)
-        sampling = self._sampling(request)
+        sampling = self.sampling_of(request)
         waveforms, token_rows = [], []
         with torch.inference_mode():
             for row in range(request.phoneme_ids.shape[0]):
