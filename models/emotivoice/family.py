@@ -15,9 +15,10 @@ from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
 from models.emotivoice.onnx_contract import graph_contracts
 from models.emotivoice.tiny import tiny_voice
 from models.emotivoice.voice import EmotiVoiceVoice
-from models.emotivoice.voice_files import RANDOM, EmotiVoiceFiles, load_voice
+from models.emotivoice.voice_files import EmotiVoiceFiles, load_voice
 from models.family import Family
 from models.sampling import Sampling
+from models.voice_spec import RANDOM
 
 
 def _load_teacher(voice: str, cache_dir: Path) -> EmotiVoiceVoice:

@@ -23,17 +23,21 @@ from pathlib import Path
 import yaml
 from transformers import BertConfig
 
-from models.emotivoice.checkpoints import GENERATOR_MANIFEST, load_generator, random_generator, read_manifest
-from models.emotivoice.frontend import EmotiVoiceFrontend, read_tokenlist
+from models.emotivoice.checkpoints import (
+    GENERATOR_MANIFEST,
+    load_generator,
+    random_generator,
+    read_manifest,
+)
 from models.emotivoice.english import read_lexicon
+from models.emotivoice.frontend import EmotiVoiceFrontend, read_tokenlist
 from models.emotivoice.prompts import PromptEncoder, placeholder_vocab, read_bert_vocab
 from models.emotivoice.style_checkpoints import load_style_encoder, random_style_encoder
 from models.emotivoice.symbols import synthetic_tokenlist
 from models.emotivoice.voice import EmotiVoiceVoice
+from models.voice_spec import is_random, parse_paths
 
-RANDOM = "random"
 LEXICON_NAME = "librispeech-lexicon.txt"
-UNSET = ("", "none", "null")  # how an unset config key reads once interpolated into the voice string
 
 
 @dataclass(frozen=True)
@@ -47,18 +51,9 @@ class EmotiVoiceFiles:
     @classmethod
     def parse(cls, voice: str) -> "EmotiVoiceFiles":
         """``random``, or ``checkpoint=PATH;style_encoder=PATH;data_dir=PATH[;bert_dir=PATH][;config=PATH]``."""
-        if voice.strip().lower() == RANDOM:
+        if is_random(voice):
             return cls()
-        known = {field.name for field in fields(cls)}
-        values: dict[str, Path] = {}
-        for item in filter(None, (part.strip() for part in voice.split(";"))):
-            key, separator, value = item.partition("=")
-            if not separator or key not in known:
-                raise ValueError(f"voice {voice!r}: {item!r} is not KEY=PATH with KEY in {sorted(known)}; "
-                                 f"or use {RANDOM!r}")
-            if value.strip().lower() not in UNSET:
-                values[key] = Path(value.strip()).expanduser()
-        files = cls(**values)
+        files = cls(**parse_paths(voice, (field.name for field in fields(cls))))
         needed = ("checkpoint", "style_encoder", "data_dir")
         given = [name for name in needed if getattr(files, name) is not None]
         if given and len(given) < len(needed):

@@ -22,7 +22,8 @@ from models.gpt_sovits.capabilities import (
 from models.gpt_sovits.onnx_contract import graph_contracts
 from models.gpt_sovits.tiny import tiny_voice
 from models.gpt_sovits.voice import GptSovitsVoice
-from models.gpt_sovits.voice_files import RANDOM, GptSovitsFiles, load_voice
+from models.gpt_sovits.voice_files import GptSovitsFiles, load_voice
+from models.voice_spec import RANDOM
 
 
 def _load_teacher(voice: str, cache_dir: Path) -> GptSovitsVoice:

@@ -38,9 +38,8 @@ from models.gpt_sovits.t2s_checkpoint import load_t2s_checkpoint, t2s_from_manif
 from models.gpt_sovits.t2s_decode import max_tokens_for_early_stop
 from models.gpt_sovits.voice import GptSovitsVoice
 from models.interface import ReferenceClip
+from models.voice_spec import is_random, is_unset, parse_paths
 
-RANDOM = "random"
-UNSET = ("", "none", "null")  # how an unset config key reads once interpolated into the voice string
 DATA_DIR = Path(__file__).resolve().parent / "data"
 T2S_MANIFEST = DATA_DIR / "manifest_official_t2s.json"
 SOVITS_MANIFEST = DATA_DIR / "manifest_official_sovits.json"
@@ -61,20 +60,13 @@ class GptSovitsFiles:
     def parse(cls, voice: str) -> "GptSovitsFiles":
         """``random``, or ``gpt=PATH;sovits=PATH;hubert=DIR;bert=DIR;reference_audio=PATH;reference_text=TEXT``.
         ``reference_text`` comes last and runs to the end, so a transcript may hold ``;``."""
-        if voice.strip().lower() == RANDOM:
+        if is_random(voice):
             return cls()
         known = {field.name for field in fields(cls)}
-        values: dict[str, object] = {}
         paths, marker, transcript = voice.partition("reference_text=")
-        if marker and transcript.strip().lower() not in UNSET:
+        values: dict[str, object] = parse_paths(voice, known - {"reference_text"}, paths)
+        if marker and not is_unset(transcript):
             values["reference_text"] = transcript.strip()
-        for item in filter(None, (part.strip() for part in paths.split(";"))):
-            key, separator, value = item.partition("=")
-            if not separator or key not in known:
-                raise ValueError(f"voice {voice!r}: {item!r} is not KEY=VALUE with KEY in {sorted(known)}; "
-                                 f"or use {RANDOM!r}")
-            if value.strip().lower() not in UNSET:
-                values[key] = Path(value.strip()).expanduser()
         files = cls(**values)
         given = [name for name in sorted(known) if getattr(files, name) is not None]
         if given and len(given) < len(known):

@@ -62,5 +62,5 @@ def test_the_voice_string_names_every_file_or_none():
     assert files.reference_text == "Hi; there" and str(files.gpt) == "a.ckpt"
     with pytest.raises(ValueError, match="needs all of"):
         GptSovitsFiles.parse("gpt=a.ckpt;sovits=None")
-    with pytest.raises(ValueError, match="not KEY=VALUE"):
+    with pytest.raises(ValueError, match="not KEY=PATH"):
         GptSovitsFiles.parse("weights=a.ckpt")
