@@ -8,15 +8,18 @@ Light on purpose (torch and numpy only): it runs on a bare GPU machine. Every re
 position prefill (30 phonemes + 30 prompt tokens) and a fixed-length greedy decode with EOS
 suppressed (``eos_from_step`` past the end), so each run makes exactly ``--tokens`` tokens.
 
-CUDA, side by side in one process: the eager FP32 port (growing cache, batch 1); the engine in
-FP32, FP16 and BF16 with CUDA graphs at batch 1 (median of warm runs), on the cuBLAS step and on
-the fused Triton step (its knobs swept first at FP16); FP16 top-k sampling; aggregate tokens/s
-with continuous batching over 64 slots; time to the first 25 tokens; peak VRAM; the kernels of one
-step; greedy token agreement of each engine with the eager FP32 port. The JSON is rewritten after
+CUDA, side by side in one process: the eager FP32 port (``t2s.py`` decoded by ``t2s_decode``:
+growing cache, batch 1); the engine in FP32, FP16 and BF16 with CUDA graphs at batch 1 (median of
+warm runs), on the cuBLAS step, on the fused Triton step (its knobs swept first at FP16) and on the
+persistent one-kernel step (both grid barriers); FP16
+top-k sampling; aggregate tokens/s with continuous batching over 64 slots; time to the first 25
+tokens; peak VRAM; the kernels of one step; greedy token agreement of each engine with the eager
+FP32 port. The JSON is rewritten after
 each section, so a run cut short still leaves what it measured.
 
-CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the Linear layers) and the engine in FP32
-without graphs, same run.
+CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj,
+out_proj, the feed-forward pair and the output head; the packed q/k/v projection keeps its official
+``in_proj_weight`` parameter and stays FP32) and the engine in FP32 without graphs, same run.
 """
 from __future__ import annotations
 
@@ -34,15 +37,15 @@ import torch
 
 from core.revision import git_revision
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
-from models.gpt_sovits.engine_reference import EagerT2S
 from models.gpt_sovits.engine_weights import (
-    BERT_FEATURE_DIM,
     MANIFEST_PATH,
-    T2SConfig,
     T2SWeights,
-    check_against_manifest,
     random_state_dict,
 )
+from models.gpt_sovits.t2s import T2SConfig, Text2SemanticModel
+from models.gpt_sovits.t2s_checkpoint import load_state_dict_strictly, t2s_from_manifest
+from models.gpt_sovits.t2s_decode import decode
+from models.sampling import AutoregressiveSampling
 
 PHONEMES = 30
 PROMPT_TOKENS = 30
@@ -54,7 +57,7 @@ def make_request(config: T2SConfig, tokens: int, seed: int, top_k: int = 1) -> T
     generator = torch.Generator().manual_seed(seed)
     return T2SRequest(
         phoneme_ids=torch.randint(0, config.phoneme_vocab_size, (PHONEMES,), generator=generator),
-        bert_features=0.5 * torch.randn(BERT_FEATURE_DIM, PHONEMES, generator=generator),
+        bert_features=0.5 * torch.randn(config.bert_feature_dim, PHONEMES, generator=generator),
         prompt_tokens=torch.randint(0, config.vocab_size - 1, (PROMPT_TOKENS,), generator=generator),
         top_k=top_k,
         max_steps=tokens,
@@ -74,11 +77,14 @@ def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> dict:
             "identical": first is None}
 
 
-def time_eager(model: EagerT2S, request: T2SRequest, device: str) -> tuple[float, torch.Tensor]:
-    """Seconds for one whole decode (prefill included) and its tokens."""
+def time_eager(model: Text2SemanticModel, request: T2SRequest, device: str) -> tuple[float, torch.Tensor]:
+    """Seconds for one whole eager decode (prefill included) of ``request`` and its tokens."""
+    sampling = AutoregressiveSampling(top_k=request.top_k, top_p=request.top_p, temperature=request.temperature,
+                                      repetition_penalty=request.repetition_penalty, max_tokens=request.max_steps)
     synchronize(device)
     start = time.perf_counter()
-    result = model.decode(request)
+    result = decode(model, request.phoneme_ids, request.bert_features, request.prompt_tokens, sampling,
+                    eos_from_step=request.eos_from_step)
     synchronize(device)
     return time.perf_counter() - start, result.tokens
 
@@ -209,16 +215,20 @@ def kernel_profile(engine: T2SEngine, request: T2SRequest) -> dict:
     }
 
 
-def cuda_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, result: dict) -> None:
-    tokens = args.tokens
+def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: dict, result: dict) -> None:
+    config, tokens = eager.config, args.tokens
     max_len = ((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16
     request = make_request(config, tokens, seed=1)
     rows = result["batch1"] = {}
 
     def engine_for(dtype: torch.dtype, fused: bool = False, sampling: bool = False, max_batch: int = 1,
-                   **knobs) -> T2SEngine:
+                   persistent: bool = False, **knobs) -> T2SEngine:
         weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
-        if fused:  # imported here: Triton is on the GPU machine only, not in the CPU-only install
+        if persistent:  # imported here: Triton is on the GPU machine only, not in the CPU-only install
+            from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+            engine = PersistentT2SEngine(weights, max_batch=max_batch, max_len=max_len, length_buckets=[max_len], **knobs)
+        elif fused:
             from models.gpt_sovits.engine_triton import TritonT2SEngine
 
             engine = TritonT2SEngine(weights, max_batch=max_batch, max_len=max_len, length_buckets=[max_len], **knobs)
@@ -243,11 +253,11 @@ def cuda_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, re
         return engine
 
     baseline = fresh_memory()
-    eager = EagerT2S.from_state_dict(config, state_dict).cuda().eval()
+    eager.cuda()
     time_eager(eager, make_request(config, 20, seed=99), "cuda")  # warm
     eager_s, eager_tokens = time_eager(eager, request, "cuda")
     rows["eager_fp32"] = {"end_to_end_tokens_per_s": round(tokens / eager_s, 1), "vram_peak_mib": peak_mib(baseline)}
-    del eager
+    eager.cpu()  # its VRAM is free for the engines' rows
     write(result, args.out)
 
     for name, dtype in (("engine_fp32_graphs", torch.float32), ("engine_fp16_graphs", torch.float16),
@@ -289,9 +299,28 @@ def cuda_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, re
             del engine
         write(result, args.out)
 
+    # The whole batch-1 step as one persistent kernel (engine_persistent.py), both grid barriers.
+    for name, dtype, knobs in (("engine_fp16_persistent_graphs", torch.float16, {}),
+                               ("engine_fp16_persistent_portable_barrier_graphs", torch.float16, {"asm_barrier": False}),
+                               ("engine_bf16_persistent_graphs", torch.bfloat16, {}),
+                               ("engine_fp32_persistent_graphs", torch.float32, {})):
+        engine = measured(name, lambda dtype=dtype, knobs=knobs: engine_for(dtype, persistent=True, **knobs), request,
+                          eager_tokens)
+        if engine is not None:
+            rows[name]["barrier_timed_out"] = engine.barrier_timed_out()
+            if name == "engine_fp16_persistent_graphs":
+                result["time_to_first_25_tokens_fp16_persistent_b1"] = guarded(
+                    time_to_first_tokens, engine, request, args.repeats)
+                result["kernel_profile_fp16_persistent_b1"] = guarded(kernel_profile, engine, request)
+        del engine
+    write(result, args.out)
+
     peaks = {name: rows[name].get("vram_peak_mib") for name in rows}
     if peaks.get("engine_fp32_graphs") and peaks.get("engine_fp16_graphs"):
         result["vram_fp16_over_fp32_engine"] = round(peaks["engine_fp16_graphs"] / peaks["engine_fp32_graphs"], 3)
+    if peaks.get("engine_fp32_persistent_graphs") and peaks.get("engine_fp16_persistent_graphs"):
+        result["vram_fp16_over_fp32_persistent"] = round(
+            peaks["engine_fp16_persistent_graphs"] / peaks["engine_fp32_persistent_graphs"], 3)
     if peaks.get("engine_fp32_fused_graphs") and peaks.get("engine_fp16_fused_graphs"):
         result["vram_fp16_over_fp32_fused"] = round(peaks["engine_fp16_fused_graphs"] / peaks["engine_fp32_fused_graphs"], 3)
 
@@ -324,11 +353,10 @@ def cuda_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, re
         write(result, args.out)
 
 
-def cpu_bench(args: argparse.Namespace, config: T2SConfig, state_dict: dict, result: dict) -> None:
-    tokens = args.tokens
+def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: dict, result: dict) -> None:
+    config, tokens = eager.config, args.tokens
     request = make_request(config, tokens, seed=1)
     rows = result["batch1"] = {}
-    eager = EagerT2S.from_state_dict(config, state_dict).eval()
     time_eager(eager, make_request(config, 5, seed=99), "cpu")
     eager_s, eager_tokens = time_eager(eager, request, "cpu")
     rows["eager_fp32"] = {"end_to_end_tokens_per_s": round(tokens / eager_s, 2)}
@@ -360,9 +388,10 @@ def main() -> None:
     args = parser.parse_args()
 
     manifest = json.loads(MANIFEST_PATH.read_text())
-    config = T2SConfig.from_model_config(manifest["config"]["model"])
+    eager = t2s_from_manifest(MANIFEST_PATH)  # the eager FP32 port, its keys and shapes checked against the manifest
+    config = eager.config
     state_dict = random_state_dict(config, seed=args.seed)
-    check_against_manifest(state_dict, manifest)
+    load_state_dict_strictly(eager, state_dict, f"random weights (seed {args.seed})")
     result = {
         "what": "GPT-SoVITS v2 T2S decode, full-size random weights from the official manifest",
         "command": "PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py " + " ".join(
@@ -378,13 +407,13 @@ def main() -> None:
     }
     if args.device == "cuda":
         result["device_count"] = torch.cuda.device_count()
-        cuda_bench(args, config, state_dict, result)
+        cuda_bench(args, eager, state_dict, result)
     else:
         torch.set_num_threads(args.threads)
         result["threads"] = args.threads
         # Other work on a shared machine slows every row alike; the load says how much there was.
         result["load_average_1m_at_start"] = round(os.getloadavg()[0], 2)
-        cpu_bench(args, config, state_dict, result)
+        cpu_bench(args, eager, state_dict, result)
         result["load_average_1m_at_end"] = round(os.getloadavg()[0], 2)
     write(result, args.out)
     print(json.dumps(result, indent=1, default=lambda value: value.tolist()))

@@ -1,7 +1,7 @@
 """The autoregressive engine for the GPT-SoVITS v2 text-to-semantic (T2S) transformer.
 
-    config, state_dict = load_t2s_checkpoint("s1bert25hz.ckpt")
-    weights = T2SWeights.from_state_dict(config, state_dict, torch.float16, "cuda")
+    model = load_t2s_checkpoint("s1bert25hz.ckpt").model
+    weights = T2SWeights.from_state_dict(model.config, model.state_dict(), torch.float16, "cuda")
     engine = T2SEngine(weights, max_batch=64, max_len=2048)
     engine.capture_graphs()                       # CUDA: one graph per (batch, cache length, sampler) bucket
     results = engine.generate([T2SRequest(phoneme_ids, bert_features, prompt_tokens, top_k=15), ...])
@@ -30,8 +30,9 @@ What it does, and why:
 
 On CPU the same functions run eagerly in float32; the tests compare them with the official
 fixtures token for token. ``engine_triton.TritonT2SEngine`` is this engine with the decode step as
-fused Triton kernels (GPU only); ``engine_reference.EagerT2S`` is the plain port it is measured
-against (``scripts/bench_gpt_sovits_t2s.py``).
+fused Triton kernels (GPU only), and ``engine_persistent.PersistentT2SEngine`` the same with the
+batch-1 step as one persistent kernel; the eager port (``t2s.py`` decoded by ``t2s_decode``) is what
+they are measured against (``scripts/bench_gpt_sovits_t2s.py``).
 """
 from __future__ import annotations
 

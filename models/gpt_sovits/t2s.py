@@ -34,11 +34,13 @@ CONFIG_KEYS = ("vocab_size", "phoneme_vocab_size", "embedding_dim", "hidden_dim"
 
 @dataclass(frozen=True)
 class T2SConfig:
+    """Sizes of one T2S network; the eager port and the decoding engines (``engine*.py``) share it."""
+
     vocab_size: int  # semantic tokens plus EOS: 1025 in v2
     phoneme_vocab_size: int  # 732 in v2
     hidden_dim: int
-    heads: int
-    layers: int
+    num_heads: int
+    num_layers: int
     eos_id: int
     # The official constructor hard-codes bert_proj's input width to chinese-roberta-wwm-ext-large's
     # hidden size rather than reading it from the config.
@@ -46,16 +48,29 @@ class T2SConfig:
     norm_eps: float = 1e-5  # LayerNorm default in the official layers
 
     def __post_init__(self):
-        if self.hidden_dim % self.heads:
-            raise ValueError(f"T2S config: hidden_dim {self.hidden_dim} is not divisible by head {self.heads}")
+        if self.hidden_dim % self.num_heads:
+            raise ValueError(f"T2S config: hidden_dim {self.hidden_dim} is not divisible by head {self.num_heads}")
         if self.eos_id != self.vocab_size - 1:
             raise ValueError(f"T2S config: EOS {self.eos_id} must be the last token id, vocab_size - 1 = "
                              f"{self.vocab_size - 1}")
 
     @property
-    def feedforward_dim(self) -> int:
+    def ffn_dim(self) -> int:
         """The official layer is always 4 x hidden_dim wide; the config's ``linear_units`` is ignored."""
         return 4 * self.hidden_dim
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_heads
+
+    # The step decoder still reads these two names off the model's config.
+    @property
+    def heads(self) -> int:
+        return self.num_heads
+
+    @property
+    def layers(self) -> int:
+        return self.num_layers
 
     @classmethod
     def from_checkpoint_config(cls, model_config: Mapping) -> T2SConfig:
@@ -68,8 +83,8 @@ class T2SConfig:
                              f"{model_config['hidden_dim']} (the embeddings feed the first layer directly)")
         return cls(vocab_size=int(model_config["vocab_size"]),
                    phoneme_vocab_size=int(model_config["phoneme_vocab_size"]),
-                   hidden_dim=int(model_config["hidden_dim"]), heads=int(model_config["head"]),
-                   layers=int(model_config["n_layer"]), eos_id=int(model_config["EOS"]))
+                   hidden_dim=int(model_config["hidden_dim"]), num_heads=int(model_config["head"]),
+                   num_layers=int(model_config["n_layer"]), eos_id=int(model_config["EOS"]))
 
 
 def sinusoid_table(length: int, dim: int) -> torch.Tensor:
@@ -153,9 +168,9 @@ class SelfAttention(nn.Module):
 class PostNormLayer(nn.Module):
     def __init__(self, config: T2SConfig):
         super().__init__()
-        self.self_attn = SelfAttention(config.hidden_dim, config.heads)
-        self.linear1 = nn.Linear(config.hidden_dim, config.feedforward_dim)
-        self.linear2 = nn.Linear(config.feedforward_dim, config.hidden_dim)
+        self.self_attn = SelfAttention(config.hidden_dim, config.num_heads)
+        self.linear1 = nn.Linear(config.hidden_dim, config.ffn_dim)
+        self.linear2 = nn.Linear(config.ffn_dim, config.hidden_dim)
         self.norm1 = nn.LayerNorm(config.hidden_dim, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(config.hidden_dim, eps=config.norm_eps)
 
@@ -172,7 +187,7 @@ class LayerStack(nn.Module):
 
     def __init__(self, config: T2SConfig):
         super().__init__()
-        self.layers = nn.ModuleList(PostNormLayer(config) for _ in range(config.layers))
+        self.layers = nn.ModuleList(PostNormLayer(config) for _ in range(config.num_layers))
 
 
 class Text2SemanticModel(nn.Module):
@@ -189,6 +204,11 @@ class Text2SemanticModel(nn.Module):
         self.ar_predict_layer = nn.Linear(dim, config.vocab_size, bias=False)
         # Not persistent: official files do not store the table; it grows on demand.
         self.register_buffer("_position_table", torch.zeros(0, dim), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs; read off an embedding, which dynamic quantization never packs."""
+        return self.ar_audio_embedding.word_embeddings.weight.device
 
     def position_table(self, length: int) -> torch.Tensor:
         """(length, D) sinusoid rows 0..length-1 on the model's device, float32."""

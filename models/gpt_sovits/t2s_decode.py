@@ -109,20 +109,21 @@ def make_generator(sampling: AutoregressiveSampling, device: torch.device) -> to
     return None if sampling.seed is None else torch.Generator(device=device).manual_seed(sampling.seed)
 
 
-def step_candidates(logits: torch.Tensor, step: int) -> torch.Tensor:
-    """(B, V) -> (B, V) or (B, V - 1): EOS, the last id, cannot be chosen in the first steps."""
-    return logits[:, :-1] if step < MIN_STEPS_BEFORE_EOS else logits
+def step_candidates(logits: torch.Tensor, step: int, eos_from_step: int = MIN_STEPS_BEFORE_EOS) -> torch.Tensor:
+    """(B, V) -> (B, V) or (B, V - 1): EOS, the last id, cannot be chosen before ``eos_from_step``."""
+    return logits[:, :-1] if step < eos_from_step else logits
 
 
 @torch.inference_mode()
 def decode(model: Text2SemanticModel, phoneme_ids: torch.Tensor, bert_features: torch.Tensor,
            prompt_tokens: torch.Tensor | None, sampling: AutoregressiveSampling,
-           record_logits: bool = False) -> T2SDecoded:
+           record_logits: bool = False, eos_from_step: int = MIN_STEPS_BEFORE_EOS) -> T2SDecoded:
     """One utterance: phoneme_ids (T,) or (1, T), bert_features (1024, T) or (1, 1024, T),
     prompt_tokens (T_prompt,) or (1, T_prompt), or None for reference-free decoding.
-    ``record_logits`` keeps every step's raw logits in ``step_logits`` (parity checks)."""
+    ``record_logits`` keeps every step's raw logits in ``step_logits`` (parity checks).
+    ``eos_from_step`` >= ``sampling.max_tokens`` decodes exactly max_tokens tokens (timing runs)."""
     check_max_tokens(sampling)
-    device = model.ar_predict_layer.weight.device
+    device = model.device
     phoneme_ids = phoneme_ids.reshape(1, -1).to(device)  # (1, T)
     bert_features = bert_features.reshape(1, bert_features.shape[-2], -1).to(device)  # (1, 1024, T)
     eos_id = model.config.eos_id
@@ -140,7 +141,8 @@ def decode(model: Text2SemanticModel, phoneme_ids: torch.Tensor, bert_features: 
     for step in range(sampling.max_tokens):
         if record_logits:
             recorded.append(logits[0].float().cpu())
-        token, penalised = choose_next_tokens(step_candidates(logits, step), history, sampling, generator)
+        token, penalised = choose_next_tokens(step_candidates(logits, step, eos_from_step), history, sampling,
+                                              generator)
         history = torch.cat([history, token.view(1, 1)], dim=1)
         if int(token) == eos_id or int(penalised.argmax(dim=-1)) == eos_id:
             history, stopped_by = history[:, :-1], "eos"
@@ -172,7 +174,7 @@ def decode_batch(model: Text2SemanticModel, phoneme_ids: Sequence[torch.Tensor],
         return [decode(model, ids, bert, None, sampling, record_logits)
                 for ids, bert in zip(phoneme_ids, bert_features)]
     check_max_tokens(sampling)
-    device = model.ar_predict_layer.weight.device
+    device = model.device
     eos_id = model.config.eos_id
     batch = len(phoneme_ids)
     lengths = [int(ids.shape[-1]) for ids in phoneme_ids]

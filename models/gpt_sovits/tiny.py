@@ -21,7 +21,7 @@ TINY_MAX_TOKENS = 120  # random weights rarely choose EOS: bound the decode
 def tiny_voice(seed: int = 0) -> GptSovitsVoice:
     torch.manual_seed(seed)
     t2s = Text2SemanticModel(T2SConfig(vocab_size=1025, phoneme_vocab_size=VOCABULARY_SIZE, hidden_dim=64,
-                                       heads=4, layers=2, eos_id=1024))
+                                       num_heads=4, num_layers=2, eos_id=1024))
     sovits = SovitsSynthesizer(SovitsConfig(
         phoneme_vocab_size=VOCABULARY_SIZE, reference_bins=704, inter_channels=32, filter_channels=64,
         n_layers=2, resblock_kernel_sizes=(3, 7), resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)),

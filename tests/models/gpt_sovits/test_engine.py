@@ -1,9 +1,11 @@
-"""The T2S engine against the official fixtures, a naive full-recompute decode, itself alone vs
-batched, and its sampler against the official sampling order. CPU, seconds; GPU tests skip without CUDA."""
+"""The T2S engine against the official fixtures, a naive full-recompute decode and the eager port,
+itself alone vs batched, and its sampler against the eager port's (the official order). CPU, seconds;
+GPU tests skip without CUDA."""
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -11,18 +13,20 @@ import torch
 import torch.nn.functional as F
 
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
-from models.gpt_sovits.engine_reference import EagerT2S, official_sample
 from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
 from models.gpt_sovits.engine_weights import (
-    BERT_FEATURE_DIM,
     MANIFEST_PATH,
-    T2SConfig,
     T2SWeights,
-    check_against_manifest,
-    load_t2s_checkpoint,
     random_state_dict,
 )
-from models.gpt_sovits.t2s import sinusoid_table
+from models.gpt_sovits.t2s import T2SConfig, Text2SemanticModel, sinusoid_table
+from models.gpt_sovits.t2s_checkpoint import (
+    load_state_dict_strictly,
+    load_t2s_checkpoint,
+    t2s_from_manifest,
+)
+from models.gpt_sovits.t2s_decode import choose_next_tokens, decode
+from models.sampling import AutoregressiveSampling
 
 FIXTURES = Path(__file__).resolve().parents[3] / ".." / "shared" / "fixtures" / "gpt_sovits_v2"
 needs_fixtures = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"shared fixtures not found at {FIXTURES}")
@@ -33,9 +37,9 @@ OTHER_SHAPE = {"vocab_size": 41, "phoneme_vocab_size": 23, "embedding_dim": 48, 
 
 @pytest.fixture(scope="module")
 def fixture_model():
-    config, state_dict = load_t2s_checkpoint(FIXTURES / "tiny_gpt.ckpt")
+    model = load_t2s_checkpoint(FIXTURES / "tiny_gpt.ckpt").model
     cases = torch.load(FIXTURES / "cases.pt", weights_only=True)
-    return config, state_dict, cases
+    return model.config, model.state_dict(), cases
 
 
 def fixture_requests(cases: dict) -> dict[str, tuple[T2SRequest, torch.Tensor, int]]:
@@ -84,16 +88,6 @@ def test_fixture_cases_batched_together_give_the_official_tokens(fixture_model):
     assert [result.stopped_by for result in results[:3]] == ["eos", "early_stop", "eos"]
 
 
-@needs_fixtures
-def test_the_eager_reference_port_gives_the_official_tokens(fixture_model):
-    config, state_dict, cases = fixture_model
-    model = EagerT2S.from_state_dict(config, state_dict).eval()
-    for name, (request, expected, idx) in fixture_requests(cases).items():
-        result = model.decode(request)
-        assert torch.equal(result.tokens, expected), name
-        assert result.official_idx == idx, name
-
-
 def naive_greedy_decode(config: T2SConfig, state_dict: dict, request: T2SRequest) -> list[int]:
     """Recompute the whole sequence at every step (no cache), official greedy rules, float64."""
     sd = {key: value.double() for key, value in state_dict.items()}
@@ -139,6 +133,17 @@ def naive_greedy_decode(config: T2SConfig, state_dict: dict, request: T2SRequest
     return generated
 
 
+def eager_greedy_decode(model: Text2SemanticModel, request: T2SRequest) -> list[int]:
+    """The eager port (t2s.py decoded by t2s_decode) on ``request``; its early stop as max_tokens."""
+    max_tokens = request.max_steps if request.early_stop_num == -1 else min(request.early_stop_num + 1,
+                                                                            request.max_steps)
+    sampling = AutoregressiveSampling.deterministic(repetition_penalty=request.repetition_penalty,
+                                                    max_tokens=max_tokens)
+    bert_features = request.bert_features.to(model.bert_proj.weight.dtype)
+    return decode(model, request.phoneme_ids, bert_features, request.prompt_tokens, sampling,
+                  eos_from_step=request.eos_from_step).tokens.tolist()
+
+
 def other_shape_requests(config: T2SConfig, count: int) -> list[T2SRequest]:
     generator = torch.Generator().manual_seed(7)
     requests = []
@@ -147,29 +152,31 @@ def other_shape_requests(config: T2SConfig, count: int) -> list[T2SRequest]:
         prompt = None if index == 2 else torch.randint(0, config.eos_id, (4 + 2 * index,), generator=generator)
         requests.append(T2SRequest(
             phoneme_ids=torch.randint(0, config.phoneme_vocab_size, (text_len,), generator=generator),
-            bert_features=torch.randn(BERT_FEATURE_DIM, text_len, generator=generator),
+            bert_features=torch.randn(config.bert_feature_dim, text_len, generator=generator),
             prompt_tokens=prompt, early_stop_num=12 + 4 * index, max_steps=40, eos_from_step=3 + index,
         ))
     return requests
 
 
 def test_engine_equals_a_naive_full_recompute_decode_on_another_shape():
-    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     state_dict = random_state_dict(config, seed=3)
     engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float64, "cpu"), max_len=128)
-    model = EagerT2S.from_state_dict(config, state_dict).double().eval()
+    model = Text2SemanticModel(config)
+    load_state_dict_strictly(model, state_dict, "random weights")
+    model = model.double().eval()
     stops = set()
     for request in other_shape_requests(config, 4):
         expected = naive_greedy_decode(config, state_dict, request)
         result = engine.generate([request])[0]
         assert result.tokens.tolist() == expected
-        assert model.decode(request).tokens.tolist() == expected
+        assert eager_greedy_decode(model, request) == expected
         stops.add(result.stopped_by)
     assert stops == {"eos", "early_stop"}, "the requests should exercise both stops"
 
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():
-    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float64, "cpu")
     requests = other_shape_requests(config, 6)
     alone = [T2SEngine(weights, max_len=128).generate([request])[0].tokens for request in requests]
@@ -181,7 +188,7 @@ def test_continuous_batching_gives_each_request_its_tokens_alone():
 
 
 def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
-    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3, logit_std=1.0), torch.float32, "cpu")
     request = other_shape_requests(config, 1)[0]
     sampled = T2SRequest(request.phoneme_ids, request.bert_features, request.prompt_tokens, top_k=10, top_p=0.9,
@@ -201,11 +208,10 @@ def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
 
 @pytest.mark.parametrize("top_k,top_p,temperature", [(15, 1.0, 1.0), (5, 0.8, 0.7), (1025, 0.6, 1.5), (3, 0.99, 1.0)])
 def test_device_sampler_follows_the_official_order(top_k, top_p, temperature):
-    """Same logits, same history, same random draws: the batched sampler picks what the plain
-    official-order sampler picks, and stops on EOS when it does."""
+    """Same logits, same history, same random draws: the engine's batched sampler picks what the
+    eager port's sampler (official order) picks, and stops on EOS when it does."""
     vocab, eos_id = 1025, 1024
-    request = T2SRequest(torch.zeros(1, dtype=torch.int64), torch.zeros(BERT_FEATURE_DIM, 1), None, top_k=top_k,
-                         top_p=top_p, temperature=temperature, repetition_penalty=1.35, eos_from_step=0)
+    eager_sampling = AutoregressiveSampling(top_k=top_k, top_p=top_p, temperature=temperature, repetition_penalty=1.35)
     sampling = RowSampling(torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([temperature]),
                            torch.tensor([1.35]), torch.tensor([0]))
     data = torch.Generator().manual_seed(top_k)
@@ -217,13 +223,14 @@ def test_device_sampler_follows_the_official_order(top_k, top_p, temperature):
         seen[0, history] = True
         ours, ours_eos = choose_tokens(logits.unsqueeze(0), seen, sampling, torch.tensor([5]), eos_id,
                                        torch.Generator().manual_seed(trial), greedy=False)
-        theirs, theirs_eos = official_sample(logits, history, request, 5, eos_id, torch.Generator().manual_seed(trial))
+        theirs, penalised = choose_next_tokens(logits.unsqueeze(0), history.unsqueeze(0), eager_sampling,
+                                               torch.Generator().manual_seed(trial))
         assert int(ours) == int(theirs)
-        assert bool(ours_eos) == theirs_eos
+        assert bool(ours_eos) == (int(theirs) == eos_id or int(penalised.argmax()) == eos_id)
 
 
 def test_bad_requests_and_weights_are_named():
-    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     state_dict = random_state_dict(config, seed=3)
     engine = T2SEngine(T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu"), max_len=64)
     request = other_shape_requests(config, 1)[0]
@@ -235,18 +242,18 @@ def test_bad_requests_and_weights_are_named():
     with pytest.raises(ValueError, match="wrong shape"):
         T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
     with pytest.raises(ValueError, match="embedding_dim"):
-        T2SConfig.from_model_config({**OTHER_SHAPE, "embedding_dim": 32})
+        T2SConfig.from_checkpoint_config({**OTHER_SHAPE, "embedding_dim": 32})
 
 
 def test_full_size_random_weights_match_the_official_manifest():
     manifest = json.loads(MANIFEST_PATH.read_text())
-    config = T2SConfig.from_model_config(manifest["config"]["model"])
-    state_dict = random_state_dict(config, seed=0)
-    check_against_manifest(state_dict, manifest)
+    model = t2s_from_manifest(MANIFEST_PATH)
+    state_dict = random_state_dict(model.config, seed=0)
+    load_state_dict_strictly(model, state_dict, "random weights")
     assert sum(value.numel() for value in state_dict.values()) == manifest["total_parameters"]
     del state_dict["ar_predict_layer.weight"]
-    with pytest.raises(ValueError, match="missing ar_predict_layer.weight"):
-        check_against_manifest(state_dict, manifest)
+    with pytest.raises(ValueError, match=r"missing keys \['ar_predict_layer.weight'\]"):
+        load_state_dict_strictly(model, state_dict, "random weights")
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -271,7 +278,7 @@ def test_cuda_graphs_equal_eager_steps_on_the_fixtures(fixture_model):
 @pytest.mark.gpu
 @needs_cuda
 def test_cuda_graph_sampling_is_reproducible_and_matches_eager_steps():
-    config = T2SConfig.from_model_config(OTHER_SHAPE)
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3, logit_std=1.0), torch.float32,
                                          "cuda")
     base = other_shape_requests(config, 1)[0]
@@ -305,3 +312,55 @@ def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_mode
     for (name, (_, expected, idx)), result in zip(cases_by_name.items(), results):
         assert torch.equal(result.tokens, expected), name
         assert result.official_idx == idx, name
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
+@pytest.mark.parametrize("asm_barrier", [True, False])
+def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, asm_barrier):
+    """Every fixture case at batch 1 through the one-kernel step, with either grid barrier."""
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import (
+        PersistentT2SEngine,  # Triton is a GPU-machine-only package
+    )
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], sync_every=5,
+                                 programs=3 * config.num_heads, asm_barrier=asm_barrier)
+    engine.capture_graphs(greedy_modes=(True,))
+    for name, (request, expected, idx) in fixture_requests(cases).items():
+        result = engine.generate([request])[0]
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+    assert not engine.barrier_timed_out()
+
+
+@pytest.mark.slow
+@needs_fixtures
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the phase-by-phase path runs under TRITON_INTERPRET=1")
+def test_persistent_step_phases_give_the_official_tokens_in_the_interpreter(fixture_model):
+    """The persistent kernel's phase code, one launch per phase, on the CPU (minutes)."""
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=4 * config.num_heads,
+                                 phased=True)
+    for name, (request, expected, idx) in list(fixture_requests(cases).items())[:2]:
+        result = engine.generate([request])[0]
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+
+
+def test_persistent_engine_refuses_a_grid_without_a_program_per_role(fixture_model):
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config, state_dict, _ = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="programs"):
+        PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=2 * config.num_heads,
+                            phased=True)

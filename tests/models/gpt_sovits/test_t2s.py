@@ -55,7 +55,7 @@ def test_full_size_manifest_builds_with_its_exact_keys_and_shapes():
     state = model.state_dict()
     assert ["model." + key for key in state] == list(manifest["weight"])
     assert sum(t.numel() for t in state.values()) == manifest["total_parameters"] == 77_606_402
-    assert (model.config.layers, model.config.hidden_dim, model.config.heads) == (24, 512, 16)
+    assert (model.config.num_layers, model.config.hidden_dim, model.config.num_heads) == (24, 512, 16)
 
 
 def test_manifest_with_an_extra_key_is_refused(tmp_path):

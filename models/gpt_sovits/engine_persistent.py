@@ -1,0 +1,488 @@
+"""The T2S decode step at batch 1 as one persistent Triton kernel: every layer in one launch.
+
+At batch 1 the decode step moves about 150 MB of FP16 weights, which an H200 reads in ~31 us;
+what costs is latency: the five-kernels-a-layer step (``engine_triton``) spends ~0.5 ms on 123
+kernels, each waiting for its inputs from memory and for the previous kernel to drain. Here one
+launch of ``programs`` (<= one per SM, all resident at once) walks the 24 layers, with a grid-wide
+barrier between the phases that need the whole previous result:
+
+    attend  every program: LayerNorm 2 of the previous layer's sum (or the embedding at layer 0);
+            (head, chunk) programs: q of their head, softmax partials over their chunk of the
+            cached positions; per head, one program makes the new token's k (into the cache,
+            and its score) and one its v: the new position's partial
+    out     combine the partials per head, W_o, bias, + the layer's input     -> sum 1
+    ffn1    LayerNorm 1 of sum 1, relu(W_1 . + b_1)                          -> hidden
+    ffn2    W_2 hidden + b_2 + LayerNorm 1 output                            -> sum 2
+    (after the last layer) logits = W_p LayerNorm 2(sum 2)
+
+so four barriers a layer. Each program issues the load of its next weight tile *before* it waits
+at a barrier: weights never depend on the step, so their memory latency hides behind the wait, and
+after the barrier only activations (in L2, written a phase ago) are on the critical path.
+
+A barrier is a counter in global memory: each program adds one (release) and polls until the
+counter reaches ``phase x programs`` (acquire). That needs every program resident at once, so the
+grid is at most the SM count; a poll that passes ``SPIN_LIMIT`` gives up and raises an error flag
+instead of hanging the GPU (``barrier_timed_out`` reads it). Activations written inside the kernel
+are read with ``.cg`` loads (L2, not a possibly stale L1 line).
+
+Under ``TRITON_INTERPRET=1`` (CPU tests) programs run one after another and a barrier could never
+be met, so the engine launches one phase of one layer at a time instead (``phased=True``): the same
+phase code, the kernel boundary as the barrier.
+
+    engine = PersistentT2SEngine(weights, max_batch=1, max_len=640, length_buckets=[640])
+    engine.capture_graphs()          # GPU: memset of the barrier, the step kernel, the greedy kernel
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from models.gpt_sovits.engine_triton import TritonT2SEngine, _greedy_record_kernel
+from models.gpt_sovits.engine_weights import (
+    LAYER_NORM_EPS,
+    POSITION_TABLE_LEN,
+    T2SWeights,
+)
+
+SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
+PHASES_PER_LAYER = 4
+PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PERSISTENT = 0, 1, 2, 3, 4, -1
+
+
+@triton.jit
+def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr):
+    """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op)."""
+    if SYNC:
+        tl.debug_barrier()  # the whole program's stores before its arrival
+        if ASM:
+            # Thread 0 alone: a fire-and-forget release add, then acquire loads until the count is
+            # reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
+            seen = tl.inline_asm_elementwise(
+                """
+                {
+                .reg .pred p_lead, p_wait, p_give;
+                .reg .u32 t, n;
+                mov.u32 $0, $2;
+                mov.u32 t, %tid.x;
+                setp.eq.u32 p_lead, t, 0;
+                @!p_lead bra.uni DONE;
+                red.release.gpu.global.add.u32 [$1], 1;
+                mov.u32 n, 0;
+                WAIT:
+                ld.acquire.gpu.global.u32 $0, [$1];
+                add.u32 n, n, 1;
+                setp.ge.u32 p_give, n, $3;
+                @p_give bra.uni DONE;
+                setp.lt.u32 p_wait, $0, $2;
+                @p_wait bra.uni WAIT;
+                DONE:
+                }
+                """,
+                "=r,l,r,r", [counter_ptr, target.to(tl.int32), tl.full((), SPIN_LIMIT, tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+        else:
+            tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+            seen = tl.load(counter_ptr, volatile=True)
+            spins = 0
+            while (seen < target) & (spins < SPIN_LIMIT):
+                seen = tl.load(counter_ptr, volatile=True)
+                spins += 1
+            tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        if seen < target:
+            tl.atomic_max(error_ptr, 1)
+        tl.debug_barrier()
+
+
+@triton.jit
+def _layer_norm(values, ok, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr):
+    """LayerNorm of one (D_PAD,) float32 row whose padding is masked by ``ok``."""
+    mean = tl.sum(values, axis=0) / D
+    centred = tl.where(ok, values - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + EPS)
+    gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    return tl.where(ok, centred * rstd * gamma + beta, 0.0)
+
+
+@triton.jit
+def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr,
+                 D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr):
+    """The layer's input row (D_PAD,): the token's embedding at layer 0, else LayerNorm 2 of the
+    previous layer's sum."""
+    dim = tl.arange(0, D_PAD)
+    ok = dim < D
+    if layer == 0:
+        x = tl.load(embedding_ptr + token * D + dim, mask=ok, other=0.0).to(tl.float32)
+        x += tl.load(positions_ptr + position * D + dim, mask=ok, other=0.0).to(tl.float32)
+    else:
+        summed = tl.load(sum_ptr + dim, mask=ok, other=0.0, cache_modifier=".cg")
+        x = _layer_norm(summed, ok, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D, dim, D, EPS)
+    return x
+
+
+@triton.jit
+def _attend_phase(
+    pid, layer, counter_ptr, error_ptr, target, last_token_ptr, audio_pos_ptr, cache_len_ptr,
+    embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
+    cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
+    D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr, CHUNK_MAX: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr,
+    MAX_POSITION: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+):
+    dim = tl.arange(0, D_PAD)
+    dim_ok = dim < D
+    j = tl.arange(0, HD_PAD)
+    j_ok = j < HD
+    # Roles: (head, chunk) programs attend a chunk of the cached positions; per head, a key program
+    # makes the new token's k (and its score) and a value program its v: so no program holds more
+    # than two weight tiles in registers.
+    is_chunk = pid < H * CHUNKS
+    is_key = (pid >= H * CHUNKS) & (pid < H * CHUNKS + H)
+    is_value = (pid >= H * CHUNKS + H) & (pid < H * CHUNKS + 2 * H)
+    head = tl.where(is_chunk, pid // CHUNKS, tl.where(is_key, pid - H * CHUNKS, pid - H * CHUNKS - H))
+    chunk = tl.where(is_chunk, pid % CHUNKS, CHUNKS)  # the new position's partial sits after the chunks
+    # Prefetch before the barrier: W_q rows of the head (W_v rows for the value program), and W_k
+    # rows for the key program. Row masks are vectors: a scalar condition and'ed into a block
+    # mask trips Triton's interpreter.
+    w_base = qkv_w_ptr + layer * (3 * D * D)
+    b_base = qkv_b_ptr + layer * (3 * D)
+    pid_rows = j * 0 + pid  # (HD_PAD,)
+    rows_a = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,)
+    a_ok = j_ok & (pid_rows < H * CHUNKS + 2 * H)
+    b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
+    w_a = tl.load(w_base + rows_a[:, None] * D + dim[None, :], mask=a_ok[:, None] & dim_ok[None, :], other=0.0)
+    w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
+                  other=0.0)  # (HD_PAD, D_PAD)
+    bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
+    bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
+    token = tl.load(last_token_ptr)
+    position = tl.minimum(tl.load(audio_pos_ptr), MAX_POSITION - 1)
+    write_pos = tl.minimum(tl.load(cache_len_ptr), MAX_LEN - 1)
+    # Past positions 0..write_pos-1, split evenly over the head's chunks. They were written by
+    # earlier steps, so the chunk's first block of keys and values is read before the barrier too.
+    cache = cache_ptr + layer * cache_layer_stride + head * HD
+    span = tl.cdiv(write_pos, CHUNKS)
+    lo = chunk * span
+    hi = tl.minimum(lo + span, write_pos)
+    first_pos = lo + tl.arange(0, BLOCK_L)
+    first_ok = (first_pos < hi) & ((first_pos * 0 + pid) < H * CHUNKS)  # (BLOCK_L,)
+    first_kv_ok = first_ok[:, None] & j_ok[None, :]
+    first_keys = tl.load(cache + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
+    first_values = tl.load(cache + D + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr,
+                     D, D_PAD, EPS)  # (D_PAD,)
+    if pid == 0:
+        tl.store(xin_ptr + dim, x, mask=dim_ok)
+    a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, or v for the value program
+    q = a * scale
+    part = head * (CHUNKS + 1) + chunk
+    new_slot = cache + write_pos * (2 * D)
+    # k and v are rounded to the cache's dtype first, as later steps will read them.
+    if is_key:
+        k = (tl.sum(w_b.to(tl.float32) * x[None, :], axis=1) + bias_b).to(cache_ptr.dtype.element_ty)
+        tl.store(new_slot + j, k, mask=j_ok)
+        tl.store(part_m_ptr + part, tl.sum(tl.where(j_ok, q * k.to(tl.float32), 0.0), axis=0))
+        tl.store(part_s_ptr + part, 1.0)
+    if is_value:
+        v = a.to(cache_ptr.dtype.element_ty)
+        tl.store(new_slot + D + j, v, mask=j_ok)
+        tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
+    if is_chunk:
+        scores = tl.where(first_ok, tl.sum(first_keys.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+        best = tl.max(scores, axis=0)  # -inf for an empty chunk, whose partial then weighs nothing
+        weights = tl.where(first_ok, tl.exp(scores - best), 0.0)
+        acc = tl.sum(weights[:, None] * first_values.to(tl.float32), axis=0)  # (HD_PAD,)
+        total = tl.sum(weights, axis=0)
+        # Chunks longer than one block (long caches): the rest after the barrier, online softmax.
+        for start in range(BLOCK_L, CHUNK_MAX, BLOCK_L):
+            if lo + start < hi:
+                pos = lo + start + tl.arange(0, BLOCK_L)
+                pos_ok = pos < hi
+                kv_ok = pos_ok[:, None] & j_ok[None, :]
+                keys = tl.load(cache + pos[:, None] * (2 * D) + j[None, :], mask=kv_ok, other=0.0)  # (BLOCK_L, HD_PAD)
+                scores = tl.where(pos_ok, tl.sum(keys.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+                new_best = tl.maximum(best, tl.max(scores, axis=0))
+                weights = tl.exp(scores - new_best)
+                rescale = tl.exp(best - new_best)
+                values = tl.load(cache + D + pos[:, None] * (2 * D) + j[None, :], mask=kv_ok, other=0.0)
+                acc = acc * rescale + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
+                total = total * rescale + tl.sum(weights, axis=0)
+                best = new_best
+        tl.store(part_m_ptr + part, best)
+        tl.store(part_s_ptr + part, total)
+        tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
+
+
+@triton.jit
+def _out_phase(
+    pid, layer, counter_ptr, error_ptr, target, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr, part_s_ptr,
+    part_acc_ptr, sum1_ptr,
+    D: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, BN: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+):
+    col = pid * BN + tl.arange(0, BN)
+    col_ok = col < D
+    h = tl.arange(0, H_PAD)
+    h_ok = h < H
+    j = tl.arange(0, HD_PAD)
+    j_ok = j < HD
+    # (BN, H_PAD, HD_PAD): W_o[col, h * HD + j], read before the barrier.
+    w_ok = col_ok[:, None, None] & h_ok[None, :, None] & j_ok[None, None, :]
+    w = tl.load(out_w_ptr + layer * (D * D) + col[:, None, None] * D + (h[None, :, None] * HD + j[None, None, :]),
+                mask=w_ok, other=0.0)
+    bias = tl.load(out_b_ptr + layer * D + col, mask=col_ok, other=0.0).to(tl.float32)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    c = tl.arange(0, PARTS_PAD)
+    part_ok = h_ok[:, None] & (c < CHUNKS + 1)[None, :]
+    part = h[:, None] * (CHUNKS + 1) + c[None, :]  # (H_PAD, PARTS_PAD)
+    best = tl.load(part_m_ptr + part, mask=part_ok, other=float("-inf"), cache_modifier=".cg")
+    total = tl.load(part_s_ptr + part, mask=part_ok, other=0.0, cache_modifier=".cg")
+    head_best = tl.max(best, axis=1)  # (H_PAD,): finite for real heads (the new position is always there)
+    head_best = tl.where(h_ok, head_best, 0.0)
+    factor = tl.where(part_ok, tl.exp(best - head_best[:, None]), 0.0)  # (H_PAD, PARTS_PAD)
+    denominator = tl.sum(total * factor, axis=1)  # (H_PAD,)
+    acc_ok = part_ok[:, :, None] & j_ok[None, None, :]
+    acc = tl.load(part_acc_ptr + part[:, :, None] * HD + j[None, None, :], mask=acc_ok, other=0.0,
+                  cache_modifier=".cg")  # (H_PAD, PARTS_PAD, HD_PAD)
+    attention = tl.sum(acc * factor[:, :, None], axis=1) / tl.where(h_ok, denominator, 1.0)[:, None]  # (H_PAD, HD_PAD)
+    out = tl.sum(tl.sum(w.to(tl.float32) * attention[None, :, :], axis=2), axis=1) + bias  # (BN,)
+    out += tl.load(xin_ptr + col, mask=col_ok, other=0.0, cache_modifier=".cg")
+    tl.store(sum1_ptr + col, out, mask=col_ok)
+
+
+@triton.jit
+def _ffn1_phase(
+    pid, layer, counter_ptr, error_ptr, target, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr, sum1_ptr,
+    normed1_ptr, hidden_ptr,
+    D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
+    SYNC: tl.constexpr, ASM: tl.constexpr,
+):
+    col = pid * BN + tl.arange(0, BN)
+    col_ok = col < FFN
+    dim = tl.arange(0, D_PAD)
+    dim_ok = dim < D
+    w = tl.load(ffn1_w_ptr + layer * (FFN * D) + col[:, None] * D + dim[None, :],
+                mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # (BN, D_PAD)
+    bias = tl.load(ffn1_b_ptr + layer * FFN + col, mask=col_ok, other=0.0).to(tl.float32)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    summed = tl.load(sum1_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    x = _layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
+    if pid == 0:
+        tl.store(normed1_ptr + dim, x, mask=dim_ok)
+    hidden = tl.maximum(tl.sum(w.to(tl.float32) * x[None, :], axis=1) + bias, 0.0)
+    tl.store(hidden_ptr + col, hidden, mask=col_ok)
+
+
+@triton.jit
+def _ffn2_phase(
+    pid, layer, counter_ptr, error_ptr, target, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr, sum2_ptr,
+    D: tl.constexpr, FFN: tl.constexpr, FFN_PAD: tl.constexpr, BN: tl.constexpr, SYNC: tl.constexpr,
+    ASM: tl.constexpr,
+):
+    col = pid * BN + tl.arange(0, BN)
+    col_ok = col < D
+    k = tl.arange(0, FFN_PAD)
+    k_ok = k < FFN
+    w = tl.load(ffn2_w_ptr + layer * (D * FFN) + col[:, None] * FFN + k[None, :],
+                mask=col_ok[:, None] & k_ok[None, :], other=0.0)  # (BN, FFN_PAD)
+    bias = tl.load(ffn2_b_ptr + layer * D + col, mask=col_ok, other=0.0).to(tl.float32)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    hidden = tl.load(hidden_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg")
+    out = tl.sum(w.to(tl.float32) * hidden[None, :], axis=1) + bias
+    out += tl.load(normed1_ptr + col, mask=col_ok, other=0.0, cache_modifier=".cg")
+    tl.store(sum2_ptr + col, out, mask=col_ok)
+
+
+@triton.jit
+def _logits_phase(
+    pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
+    D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
+    EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+):
+    col = pid * BN + tl.arange(0, BN)
+    col_ok = col < VOCAB
+    dim = tl.arange(0, D_PAD)
+    dim_ok = dim < D
+    w = tl.load(predict_w_ptr + col[:, None] * D + dim[None, :], mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    summed = tl.load(sum2_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    x = _layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
+    tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
+
+
+@triton.jit
+def _t2s_step_kernel(
+    counter_ptr, error_ptr, last_token_ptr, audio_pos_ptr, cache_len_ptr, embedding_ptr, positions_ptr,
+    qkv_w_ptr, qkv_b_ptr, out_w_ptr, out_b_ptr, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
+    norm1_w_ptr, norm1_b_ptr, norm2_w_ptr, norm2_b_ptr, predict_w_ptr,
+    cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, normed1_ptr,
+    hidden_ptr, sum2_ptr, logits_ptr, scale, phase_layer,
+    D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, HD: tl.constexpr,
+    HD_PAD: tl.constexpr, FFN: tl.constexpr, FFN_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr,
+    PROGRAMS: tl.constexpr, CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK_MAX: tl.constexpr,
+    BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr, MAX_POSITION: tl.constexpr,
+    BN_OUT: tl.constexpr, BN_FFN1: tl.constexpr, BN_FFN2: tl.constexpr, BN_VOCAB: tl.constexpr,
+    EPS: tl.constexpr, PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr,
+):
+    """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
+    ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases)."""
+    pid = tl.program_id(0)
+    if PHASE == -1:
+        for layer in range(LAYERS):
+            # Barrier n (1-based) waits for n x PROGRAMS arrivals; every phase has one (at layer 0's
+            # attend phase it costs a microsecond and keeps the count uniform).
+            first = layer * 4 + 1
+            _attend_phase(pid, layer, counter_ptr, error_ptr, first * PROGRAMS, last_token_ptr, audio_pos_ptr,
+                          cache_len_ptr, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr,
+                          qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
+                          scale, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, EPS,
+                          True, ASM_BARRIER)
+            _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
+                       part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
+                       BN_OUT, True, ASM_BARRIER)
+            _ffn1_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
+                        norm1_w_ptr, norm1_b_ptr, sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
+                        True, ASM_BARRIER)
+            _ffn2_phase(pid, layer, counter_ptr, error_ptr, (first + 3) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
+                        hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
+        _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * 4 + 1) * PROGRAMS + pid * 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr,
+                      sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, EPS, True, ASM_BARRIER)
+    elif PHASE == 0:
+        _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
+                      embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
+                      cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
+                      D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, EPS, False, False)
+    elif PHASE == 1:
+        _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
+                   part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
+    elif PHASE == 2:
+        _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
+                    sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS, False, False)
+    elif PHASE == 3:
+        _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
+                    sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False)
+    else:
+        _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
+                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, EPS, False, False)
+
+
+def _tile_width(columns: int, programs: int) -> int:
+    """Columns a program takes so that ``programs`` programs cover ``columns`` (a power of two)."""
+    return triton.next_power_of_2(triton.cdiv(columns, programs))
+
+
+class PersistentT2SEngine(TritonT2SEngine):
+    """``TritonT2SEngine`` whose batch-1 decode step is one persistent kernel (other batches: the
+    parent's fused or cuBLAS step).
+
+    ``programs``: the grid, at most the GPU's SM count (every program must be resident for the
+    barriers), and at least three per head (a chunk of cached keys, the new key, the new value). ``phased``:
+    one launch per phase (required under the Triton interpreter)."""
+
+    def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
+                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, **kwargs):
+        super().__init__(weights, *args, **kwargs)
+        config = self.config
+        heads = config.num_heads
+        if programs < 3 * heads:
+            raise ValueError(f"programs {programs} must be >= 3 x {heads} heads (per head: a chunk, the new k, the new v)")
+        if self.device.type == "cuda" and not phased:
+            sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
+            if programs > sm_count:
+                raise ValueError(f"programs {programs} exceed the {sm_count} SMs: the grid barrier needs all resident")
+        self.programs = programs
+        self.step_warps = step_warps
+        self.phased = phased
+        self.asm_barrier = asm_barrier
+        self.chunks = programs // heads - 2
+        self.step_block = attention_block
+        # One stacked tensor per parameter kind, (layers, ...); the per-layer fields become views of
+        # them, so the parent's paths read the same memory and nothing is held twice.
+        names = ("qkv_weight", "qkv_bias", "out_weight", "out_bias", "ffn1_weight", "ffn1_bias", "ffn2_weight",
+                 "ffn2_bias", "norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias")
+        self.stacked = {name: torch.stack([getattr(layer, name) for layer in weights.layers]) for name in names}
+        for index, layer in enumerate(weights.layers):
+            for name in names:
+                setattr(layer, name, self.stacked[name][index])
+        d, ffn = config.hidden_dim, config.ffn_dim
+
+        def scratch(*shape: int) -> torch.Tensor:
+            return torch.zeros(*shape, dtype=torch.float32, device=self.device)
+
+        self._step_xin, self._step_sum1, self._step_normed1, self._step_sum2 = (scratch(d) for _ in range(4))
+        self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
+        self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
+        self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
+        self._barrier = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    def barrier_timed_out(self) -> bool:
+        """Whether any barrier gave up waiting (a grid larger than what fits at once)."""
+        return bool(self._barrier_error.item())
+
+    def _launch(self, phase: int, layer: int) -> None:
+        config, w, s = self.config, self.weights, self.stacked
+        d, heads, head_dim, ffn = config.hidden_dim, config.num_heads, config.head_dim, config.ffn_dim
+        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
+        chunk_max = triton.cdiv(self.max_len, self.chunks)
+        _t2s_step_kernel[(self.programs,)](
+            self._barrier, self._barrier_error, self.last_token, self.audio_pos, self.cache_len,
+            w.audio_embedding, w.audio_positions,
+            s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
+            s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"], s["norm2_bias"],
+            w.predict_weight, cache, cache.stride(0), self._step_xin, self._part_m, self._part_s, self._part_acc,
+            self._step_sum1, self._step_normed1, self._step_hidden, self._step_sum2, self._step_logits,
+            1.0 / math.sqrt(head_dim), layer,
+            D=d, D_PAD=triton.next_power_of_2(d), H=heads, H_PAD=triton.next_power_of_2(heads), HD=head_dim,
+            HD_PAD=triton.next_power_of_2(head_dim), FFN=ffn, FFN_PAD=triton.next_power_of_2(ffn),
+            VOCAB=config.vocab_size, LAYERS=config.num_layers, PROGRAMS=self.programs, CHUNKS=self.chunks,
+            PARTS_PAD=triton.next_power_of_2(self.chunks + 1), CHUNK_MAX=chunk_max,
+            BLOCK_L=min(self.step_block, triton.next_power_of_2(chunk_max)), MAX_LEN=self.max_len,
+            MAX_POSITION=POSITION_TABLE_LEN,
+            BN_OUT=_tile_width(d, self.programs), BN_FFN1=_tile_width(ffn, self.programs),
+            BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
+            EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier, num_warps=self.step_warps,
+        )
+
+    @torch.no_grad()
+    def decode_step(self, batch: int, cache_bucket: int, greedy: bool) -> None:
+        if batch != 1:
+            super().decode_step(batch, cache_bucket, greedy)
+            return
+        if self.phased:
+            for layer in range(self.config.num_layers):
+                for phase in (PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2):
+                    self._launch(phase, layer)
+            self._launch(PHASE_LOGITS, 0)
+        else:
+            self._barrier.zero_()
+            self._launch(PERSISTENT, 0)
+        logits = self._step_logits
+        if greedy:
+            vocab = self.config.vocab_size
+            _greedy_record_kernel[(1,)](
+                logits, self.seen, self.sampling.repetition_penalty, self.sampling.eos_from_step, self.step,
+                self.early_stop, self.max_steps, self.done, self.stop_step, self.stop_by_eos, self.tokens,
+                self.last_token, self.cache_len, self.audio_pos,
+                TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab),
+                EOS=self.config.eos_id,
+            )
+        else:
+            rows = slice(0, 1)
+            self._choose_and_record(rows, logits, greedy)
+            self.cache_len[rows].add_(1)
+            self.audio_pos[rows].add_(1)

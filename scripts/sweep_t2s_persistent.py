@@ -1,0 +1,104 @@
+"""Sweep the persistent T2S step's knobs on a GPU, beside the engine's other batch-1 steps.
+
+    PROGRAMS=128,132 WARPS=8,4 ASM=1,0 PYTHONPATH=. python scripts/sweep_t2s_persistent.py \\
+        --out $OUT/t2s_persistent_sweep.json
+
+Full-size random weights (the official manifest's shapes), one request of 30 phones + 30 prompt
+tokens and 500 greedy tokens (EOS suppressed), median of 5 warm runs after CUDA-graph capture.
+Rows: the cuBLAS engine in FP32 (the token reference), the persistent step in FP32, the fused step
+in FP16 (the FP16 reference), then the persistent step in FP16 for every (programs, warps, barrier)
+set. Torch and Triton only, for a bare GPU machine; ``scripts/bench_gpt_sovits_t2s.py`` is the
+full benchmark.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+from models.gpt_sovits.engine import T2SEngine, T2SRequest
+from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+from models.gpt_sovits.engine_triton import TritonT2SEngine
+from models.gpt_sovits.engine_weights import (
+    MANIFEST_PATH,
+    T2SWeights,
+    random_state_dict,
+)
+from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
+
+PHONES, PROMPT_TOKENS, TOKENS, REPEATS = 30, 30, 500, 5
+
+
+def decode_seconds(engine: T2SEngine, request: T2SRequest) -> tuple[float, torch.Tensor]:
+    """(seconds of decode steps after the prefill, tokens) of one request alone."""
+    request_id = engine.submit(request)
+    engine.admit()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    while engine.has_work():
+        engine.advance(engine.sync_every)
+        engine.collect()
+    return time.perf_counter() - start, engine.result(request_id).tokens
+
+
+def measure(engine: T2SEngine, request: T2SRequest, reference: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
+    engine.capture_graphs(greedy_modes=(True,))
+    decode_seconds(engine, request)  # warm
+    runs = [decode_seconds(engine, request) for _ in range(REPEATS)]
+    seconds = statistics.median(run[0] for run in runs)
+    tokens = runs[-1][1]
+    row = {"tokens_per_s": round((TOKENS - 1) / seconds, 1), "step_us": round(1e6 * seconds / (TOKENS - 1), 2),
+           "runs_s": [round(run[0], 5) for run in runs]}
+    if reference is not None:
+        equal = tokens == reference
+        row["equal_fraction"] = round(float(equal.float().mean()), 4)
+        row["first_diff"] = None if bool(equal.all()) else int((~equal).nonzero()[0])
+    if isinstance(engine, PersistentT2SEngine):
+        row["barrier_timed_out"] = engine.barrier_timed_out()
+    return row, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    programs_list = [int(value) for value in os.environ.get("PROGRAMS", "128").split(",")]
+    warps_list = [int(value) for value in os.environ.get("WARPS", "8").split(",")]
+    asm_list = [value == "1" for value in os.environ.get("ASM", "1").split(",")]
+
+    config = t2s_from_manifest(MANIFEST_PATH).config
+    state_dict = random_state_dict(config, seed=0)
+    generator = torch.Generator().manual_seed(1)
+    request = T2SRequest(torch.randint(0, config.phoneme_vocab_size, (PHONES,), generator=generator),
+                         0.5 * torch.randn(config.bert_feature_dim, PHONES, generator=generator),
+                         torch.randint(0, config.vocab_size - 1, (PROMPT_TOKENS,), generator=generator),
+                         top_k=1, max_steps=TOKENS, eos_from_step=TOKENS)
+    max_len = ((PHONES + PROMPT_TOKENS + TOKENS + 15) // 16) * 16
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+
+    def engine(kind: type, dtype: torch.dtype, **knobs) -> T2SEngine:
+        weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
+        return kind(weights, max_batch=1, max_len=max_len, length_buckets=[max_len], **knobs)
+
+    result["eager_cuda_graphs_fp32"], reference32 = measure(engine(T2SEngine, torch.float32), request, None)
+    result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
+    result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
+    for asm in asm_list:
+        for programs in programs_list:
+            for warps in warps_list:
+                name = f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}"
+                knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm}
+                result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
+                print(name, result[name], flush=True)
+                args.out.write_text(json.dumps(result, indent=1))
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
