@@ -12,7 +12,8 @@ What it does, and why:
   by side, so one indexed write per layer stores both. A row's cache holds its text, its prompt and
   the tokens fed so far from position 0; attention reads a length bucket of it and masks keys at
   or past the row's valid length. Nothing grows and nothing is copied per step.
-* **Prefill** (``prefill``: the text and prompt pass of one request, eager, any length) and the
+* **Prefill** (``prefill``: the text and prompt pass of the requests admitted together, one padded
+  eager batch of up to ``prefill_batch``, each row masked to its own positions) and the
   **decode step** (``decode_step``: one token for each row of a batch bucket) are separate.
   The decode step embeds, runs every layer, writes the cache, chooses the token on the device
   (``engine_sampling``) and updates each row's counters and stop flags, so a CUDA graph of it is
@@ -105,6 +106,7 @@ class T2SEngine:
         seed: int = 0,
         batch_buckets: list[int] | None = None,
         length_buckets: list[int] | None = None,
+        prefill_batch: int = 16,
     ):
         config = weights.config
         if max_len > POSITION_TABLE_LEN:
@@ -116,6 +118,9 @@ class T2SEngine:
         self.max_batch = max_batch
         self.max_len = max_len
         self.sync_every = sync_every
+        if prefill_batch < 1:
+            raise ValueError(f"prefill_batch {prefill_batch} must be >= 1")
+        self.prefill_batch = prefill_batch
         self.seed = seed
         self.batch_buckets = sorted(batch_buckets or _buckets(max_batch, 1))
         self.length_buckets = sorted(length_buckets or _buckets(max_len, 128))
@@ -168,34 +173,49 @@ class T2SEngine:
 
     # ---- the two computations -------------------------------------------------------------
 
-    @torch.no_grad()
-    def prefill(self, slot: int, request: T2SRequest) -> None:
-        """Run the text and prompt pass of ``request`` into ``slot``, choose its first token."""
-        w, config = self.weights, self.config
-        d, heads = config.hidden_dim, config.num_heads
+    def _prompt_rows(self, request: T2SRequest) -> torch.Tensor:
+        """(n, d) input rows of one request: its text (embedding + BERT projection + positions),
+        then its prompt tokens (embedding + positions)."""
+        w = self.weights
         phoneme_ids = request.phoneme_ids.to(self.device)
-        text_len = phoneme_ids.shape[0]
         bert = request.bert_features.to(device=self.device, dtype=w.dtype)  # (1024, T)
         x = w.text_embedding[phoneme_ids] + F.linear(bert.transpose(0, 1), w.bert_proj_weight, w.bert_proj_bias)
-        x = x + w.text_positions[:text_len]  # (T, d)
-        prompt_len = 0
-        if request.prompt_tokens is not None:
-            prompt = request.prompt_tokens.to(self.device)
-            prompt_len = prompt.shape[0]
-            audio = w.audio_embedding[prompt] + w.audio_positions[:prompt_len]  # (P, d)
-            x = torch.cat([x, audio], dim=0)
-        length = text_len + prompt_len
-        # Text rows see all text and no audio; audio rows see all text and earlier audio.
-        allowed = torch.ones(length, length, dtype=torch.bool, device=self.device)
-        allowed[:text_len, text_len:] = False
-        allowed[text_len:, text_len:] = torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=self.device).tril()
-        x = x.unsqueeze(0)  # (1, n, d)
+        x = x + w.text_positions[: phoneme_ids.shape[0]]  # (T, d)
+        if request.prompt_tokens is None:
+            return x
+        prompt = request.prompt_tokens.to(self.device)
+        audio = w.audio_embedding[prompt] + w.audio_positions[: prompt.shape[0]]  # (P, d)
+        return torch.cat([x, audio], dim=0)
+
+    @torch.no_grad()
+    def prefill(self, slots: list[int], requests: list[T2SRequest]) -> None:
+        """Run the text and prompt pass of each request into its slot in one padded batch, and
+        choose each one's first token. A row attends only its own positions, so its cache and
+        first token do not depend on what it was batched with."""
+        w, config = self.weights, self.config
+        d, heads = config.hidden_dim, config.num_heads
+        text_lens = [request.phoneme_ids.shape[0] for request in requests]
+        prompt_lens = [0 if request.prompt_tokens is None else request.prompt_tokens.shape[0] for request in requests]
+        lengths = [text + prompt for text, prompt in zip(text_lens, prompt_lens)]
+        batch, longest = len(requests), max(lengths)
+        x = torch.zeros(batch, longest, d, dtype=w.dtype, device=self.device)
+        # Text rows see all text and no audio; audio rows see all text and earlier audio. Padding
+        # rows see only themselves (a row that sees nothing would be NaN) and no real row sees them.
+        allowed = torch.eye(longest, dtype=torch.bool, device=self.device).repeat(batch, 1, 1)  # (B, n, n)
+        for row, (request, text_len, length) in enumerate(zip(requests, text_lens, lengths)):
+            x[row, :length] = self._prompt_rows(request)
+            allowed[row, :length, :text_len] = True
+            allowed[row, text_len:length, text_len:length] = torch.ones(
+                length - text_len, length - text_len, dtype=torch.bool, device=self.device).tril()
+        row_ids = torch.cat([torch.full((length,), row, device=self.device) for row, length in enumerate(lengths)])
+        positions = torch.cat([torch.arange(length, device=self.device) for length in lengths])
+        slot_ids = torch.tensor(slots, device=self.device)[row_ids]  # (sum of lengths,)
         for index, layer in enumerate(w.layers):
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # (1, n, 3d)
-            self.kv_cache[index, slot, :length] = qkv[0, :, d:]
-            q, k, v = qkv.unflatten(-1, (3, heads, config.head_dim)).permute(2, 0, 3, 1, 4)  # 3 x (1, H, n, Dh)
-            attention = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (1, H, n, Dh)
-            attention = attention.transpose(1, 2).reshape(1, length, d)
+            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # (B, n, 3d)
+            self.kv_cache[index].index_put_((slot_ids, positions), qkv[row_ids, positions, d:])
+            q, k, v = qkv.unflatten(-1, (3, heads, config.head_dim)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, n, Dh)
+            attention = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.unsqueeze(1))  # (B, H, n, Dh)
+            attention = attention.transpose(1, 2).reshape(batch, longest, d)
             x = F.layer_norm(
                 x + F.linear(attention, layer.out_weight, layer.out_bias), (d,), layer.norm1_weight, layer.norm1_bias,
                 LAYER_NORM_EPS,
@@ -205,26 +225,28 @@ class T2SEngine:
                 x + F.linear(hidden, layer.ffn2_weight, layer.ffn2_bias), (d,), layer.norm2_weight, layer.norm2_bias,
                 LAYER_NORM_EPS,
             )
-        logits = F.linear(x[:, -1], w.predict_weight).float()  # (1, V)
+        last = torch.tensor(lengths, device=self.device) - 1
+        logits = F.linear(x[torch.arange(batch, device=self.device), last], w.predict_weight).float()  # (B, V)
 
-        rows = slice(slot, slot + 1)
-        self.step[rows] = 0
-        self.done[rows] = False
-        self.stop_step[rows] = 0
-        self.stop_by_eos[rows] = False
-        self.early_stop[rows] = request.early_stop_num
-        self.max_steps[rows] = request.max_steps
-        self.seen[rows] = False
-        if prompt_len:
-            self.seen[slot, prompt] = True
-        self.sampling.top_k[rows] = request.top_k
-        self.sampling.top_p[rows] = request.top_p
-        self.sampling.temperature[rows] = request.temperature
-        self.sampling.repetition_penalty[rows] = request.repetition_penalty
-        self.sampling.eos_from_step[rows] = request.eos_from_step
-        self._choose_and_record(rows, logits, greedy=request.top_k == 1)
-        self.cache_len[rows] = length
-        self.audio_pos[rows] = prompt_len
+        for row, (slot, request) in enumerate(zip(slots, requests)):
+            rows = slice(slot, slot + 1)
+            self.step[rows] = 0
+            self.done[rows] = False
+            self.stop_step[rows] = 0
+            self.stop_by_eos[rows] = False
+            self.early_stop[rows] = request.early_stop_num
+            self.max_steps[rows] = request.max_steps
+            self.seen[rows] = False
+            if request.prompt_tokens is not None:
+                self.seen[slot, request.prompt_tokens.to(self.device)] = True
+            self.sampling.top_k[rows] = request.top_k
+            self.sampling.top_p[rows] = request.top_p
+            self.sampling.temperature[rows] = request.temperature
+            self.sampling.repetition_penalty[rows] = request.repetition_penalty
+            self.sampling.eos_from_step[rows] = request.eos_from_step
+            self._choose_and_record(rows, logits[row : row + 1], greedy=request.top_k == 1)
+            self.cache_len[rows] = lengths[row]
+            self.audio_pos[rows] = prompt_lens[row]
 
     @torch.no_grad()
     def decode_step(self, batch: int, cache_bucket: int, greedy: bool) -> None:
@@ -345,19 +367,23 @@ class T2SEngine:
         return bool(self._waiting) or any(request is not None for request in self._slot_request)
 
     def admit(self) -> None:
-        """Prefill waiting requests into free slots, lowest slot first."""
-        for slot in range(self.max_batch):
-            if not self._waiting:
-                return
-            if self._slot_request[slot] is None:
-                request_id, request = self._waiting.popleft()
-                self.prefill(slot, request)
-                self._slot_request[slot] = request_id
-                self._slot_greedy[slot] = request.top_k == 1
-                self._slot_reference_free[slot] = request.prompt_tokens is None
-                self._host_len[slot] = request.phoneme_ids.shape[0] + (
-                    0 if request.prompt_tokens is None else request.prompt_tokens.shape[0]
-                )
+        """Prefill waiting requests into free slots, lowest slot first, in batches of at most
+        ``prefill_batch`` (one padded pass each, not one pass per request)."""
+        free = [slot for slot in range(self.max_batch) if self._slot_request[slot] is None]
+        admitted = []
+        while self._waiting and free:
+            slot = free.pop(0)
+            request_id, request = self._waiting.popleft()
+            admitted.append((slot, request))
+            self._slot_request[slot] = request_id
+            self._slot_greedy[slot] = request.top_k == 1
+            self._slot_reference_free[slot] = request.prompt_tokens is None
+            self._host_len[slot] = request.phoneme_ids.shape[0] + (
+                0 if request.prompt_tokens is None else request.prompt_tokens.shape[0]
+            )
+        for start in range(0, len(admitted), self.prefill_batch):
+            group = admitted[start : start + self.prefill_batch]
+            self.prefill([slot for slot, _ in group], [request for _, request in group])
 
     def advance(self, num_steps: int) -> None:
         """Run ``num_steps`` decode steps over the occupied slots with no host synchronisation."""

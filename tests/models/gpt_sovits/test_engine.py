@@ -364,3 +364,24 @@ def test_persistent_engine_refuses_a_grid_without_a_program_per_role(fixture_mod
     with pytest.raises(ValueError, match="programs"):
         PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=2 * config.num_heads,
                             phased=True)
+
+
+@needs_fixtures
+def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture_model):
+    """Rows of different text and prompt lengths (one reference-free) prefilled together: each
+    slot's cache and first token equal those of its own prefill."""
+    config, state_dict, cases = fixture_model
+    requests = [request for request, _, _ in fixture_requests(cases).values()][:4]
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    together = T2SEngine(weights, max_batch=4, max_len=256)
+    together.prefill([0, 1, 2, 3], requests)
+    alone = T2SEngine(weights, max_batch=4, max_len=256)
+    for slot, request in enumerate(requests):
+        alone.prefill([slot], [request])
+    for slot in range(4):
+        length = int(alone.cache_len[slot])
+        assert int(together.cache_len[slot]) == length
+        torch.testing.assert_close(together.kv_cache[:, slot, :length], alone.kv_cache[:, slot, :length],
+                                   rtol=0, atol=1e-5)
+    assert torch.equal(together.last_token, alone.last_token)
+    assert torch.equal(together.seen, alone.seen)
