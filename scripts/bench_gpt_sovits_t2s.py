@@ -325,12 +325,14 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
         result["vram_fp16_over_fp32_fused"] = round(peaks["engine_fp16_fused_graphs"] / peaks["engine_fp32_fused_graphs"], 3)
 
     streams = result["continuous_batching_fp16"] = {}
-    for name, fused in (("cublas", False), ("fused", True)):
+    # cuBLAS step; the fused kernels at 64 rows; cuBLAS products with the attention kernel over
+    # each row's valid keys (the Triton engine's step above fused_max_batch rows).
+    for name, fused, wide in (("cublas", False, False), ("fused", True, False), ("cublas_triton_attention", True, True)):
         if fused and best is None:
             continue
         baseline = fresh_memory()
         try:
-            knobs = {**best[0], "fused_max_batch": STREAMS} if fused else {}  # the fused kernels at 64 rows
+            knobs = {**best[0], "fused_max_batch": 1 if wide else STREAMS} if fused else {}
             engine = engine_for(torch.float16, fused=fused, max_batch=STREAMS, **knobs)
             streams[name] = continuous_batching(engine, config, tokens, args.stream_requests)
             streams[name]["vram_peak_mib"] = peak_mib(baseline)

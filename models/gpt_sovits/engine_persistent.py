@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.gpt_sovits.engine_triton import TritonT2SEngine, _greedy_record_kernel
+from models.gpt_sovits.engine_triton import TritonT2SEngine
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
@@ -471,18 +471,4 @@ class PersistentT2SEngine(TritonT2SEngine):
         else:
             self._barrier.zero_()
             self._launch(PERSISTENT, 0)
-        logits = self._step_logits
-        if greedy:
-            vocab = self.config.vocab_size
-            _greedy_record_kernel[(1,)](
-                logits, self.seen, self.sampling.repetition_penalty, self.sampling.eos_from_step, self.step,
-                self.early_stop, self.max_steps, self.done, self.stop_step, self.stop_by_eos, self.tokens,
-                self.last_token, self.cache_len, self.audio_pos,
-                TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab),
-                EOS=self.config.eos_id,
-            )
-        else:
-            rows = slice(0, 1)
-            self._choose_and_record(rows, logits, greedy)
-            self.cache_len[rows].add_(1)
-            self.audio_pos[rows].add_(1)
+        self._record(1, self._step_logits, greedy)

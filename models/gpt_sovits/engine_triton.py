@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -195,9 +196,10 @@ class TritonT2SEngine(T2SEngine):
     Knobs (the benchmark sweeps them on the machine; the defaults are the H200's best):
     ``linear_programs``, about how many programs each matrix product spreads over; ``num_warps``
     per program; ``attention_block``, keys per attention iteration. Sampling other than greedy
-    uses the torch sampler after the fused layers. Batches above ``fused_max_batch`` run the
-    cuBLAS step: the fused products re-read each weight tile per 8 rows, and on the H200 they lost
-    at 64 rows (11,400 vs 37,900 tokens/s) while winning at 1 (1,950 vs 960); between, unmeasured."""
+    uses the torch sampler after the fused layers. Batches above ``fused_max_batch`` run cuBLAS
+    products with the attention kernel (``_wide_step``): the fused products re-read each weight tile
+    per 8 rows, and on the H200 they lost at 64 rows (11,400 vs 37,900 tokens/s for the cuBLAS
+    step) while winning at 1 (1,950 vs 960); between, unmeasured."""
 
     def __init__(self, weights: T2SWeights, *args, linear_programs: int = 256, num_warps: int = 4,
                  attention_block: int = 128, fused_max_batch: int = 8, **kwargs):
@@ -245,10 +247,60 @@ class TritonT2SEngine(T2SEngine):
         )
 
     @torch.no_grad()
+    def _wide_step(self, batch: int, greedy: bool) -> None:
+        """The step for batches above ``fused_max_batch``: cuBLAS matrix products (each weight read
+        once for all rows), and the attention kernel, which reads each row's valid keys only
+        (the cuBLAS step's attention reads the whole length bucket, padding included)."""
+        w, config = self.weights, self.config
+        d, heads = config.hidden_dim, config.num_heads
+        rows = slice(0, batch)
+        write_pos = self.cache_len[rows].clamp(max=self.max_len - 1)  # (B,)
+        valid = write_pos + 1
+        x = w.audio_embedding[self.last_token[rows]] + w.audio_positions[self.audio_pos[rows].clamp(max=POSITION_TABLE_LEN - 1)]
+        slot_ids = self._slot_ids[rows]
+        for index, layer in enumerate(w.layers):
+            cache = self.kv_cache[index]  # (slots, max_len, 2d)
+            qkv = torch.addmm(layer.qkv_bias, x, layer.qkv_weight.t())  # (B, 3d)
+            cache.index_put_((slot_ids, write_pos), qkv[:, d:])
+            attention = torch.empty(batch, d, dtype=w.dtype, device=self.device)
+            _attention_kernel[(batch, heads)](
+                qkv[:, :d].contiguous(), cache, valid, attention, cache.stride(0), cache.stride(1),
+                1.0 / math.sqrt(config.head_dim),
+                D_MODEL=d, HEAD_DIM=config.head_dim, HEAD_PAD=triton.next_power_of_2(config.head_dim),
+                BLOCK_L=self.attention_block, MAX_LEN=self.max_len, num_warps=self.num_warps,
+            )
+            x = F.layer_norm(
+                x + torch.addmm(layer.out_bias, attention, layer.out_weight.t()), (d,), layer.norm1_weight,
+                layer.norm1_bias, LAYER_NORM_EPS,
+            )
+            hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
+            x = F.layer_norm(
+                x + torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()), (d,), layer.norm2_weight,
+                layer.norm2_bias, LAYER_NORM_EPS,
+            )
+        self._record(batch, (x @ w.predict_weight.t()).float(), greedy)  # (B, V) logits
+
+    def _record(self, batch: int, logits: torch.Tensor, greedy: bool) -> None:
+        """Choose and record each row's token: the one-kernel greedy path, else the torch sampler."""
+        if greedy:
+            vocab = self.config.vocab_size
+            _greedy_record_kernel[(batch,)](
+                logits, self.seen, self.sampling.repetition_penalty, self.sampling.eos_from_step, self.step,
+                self.early_stop, self.max_steps, self.done, self.stop_step, self.stop_by_eos, self.tokens,
+                self.last_token, self.cache_len, self.audio_pos,
+                TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab), EOS=self.config.eos_id,
+            )
+        else:
+            rows = slice(0, batch)
+            self._choose_and_record(rows, logits, greedy)
+            self.cache_len[rows].add_(1)
+            self.audio_pos[rows].add_(1)
+
+    @torch.no_grad()
     def decode_step(self, batch: int, cache_bucket: int, greedy: bool) -> None:
         """The fused step: attention reads each row's valid keys, so ``cache_bucket`` is not used."""
         if batch > self.fused_max_batch:
-            super().decode_step(batch, cache_bucket, greedy)
+            self._wide_step(batch, greedy)
             return
         w, config = self.weights, self.config
         d, heads = config.hidden_dim, config.num_heads
@@ -278,15 +330,4 @@ class TritonT2SEngine(T2SEngine):
             source, norm = self._sum2, (layer.norm2_weight, layer.norm2_bias)
         logits = self._logits[rows]
         self._linear(batch, source, w.predict_weight, logits, norm=norm)
-        if greedy:
-            vocab = config.vocab_size
-            _greedy_record_kernel[(batch,)](
-                logits, self.seen, self.sampling.repetition_penalty, self.sampling.eos_from_step, self.step,
-                self.early_stop, self.max_steps, self.done, self.stop_step, self.stop_by_eos, self.tokens,
-                self.last_token, self.cache_len, self.audio_pos,
-                TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab), EOS=config.eos_id,
-            )
-        else:
-            self._choose_and_record(rows, logits, greedy)
-            self.cache_len[rows].add_(1)
-            self.audio_pos[rows].add_(1)
+        self._record(batch, logits, greedy)

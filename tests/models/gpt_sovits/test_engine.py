@@ -297,7 +297,8 @@ def test_cuda_graph_sampling_is_reproducible_and_matches_eager_steps():
 @pytest.mark.gpu
 @needs_cuda
 @needs_fixtures
-def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_model):
+@pytest.mark.parametrize("fused_max_batch", [2, 1])  # 1: two rows take the cuBLAS + attention-kernel step
+def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, fused_max_batch):
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_triton import (
         TritonT2SEngine,  # Triton is a GPU-machine-only package
@@ -305,7 +306,8 @@ def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_mode
 
     config, state_dict, cases = fixture_model
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
-    engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5)
+    engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
+                             fused_max_batch=fused_max_batch)
     engine.capture_graphs()
     cases_by_name = fixture_requests(cases)
     results = engine.generate([request for request, _, _ in cases_by_name.values()])
