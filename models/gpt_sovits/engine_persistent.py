@@ -410,14 +410,19 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.asm_barrier = asm_barrier
         self.chunks = programs // heads - 2
         self.step_block = attention_block
-        # One stacked tensor per parameter kind, (layers, ...); the per-layer fields become views of
-        # them, so the parent's paths read the same memory and nothing is held twice.
+        # One stacked tensor per parameter kind, (layers, ...); each per-layer field becomes a view
+        # of it as soon as it is copied, so the parent's paths read the same memory and a layer's
+        # own tensor is freed at once (the peak holds one kind twice, not the whole model).
         names = ("qkv_weight", "qkv_bias", "out_weight", "out_bias", "ffn1_weight", "ffn1_bias", "ffn2_weight",
                  "ffn2_bias", "norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias")
-        self.stacked = {name: torch.stack([getattr(layer, name) for layer in weights.layers]) for name in names}
-        for index, layer in enumerate(weights.layers):
-            for name in names:
-                setattr(layer, name, self.stacked[name][index])
+        self.stacked = {}
+        for name in names:
+            first = getattr(weights.layers[0], name)
+            stacked = torch.empty((len(weights.layers), *first.shape), dtype=first.dtype, device=first.device)
+            for index, layer in enumerate(weights.layers):
+                stacked[index].copy_(getattr(layer, name))
+                setattr(layer, name, stacked[index])
+            self.stacked[name] = stacked
         d, ffn = config.hidden_dim, config.ffn_dim
 
         def scratch(*shape: int) -> torch.Tensor:
