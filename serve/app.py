@@ -7,8 +7,10 @@ This module wires the routes together; each lives in its own module: POST /v1/au
 serve/speech.py (the speech service), GET/POST /v1/voices and GET /v1/models in serve/voices.py,
 GET /healthz, /readyz and /metrics in serve/health.py, and FastAPI's /openapi.json and /docs.
 /v1/* take the bearer token ``serve.api_key`` when one is set; health, readiness and metrics
-never do. Every request body is capped and timed (serve/client_limits.py), outside Starlette's own
-middleware so that a refusal never reaches a route and a response can drop its connection.
+never do. Every request head is capped and timed by the connection's protocol (serve/http_protocol.py,
+through ``uvicorn_options``), every request body by serve/client_limits.py, outside Starlette's own
+middleware so that a refusal never reaches a route and a response can drop its connection; outside
+both, serve/error_boundary.py logs an unexpected error once.
 
 Lifecycle: the model is loaded before the app starts, and the family's scheduling strategy is
 chosen from its capabilities (serve/batching.py: an autoregressive family is refused here). The
@@ -20,6 +22,7 @@ the batcher still holds and stops the model thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import logging
 import time
@@ -31,12 +34,20 @@ from fastapi import Depends, FastAPI
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp
 
-from serve.batching import DynamicBatcher, SchedulerUnavailableError, SentenceJob, synthesize_jobs
+from models.interface import StreamingTokenStepDecoder
+from serve.batching import (
+    DynamicBatcher,
+    SchedulerUnavailableError,
+    SentenceJob,
+    synthesize_jobs,
+)
 from serve.client_limits import MULTIPART_FRAMING_BYTES, BodyCap, ClientLimitsMiddleware
 from serve.context import ServeContext
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
+from serve.error_boundary import ErrorBoundaryMiddleware
 from serve.errors import ApiError, install_error_handlers
 from serve.health import health_router
+from serve.http_protocol import REFUSAL_COUNTER_STATE_KEY, BoundedHeadProtocol
 from serve.metrics import RequestMetricsMiddleware
 from serve.settings import ServeSettings
 from serve.speaker_cache import make_speaker_cache
@@ -61,11 +72,13 @@ class SpeechServerApp(FastAPI):
 
 
 def uvicorn_options(settings: ServeSettings) -> dict:
-    """What uvicorn itself bounds before a request reaches the app (conf/serve/default.yaml says what it cannot)."""
+    """What the server bounds before a request reaches the app: idle keep-alive connections and open
+    connections (uvicorn's own settings), each request head's time and size (serve/http_protocol.py)."""
+    protocol = functools.partial(BoundedHeadProtocol, header_read_timeout_s=settings.header_read_timeout_s,
+                                 max_header_bytes=settings.max_header_bytes)
     return dict(host=settings.host, port=settings.port, log_level="info", access_log=settings.access_log,
-                timeout_graceful_shutdown=int(settings.shutdown_grace_s),
-                timeout_keep_alive=settings.keep_alive_timeout_s, limit_concurrency=settings.max_connections,
-                h11_max_incomplete_event_size=settings.max_header_bytes)
+                timeout_graceful_shutdown=int(settings.shutdown_grace_s), http=protocol,
+                timeout_keep_alive=settings.keep_alive_timeout_s, limit_concurrency=settings.max_connections)
 
 
 def _step_decoder_of(served: ServedModel):
@@ -93,7 +106,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     context = ServeContext(settings, served)
     state, metrics = context.state, context.metrics
     use_decoder_chunks = settings.streaming == "decoder_chunks" and served.decoder_streaming
-    if settings.streaming == "decoder_chunks" and not served.decoder_streaming:
+    streams_tokens = served.capabilities.streaming_unit == "tokens"  # chunks come from the step decoder
+    if settings.streaming == "decoder_chunks" and not served.decoder_streaming and not streams_tokens:
         log.warning("serve.streaming=decoder_chunks needs a family that streams decoder frames on an engine that "
                     "offers them; %s (family %s) runs %s: streaming by sentence",
                     served.model_id, served.family.name, served.engine)
@@ -132,8 +146,15 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     async def lifespan(_: FastAPI):
         state.executor = ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model")
         if step_decoder is not None:
-            state.batcher = TokenStepScheduler(step_decoder(settings.max_batch_size), executor=state.executor,
-                                               on_step=metrics.batch_size.observe)
+            decoder = step_decoder(settings.max_batch_size)
+            stream_chunks = (settings.streaming == "decoder_chunks" and streams_tokens
+                             and isinstance(decoder, StreamingTokenStepDecoder))
+            if settings.streaming == "decoder_chunks" and not stream_chunks:
+                log.warning("serve.streaming=decoder_chunks: the step decoder of %s (family %s) hands out no "
+                            "chunks (models.interface.StreamingTokenStepDecoder): streaming by sentence",
+                            served.model_id, served.family.name)
+            state.batcher = TokenStepScheduler(decoder, executor=state.executor, on_step=metrics.batch_size.observe,
+                                               stream_chunks=stream_chunks)
         else:
             state.batcher = DynamicBatcher(run_batch, max_batch_size=settings.max_batch_size,
                                            max_wait_ms=settings.max_wait_ms, length_buckets=settings.length_buckets,
@@ -149,7 +170,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
         if warm_up_before_serving:
             await warm_up_task
         try:
-            yield
+            # Lifespan state reaches every connection's protocol: its refusals (header deadline and size) count here.
+            yield {REFUSAL_COUNTER_STATE_KEY: lambda reason: metrics.rejected.labels(reason).inc()}
         finally:
             state.shutting_down = True
             deadline_s = time.monotonic() + settings.shutdown_grace_s
@@ -181,11 +203,11 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
                            "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
 
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    app.outer_middleware = lambda inner: ClientLimitsMiddleware(
+    app.outer_middleware = lambda inner: ErrorBoundaryMiddleware(ClientLimitsMiddleware(
         inner, route_body_caps={UPLOAD_ROUTE: BodyCap(settings.max_upload_bytes + MULTIPART_FRAMING_BYTES,
                                                       "upload_too_large")},
         default_body_cap=BodyCap(settings.max_body_bytes), body_read_timeout_s=settings.body_read_timeout_s,
-        on_refusal=lambda code: metrics.rejected.labels(code).inc())
+        on_refusal=lambda code: metrics.rejected.labels(code).inc()))
     authorized = [Depends(require_api_key)]
     app.include_router(speech_router(context), dependencies=authorized)
     app.include_router(voices_router(context), dependencies=authorized)

@@ -43,16 +43,16 @@ import bisect
 import dataclasses
 import itertools
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from models.interface import Capabilities, SynthesisRequest, TTSModel, VoiceCondition
+from models.interface import SynthesisRequest, TTSModel, VoiceCondition
 from models.sampling import Sampling
 
 
@@ -222,8 +222,9 @@ class DynamicBatcher:
 
     @property
     def pending(self) -> int:
-        """Sentences waiting for a batch (not counting the batch running now)."""
-        return sum(len(group) for group in self._groups.values())
+        """Sentences waiting for a batch (not counting the batch running now), without those of requests that
+        gave up: they stay in their group until the next batch is formed, which may be a batch's time away."""
+        return sum(not waiting.future.done() for group in self._groups.values() for waiting in group)
 
     async def start(self) -> None:
         if self._task is None:
@@ -329,7 +330,7 @@ class DynamicBatcher:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), wait_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             if self._on_batch is not None:

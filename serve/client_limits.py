@@ -21,14 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from serve.errors import ApiError, error_response
 
 log = logging.getLogger(__name__)
 
 CONNECTION_SCOPE_KEY = "tts.connection"
+# The status of this middleware's refusal, set before the route's own answer (which it drops) is sent:
+# what the request is counted under (serve/metrics.py), since the client never sees the route's answer.
+REFUSED_STATUS_SCOPE_KEY = "tts.refused_status"
 MULTIPART_FRAMING_BYTES = 64_000  # an upload's multipart boundaries and headers, on top of the file's own bytes
 
 
@@ -47,6 +50,11 @@ class ClientConnection:
         cycle = getattr(server_send, "__self__", None)  # uvicorn's request cycle owns ``send`` and the transport
         self._cycle = cycle if hasattr(cycle, "transport") else None
         self.cut = False
+
+    @property
+    def response_started(self) -> bool | None:
+        """Whether the response's first message went out; None when the server is not reachable."""
+        return None if self._cycle is None else bool(self._cycle.response_started)
 
     async def cut_off(self) -> None:
         """Drop the connection now, with whatever the kernel still holds for it: the client sees its
@@ -128,10 +136,11 @@ class ClientLimitsMiddleware:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(deadline_s - time.monotonic(), 0.0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 failure = ApiError(408, f"the request body was not complete within serve.body_read_timeout_s="
                                         f"{self.body_read_timeout_s:g} s ({received_bytes} bytes arrived)",
                                    "request_timeout", headers={"Connection": "close"})
+                scope[REFUSED_STATUS_SCOPE_KEY] = failure.status_code
                 raise _BodyReadAborted(failure.message) from None
             if message["type"] != "http.request":
                 body_done = True
@@ -140,6 +149,7 @@ class ClientLimitsMiddleware:
             if received_bytes > cap.max_bytes:
                 failure = ApiError(413, f"the request body passed {cap.max_bytes} bytes, the limit for {scope['path']}",
                                    cap.code, headers={"Connection": "close"})
+                scope[REFUSED_STATUS_SCOPE_KEY] = failure.status_code
                 raise _BodyReadAborted(failure.message)
             body_done = not message.get("more_body", False)
             return message

@@ -145,9 +145,12 @@ def load_served_model(settings: ServeSettings) -> ServedModel:
         return load_variant(family, settings.source, settings.voice, settings.threads, settings.device, settings)
     manifest_path = Path(settings.manifest_path)
     if not manifest_path.exists():
-        note = f"no champion manifest at {manifest_path}: serving {settings.fallback_variant}"
+        # A family that ships no graph of its own (no reference runtime) falls back to its teacher.
+        fallback = ("teacher" if settings.fallback_variant == "original_onnx" and family.reference is None
+                    else settings.fallback_variant)
+        note = f"no champion manifest at {manifest_path}: serving {fallback}"
         log.warning(note)
-        served = load_variant(family, settings.fallback_variant, settings.voice, settings.threads, settings.device)
+        served = load_variant(family, fallback, settings.voice, settings.threads, settings.device)
         return dataclasses.replace(served, note=note)
     return load_deployed(manifest_path, settings.threads)
 

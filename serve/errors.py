@@ -6,14 +6,10 @@ unknown route), leaves through here, so clients parse one shape. Validation erro
 """
 from __future__ import annotations
 
-import logging
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -90,5 +86,5 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception):
-        log.exception("unhandled error")
+        # Starlette raises ``exc`` again after this answer; serve/error_boundary.py logs it, once.
         return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "internal_error", "server_error"))

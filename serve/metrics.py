@@ -8,6 +8,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from serve.client_limits import REFUSED_STATUS_SCOPE_KEY
+
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -32,10 +34,11 @@ class ServeMetrics:
         self.batch_size = Histogram("tts_batch_size", "Sentences per batch run", buckets=(1, 2, 4, 8, 16, 32, 64),
                                     registry=self.registry)
         self.rejected = Counter("tts_rejected_requests", "Requests refused, by reason (queue_full, too_many_requests, "
-                                "request_timeout, body_too_large, first_audio_timeout, ...)", ["reason"],
+                                "header_timeout, headers_too_large, request_timeout, body_too_large, "
+                                "first_audio_timeout, synthesis_failed, ...)", ["reason"],
                                 registry=self.registry)
         self.disconnects = Counter("tts_disconnected_responses", "Responses the server cut short, by reason "
-                                   "(slow_reader, total_timeout)", ["reason"], registry=self.registry)
+                                   "(slow_reader, total_timeout, synthesis_failed)", ["reason"], registry=self.registry)
         self.device_memory = Gauge("tts_device_memory_reserved_bytes",
                                    "GPU memory this process's allocator holds, CUDA graph pools included",
                                    registry=self.registry)
@@ -64,7 +67,8 @@ class RequestMetricsMiddleware:
             if message["type"] == "http.response.start":
                 route = scope.get("route")  # set by the router on this same scope before the endpoint runs
                 route_path = route.path if route is not None else "unmatched"
-                self.metrics.requests.labels(route_path, scope["method"], str(message["status"])).inc()
+                status = scope.get(REFUSED_STATUS_SCOPE_KEY, message["status"])  # what the client got
+                self.metrics.requests.labels(route_path, scope["method"], str(status)).inc()
                 self.metrics.request_latency_s.labels(route_path).observe(time.perf_counter() - started_s)
             await send(message)
 

@@ -56,11 +56,12 @@ class ServeSettings:
     first_audio_timeout_s: float = 30.0  # no audio by then: 504 first_audio_timeout
     total_timeout_s: float = 120.0  # all audio made by then, else the stream is cut
     slow_client_grace_s: float = 10.0  # how far behind real time a client may read before it is disconnected
+    header_read_timeout_s: float = 10.0  # a request's head (line and headers) by then, else 408 (serve/http_protocol.py)
     body_read_timeout_s: float = 30.0  # the whole request body by then, else 408
     max_body_bytes: int = 1_000_000  # request bodies but uploads (max_upload_bytes + multipart framing)
     keep_alive_timeout_s: float = 5.0  # uvicorn's timeout_keep_alive: idle time between requests on one connection
     max_connections: int = 1024  # uvicorn's limit_concurrency: open connections (and tasks) past which it answers 503
-    max_header_bytes: int = 16_384  # uvicorn's h11_max_incomplete_event_size (its h11 parser only)
+    max_header_bytes: int = 16_384  # a request's head at most this, else 431 (serve/http_protocol.py)
     # Streaming
     streaming: str = "sentence"
     decoder_chunk_frames: int = 32
@@ -93,7 +94,7 @@ class ServeSettings:
         return json.dumps(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "ServeSettings":
+    def from_json(cls, text: str) -> ServeSettings:
         fields = json.loads(text)
         return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in fields.items()})
 
@@ -146,6 +147,7 @@ class ServeSettings:
             if getattr(self, key) < 0:
                 fail(key, "must be >= 0")
         for key in ("first_audio_timeout_s", "total_timeout_s", "slow_client_grace_s", "body_read_timeout_s",
+                    "header_read_timeout_s",
                     "keep_alive_timeout_s", "max_upload_s", "min_upload_s", "speaker_cache_ttl_s", "shutdown_grace_s"):
             if getattr(self, key) <= 0:
                 fail(key, "must be > 0")

@@ -4,7 +4,9 @@
 
 Text is split into sentences (serve/text_split.py), each sentence goes through the model's own
 frontend, and the sentences run on the batcher (serve/batching.py) or, for families that stream
-by decoder frames on an engine that offers it, as decoder windows (serve/streaming.py). What a
+by decoder frames on an engine that offers it, as decoder windows (serve/streaming.py); with
+``serve.streaming=decoder_chunks``, an autoregressive family whose step decoder streams sends
+each sentence in token chunks while it decodes (serve/token_scheduler.py). What a
 request may set besides the text follows the served family's capabilities: its sampling options
 (``family.sampling_type.option_names()``), a style prompt or emotion (``prompt_style``) and an
 uploaded reference voice (``zero_shot``); anything else answers 400 naming the family.
@@ -17,7 +19,10 @@ and a client that falls more than ``serve.slow_client_grace_s`` behind real time
 (serve/streaming.py). The queue holds at most one request's audio (``max_input_chars`` of text).
 Deadlines, from the request's arrival: the first audio within ``serve.first_audio_timeout_s``
 (else 504 ``first_audio_timeout``), all of it within ``serve.total_timeout_s`` (else the stream
-ends without its final chunk). Each of these logs one line, never a traceback.
+ends without its final chunk; flac, sent whole, answers 504 ``total_timeout``). Each of these logs
+one line, never a traceback. A model error answers 500 ``synthesis_failed`` before the first
+audio is sent, and ends the stream without its final chunk after; it is logged once, with its
+traceback.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import re
 import secrets
 import threading
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -46,8 +51,14 @@ from serve.engines import ServedModel
 from serve.errors import ApiError
 from serve.schemas import JsonBodyRoute, SpeechRequest
 from serve.settings import ServeSettings
-from serve.streaming import PacedAudioResponse, decoder_chunks, iterate_blocking, sse_stream
+from serve.streaming import (
+    PacedAudioResponse,
+    decoder_chunks,
+    iterate_blocking,
+    sse_stream,
+)
 from serve.text_split import split_text
+from serve.token_scheduler import TokenStepScheduler
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +147,17 @@ def speech_router(context: ServeContext) -> APIRouter:
             raise ApiError(404, f"model {model!r} is not served here; use one of {list(context.model_ids)}",
                            "model_not_found", param="model")
 
+    # A family that names its speakers takes a name, or a row number, as the voice (speaker_row).
+    speakers = family.speaker_names(served.model) if family.speaker_names is not None else ()
+
+    def speaker_row(voice: str) -> int | None:
+        """The speaker table row ``voice`` names (a name first, then a row number); None: not a speaker."""
+        if voice in speakers:
+            return speakers.index(voice)
+        return int(voice) if voice.isdigit() and int(voice) < len(speakers) else None
+
     def check_voice(voice: str) -> None:
-        if voice in context.builtin_voices:
+        if voice in context.builtin_voices or speaker_row(voice) is not None:
             return
         if voice in state.uploaded_voices:
             if not capabilities.zero_shot:
@@ -151,8 +171,10 @@ def speech_router(context: ServeContext) -> APIRouter:
         if looks_like_path(voice):
             raise ApiError(400, "voice must be a voice id from GET /v1/voices, not a path: this server never "
                                 "opens client-given files", "path_not_allowed", param="voice")
+        speaker_hint = (f", a speaker name (e.g. {list(speakers[:3])}) or a row below {len(speakers)}"
+                        if speakers else "")
         raise ApiError(400, f"unknown voice {voice!r}; GET /v1/voices lists them: {list(context.builtin_voices)} "
-                            "and uploads", "unknown_voice", param="voice")
+                            f"and uploads{speaker_hint}", "unknown_voice", param="voice")
 
     def request_sampling(body: SpeechRequest) -> Sampling:
         """The family's sampling at the request's pace and options (seed set per sentence later)."""
@@ -174,6 +196,10 @@ def speech_router(context: ServeContext) -> APIRouter:
             raise ApiError(400, "instructions is OpenAI's name for prompt: give one of them, not both",
                            "conflicting_parameters", param="instructions")
         prompt = body.prompt if body.prompt is not None else body.instructions
+        if not capabilities.knows_emotion(body.emotion):
+            raise ApiError(400, f"family {family.name} knows no emotion {body.emotion!r}: use one of "
+                                f"{list(capabilities.emotions)}, or describe the style in prompt",
+                           "unsupported_emotion", param="emotion")
         reference = state.reference_clips.get(voice) if voice in state.uploaded_voices else None
         condition = VoiceCondition(reference=reference, prompt=prompt, emotion=body.emotion)
         if not condition.given():
@@ -190,7 +216,8 @@ def speech_router(context: ServeContext) -> APIRouter:
         return sequences
 
     async def audio_chunks(jobs: list[SentenceJob]) -> AsyncIterator[np.ndarray]:
-        """Waveform pieces (T,) float32 in order: decoder windows, or whole sentences from the batcher."""
+        """Waveform pieces (T,) float32 in order: decoder windows, token chunks of sentences still decoding
+        (a token-step scheduler that streams), or whole sentences from the batcher."""
         if use_decoder_chunks:
             for job in jobs:
                 chunks = decoder_chunks(served.model, job, served.noise_channels, settings.decoder_chunk_frames,
@@ -199,6 +226,16 @@ def speech_router(context: ServeContext) -> APIRouter:
                     yield chunk
             return
         request_turn = object()  # this request's sentences take one turn among the requests waiting
+        if isinstance(state.batcher, TokenStepScheduler) and state.batcher.streams_chunks:
+            streams = [state.batcher.submit_stream(job, request=request_turn) for job in jobs]
+            try:
+                for stream in streams:
+                    async for chunk in stream:
+                        yield chunk
+            finally:
+                for stream in streams:
+                    stream.cancel()
+            return
         futures = [state.batcher.submit(job, request=request_turn) for job in jobs]
         try:
             for future in futures:
@@ -219,7 +256,7 @@ def speech_router(context: ServeContext) -> APIRouter:
                     yield await asyncio.wait_for(anext(chunks), max(deadline_s - time.monotonic(), 0.0))
                 except StopAsyncIteration:
                     return
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if waiting_for_first:
                         raise SynthesisTimeout("no audio within serve.first_audio_timeout_s="
                                                f"{settings.first_audio_timeout_s:g} s") from None
@@ -228,6 +265,15 @@ def speech_router(context: ServeContext) -> APIRouter:
                 waiting_for_first = False
         finally:
             await chunks.aclose()
+
+    def synthesis_failed(error: Exception, started_s: float) -> ApiError:
+        """A 500 for a request whose model call raised before any audio was sent, logged once with its
+        traceback (the model's fault, not the client's; the client gets the error type, not its text)."""
+        metrics.rejected.labels("synthesis_failed").inc()
+        log.error("500 synthesis_failed after %.1f s: %s: %s", time.perf_counter() - started_s, type(error).__name__,
+                  error, exc_info=error)
+        return ApiError(500, f"synthesis failed ({type(error).__name__}); the server log has the details",
+                        "synthesis_failed", "server_error")
 
     admitted_by_client: dict[str, int] = {}
 
@@ -294,7 +340,8 @@ def speech_router(context: ServeContext) -> APIRouter:
                                param="input") from error
             seed = body.seed if body.seed is not None else settings.default_seed
             seed = secrets.randbelow(2**31) if seed is None else seed
-            jobs = [SentenceJob(ids, dataclasses.replace(sampling, seed=seed + index), voice=condition,
+            speaker = speaker_row(voice)
+            jobs = [SentenceJob(ids, dataclasses.replace(sampling, seed=seed + index), speaker, voice=condition,
                                 voice_key=voice_key) for index, ids in enumerate(sentences)]
             chunks = with_deadlines(audio_chunks(jobs), arrived_s)
             try:
@@ -306,6 +353,8 @@ def speech_router(context: ServeContext) -> APIRouter:
             except BatcherClosedError:  # shutdown began while this request was phonemized
                 raise context.refuse("shutting_down",
                                      "the server is shutting down; retry on another instance") from None
+            except Exception as error:  # the model failed on this request's first sentence
+                raise synthesis_failed(error, started_s) from None
             metrics.time_to_first_audio_s.observe(time.perf_counter() - started_s)
         except BaseException:
             release()
@@ -352,8 +401,10 @@ def speech_router(context: ServeContext) -> APIRouter:
                 waveform = np.concatenate([chunk async for chunk in waveforms()])
             except SynthesisTimeout as error:
                 metrics.rejected.labels("total_timeout").inc()
-                log.info("504 total_timeout: %s", error)
+                log.warning("504 total_timeout: %s", error)
                 raise ApiError(504, str(error), "total_timeout", "server_error") from None
+            except Exception as error:
+                raise synthesis_failed(error, started_s) from None
             encoded = encode_file(waveform, sample_rate_hz, "flac")
 
             async def whole_file() -> AsyncIterator[bytes]:
@@ -378,6 +429,11 @@ def speech_router(context: ServeContext) -> APIRouter:
             except SynthesisTimeout as error:
                 metrics.disconnects.labels("total_timeout").inc()
                 log.warning("speech stream cut after %.1f s: %s", time.perf_counter() - started_s, error)
+                await connection.cut_off()
+            except Exception as error:  # the model failed on a later sentence: the stream ends without its end
+                metrics.disconnects.labels("synthesis_failed").inc()
+                log.error("speech stream cut after %.1f s: synthesis failed: %s: %s", time.perf_counter() - started_s,
+                          type(error).__name__, error, exc_info=error)
                 await connection.cut_off()
 
         content, media_type, bytes_per_audio_s = audio_bytes(), MEDIA_TYPES[body.response_format], 2 * sample_rate_hz

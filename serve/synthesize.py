@@ -36,13 +36,14 @@ from pathlib import Path
 import soundfile
 import torch
 
+from core.paths import DEFAULT_CACHE_DIR
 from models.family import Family
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError
 from models.registry import FAMILIES, get_family
 from models.sampling import Sampling
+from models.text.sanitize import UnsafeTextError, speakable_text
 from serve.engines import load_deployed, load_variant
 from serve.settings import SERVABLE_VARIANTS
-from core.paths import DEFAULT_CACHE_DIR
 
 ENGINES = ("torch", "onnxruntime")
 ENGINE_VARIANTS = {"torch": "teacher", "onnxruntime": "original_onnx"}  # --engine is shorthand for these
@@ -50,12 +51,20 @@ SAMPLING_FLAGS = ("noise_scale", "noise_scale_w")  # flags that are options of a
 
 
 def read_lines(text_file: Path) -> list[tuple[int, str]]:
-    """(1-based line number in the file, text) for every non-empty line."""
+    """(1-based line number in the file, text) for every non-empty line, each under the server's text rule
+    (models/text/sanitize.py: NFKC, whitespace runs to one space); a control or format character in a
+    line (a NUL would cut the line short in espeak-ng) fails the run, naming the line and position."""
     text_file = Path(text_file)
     if not text_file.is_file():
         raise FileNotFoundError(f"text file {text_file} not found: give a UTF-8 file with one utterance per line")
-    numbered = [(number, line.strip()) for number, line in
-                enumerate(text_file.read_text(encoding="utf-8").splitlines(), start=1) if line.strip()]
+    numbered = []
+    for number, line in enumerate(text_file.read_text(encoding="utf-8-sig").splitlines(), start=1):  # a BOM is no text
+        try:
+            text = speakable_text(line)
+        except UnsafeTextError as error:
+            raise ValueError(f"{text_file} line {number}: {error}") from error
+        if text:
+            numbered.append((number, text))
     if not numbered:
         raise ValueError(f"text file {text_file} has no non-empty line: write one utterance per line")
     return numbered
