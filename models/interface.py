@@ -12,8 +12,8 @@ model refuses conditioning its capabilities do not list with a ValueError rather
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -70,6 +70,7 @@ class Capabilities:
     zero_shot: bool = False  # a reference clip conditions the voice (VoiceCondition.reference)
     zero_shot_needs_transcript: bool = False
     prompt_style: bool = False  # a text style / emotion prompt (VoiceCondition.prompt / emotion)
+    emotions: tuple[str, ...] = ()  # the named emotions a prompt_style family knows; () takes any name
     autoregressive: bool = False  # tokens are decoded one step at a time (a token-step scheduler)
     streaming_unit: str = "sentence"  # the smallest piece of audio it can hand out early
     durations: bool = True  # its results carry frames per phoneme id
@@ -94,6 +95,12 @@ class Capabilities:
         refused = sorted(set(condition.given() if condition else ()) - set(self.accepted_conditions()))
         if refused:
             raise ValueError(f"family {family} takes no {refused}; it accepts {list(self.accepted_conditions())}")
+        if condition is not None and not self.knows_emotion(condition.emotion):
+            raise ValueError(f"family {family} knows no emotion {condition.emotion!r}; use one of {list(self.emotions)}")
+
+    def knows_emotion(self, emotion: str | None) -> bool:
+        """Whether ``emotion`` (None: none asked for) is one this family can speak with."""
+        return emotion is None or not self.emotions or emotion in self.emotions
 
 
 @dataclass
@@ -106,7 +113,7 @@ class SynthesisRequest:
     voice: VoiceCondition | None = None
 
     @classmethod
-    def from_utterances(cls, utterances: list[Utterance], **kwargs) -> "SynthesisRequest":
+    def from_utterances(cls, utterances: list[Utterance], **kwargs) -> SynthesisRequest:
         if not utterances:
             raise ValueError("SynthesisRequest needs at least one utterance, got none")
         lengths = torch.tensor([len(u.phoneme_ids) for u in utterances], dtype=torch.long)
@@ -175,4 +182,16 @@ class TokenStepDecoder(Protocol):
 
     def cancel(self, key: Hashable) -> None:
         """Drop row ``key`` (its client left); a key not decoding is ignored."""
+        ...
+
+
+@runtime_checkable
+class StreamingTokenStepDecoder(TokenStepDecoder, Protocol):
+    """A ``TokenStepDecoder`` whose rows hand out audio while they decode (``capabilities.streaming_unit``
+    ``tokens``): driven by ``step_chunks`` instead of ``step``, never both."""
+
+    def step_chunks(self) -> list[tuple[Hashable, torch.Tensor, bool]]:
+        """One token step for every active row; the audio chunks made with it: (key, waveform (T,), last),
+        in order within a row. A row's chunks joined are its sentence's audio; its last one (last=True)
+        comes with the step it finishes at."""
         ...

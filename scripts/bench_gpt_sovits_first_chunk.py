@@ -1,86 +1,156 @@
-"""Time the SoVITS half of GPT-SoVITS v2's first audio chunk: the first 25 semantic tokens (1 s of
-audio) and a 20-phone sentence through the synthesizer, the voice's reference embedding cached (as
-the server caches a prompt). Added to the text-to-semantic engine's time to its first 25 tokens
-(scripts/bench_gpt_sovits_t2s.py), it bounds the time to first audio of a chunked stream.
+"""Time from a GPT-SoVITS v2 speech request to its first streamed audio chunk, end to end on the path the
+server runs (serve/token_scheduler.py driving the voice's step decoder with ``step_chunks``): the text's
+phones, the join (the prompt's prefill into the static-cache engine), the token steps up to
+``--first-chunk-tokens`` tokens, and SoVITS on the first chunk's window (models/gpt_sovits/streaming.py).
+The voice's prompt is cached before timing (as the server caches an uploaded voice's).
 
     PYTHONPATH=. python scripts/bench_gpt_sovits_first_chunk.py --device cuda --out $OUT/first_chunk.json
+    PYTHONPATH=. python scripts/bench_gpt_sovits_first_chunk.py --device cpu --repeats 2 \\
+        --out docs/results/cpu_8_gpt_sovits_first_chunk.json
 
-Full-size random weights from the official manifest (models/gpt_sovits/data/): speed and memory are
-real, the audio is not speech. Light on purpose: torch and numpy only.
+Full-size random weights from the official manifests (models/gpt_sovits/data/): speed and memory are
+real, the audio is not speech. Also measured: the streamed audio against one decode of the same
+tokens (``seam``: SNR and the largest error near chunk seams and elsewhere). The JSON is rewritten
+after each section, so a run cut short keeps what it measured. Light on purpose: torch, numpy and
+transformers only (no Hydra, no MLflow), so it runs on a bare GPU machine.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.revision import git_revision
-from models.gpt_sovits.sovits_checkpoint import sovits_from_manifest
+from models.gpt_sovits.capabilities import GptSovitsSampling
+from models.gpt_sovits.streaming import ChunkSettings, seam_error
+from models.gpt_sovits.voice_files import GptSovitsFiles, load_voice
+from models.interface import SynthesisRequest
 
-MANIFEST = Path(__file__).resolve().parents[1] / "models" / "gpt_sovits" / "data" / "manifest_official_sovits.json"
+SENTENCE = "Where is my lantern?"  # 20 characters: a short first sentence of a request
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _timed_ms(run, device: str, repeats: int) -> float:
-    for _ in range(3):
-        run()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(1000 * (time.perf_counter() - start))
-    return statistics.median(times)
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def first_chunk_once(voice, decoder, sampling: GptSovitsSampling, key: int, device: str) -> dict:
+    """One request: its timings (ms) to the first chunk; the rest of the sentence is then decoded untimed."""
+    _sync(device)
+    started_s = time.perf_counter()
+    utterances = voice.text_to_utterances(SENTENCE)
+    phonemized_s = time.perf_counter()
+    decoder.join(key, SynthesisRequest.from_utterances(utterances[:1], sampling=sampling))
+    _sync(device)
+    joined_s = time.perf_counter()
+    steps = 0
+    while True:
+        step_started_s = time.perf_counter()
+        made = decoder.step_chunks()
+        steps += 1
+        if made:
+            chunk = made[0][1].float().cpu()  # what the scheduler hands the response (a host copy)
+            done_s = time.perf_counter()
+            break
+    while decoder.active:  # finish the sentence, untimed, so the next request gets the engine's slot
+        decoder.step_chunks()
+    return {"total_ms": 1000 * (done_s - started_s), "phonemize_ms": 1000 * (phonemized_s - started_s),
+            "join_prefill_ms": 1000 * (joined_s - phonemized_s),
+            "steps_before_chunk_ms": 1000 * (step_started_s - joined_s),
+            "chunk_step_and_sovits_ms": 1000 * (done_s - step_started_s), "steps": steps,
+            "chunk_samples": int(chunk.numel()), "chunk_was_last": bool(made[0][2])}
+
+
+def measure_seams(voice, settings: ChunkSettings, sampling: GptSovitsSampling, token_count: int) -> dict:
+    """The streamed audio of ``token_count`` random tokens against one decode of them."""
+    utterance = voice.text_to_utterances(SENTENCE)[0]
+    prompt = voice.prompt_of(voice.default_reference)
+    tokens = torch.randint(0, voice.sovits.config.codebook_size, (token_count,),
+                           generator=torch.Generator().manual_seed(1))
+    stream = voice.audio_stream(utterance.phoneme_ids, prompt, sampling, settings)
+    chunks = []
+    for count in range(1, token_count + 1):
+        chunks += stream.push(tokens[:count])
+    chunks.append(stream.finish(tokens))
+    whole = voice.tokens_to_audio(tokens, utterance.phoneme_ids, prompt, sampling).float().clamp(-1, 1)
+    return {"tokens": token_count, "peak": float(whole.abs().max()),
+            **seam_error(chunks, whole, seam_radius_samples=voice.hop_length).as_dict()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
-    parser.add_argument("--tokens", type=int, default=25)  # 25 tokens = 1 s of audio at 25 Hz
-    parser.add_argument("--phones", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=tuple(DTYPES),
+                        help="the voice's weights (T2S engine and SoVITS); half precision only on cuda")
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="replay the engine's decode step and the SoVITS windows as CUDA graphs (cuda only)")
+    parser.add_argument("--first-chunk-tokens", type=int, default=ChunkSettings.first_chunk_tokens)
+    parser.add_argument("--max-tokens", type=int, default=60,
+                        help="a sentence's cap: random weights seldom choose EOS")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--seam-tokens", type=int, default=110, help="0 skips the seam measurement")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    torch.manual_seed(0)
-    model = sovits_from_manifest(MANIFEST).model.eval().to(args.device)
-    codes = torch.randint(0, model.config.codebook_size, (1, 1, args.tokens), device=args.device)
-    phones = torch.randint(1, model.config.phoneme_vocab_size, (1, args.phones), device=args.device)
-    spectrogram = torch.rand(1, model.config.reference_bins, 200, device=args.device)
-    report = {"what": "SoVITS v2 decode of the first chunk, full-size random weights", "tokens": args.tokens,
-              "phones": args.phones, "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-              "torch": torch.__version__, "git_revision": git_revision(REPO_ROOT), "ms": {}}
+    if args.dtype != "float32" and args.device != "cuda":
+        parser.error(f"--dtype {args.dtype} runs on cuda only; use float32 on the CPU")
+    if args.max_tokens < args.first_chunk_tokens:
+        parser.error(f"--max-tokens {args.max_tokens} < --first-chunk-tokens {args.first_chunk_tokens}: "
+                     "no chunk would leave before the sentence ends")
+    torch.set_num_threads(args.threads)
+    settings = ChunkSettings(first_chunk_tokens=args.first_chunk_tokens)
+    sampling = GptSovitsSampling(seed=0, max_tokens=args.max_tokens)
+
+    voice = load_voice(GptSovitsFiles.parse("random"))
+    voice.prompt_of(voice.default_reference)  # the prompt cache is warm before the first request
+    voice = voice.to(args.device, DTYPES[args.dtype])
+    voice.graph_windows = args.cuda_graphs  # SoVITS windows as CUDA graphs (models/gpt_sovits/window_graphs.py)
+    decoder = voice.step_decoder(max_rows=1, chunking=settings)
+    graphs = args.device == "cuda" and args.cuda_graphs
+    if graphs:
+        decoder.engine.capture_graphs()
+    report = {
+        "what": "GPT-SoVITS v2 request -> first streamed audio chunk (phones, prefill, token steps, SoVITS window), "
+                "full-size random weights, prompt cached",
+        "sentence": SENTENCE, "chunking": vars(settings), "sampling": {"top_k": sampling.top_k,
+                                                                      "noise_scale": sampling.noise_scale},
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+        "dtype": args.dtype, "cuda_graphs": graphs, "threads": args.threads, "torch": torch.__version__,
+        "samples_per_token": voice.hop_length, "sample_rate_hz": voice.sample_rate_hz,
+        "git_revision": git_revision(REPO_ROOT),
+    }
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
+
     with torch.inference_mode():
-        ge = model.reference_embedding([spectrogram])  # (1, 512, 1): cached per voice by the server
-
-        def decode(net, g):
-            m_p, logs_p, mask = net.prior(codes, phones, g)
-            return net.synthesize_latent(m_p, logs_p, mask, g)[1]
-
-        report["ms"]["eager_fp32"] = _timed_ms(lambda: decode(model, ge), args.device, args.repeats)
-        report["samples"] = int(decode(model, ge).shape[-1])
-        if args.device == "cuda":
-            half = model.half()
-            ge_half = ge.half()
-            report["ms"]["eager_fp16"] = _timed_ms(lambda: decode(half, ge_half), args.device, args.repeats)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    decode(half, ge_half)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_audio = decode(half, ge_half)
-            report["ms"]["cuda_graph_fp16"] = _timed_ms(graph.replay, args.device, args.repeats)
-            report["finite_fp16"] = bool(torch.isfinite(static_audio).all())
-    args.out.write_text(json.dumps(report, indent=2))
+        for key in range(args.warmup):
+            first_chunk_once(voice, decoder, sampling, key, args.device)
+        runs = [first_chunk_once(voice, decoder, sampling, args.warmup + key, args.device)
+                for key in range(args.repeats)]
+        report["first_chunk"] = {
+            "median_ms": statistics.median(run["total_ms"] for run in runs),
+            "min_ms": min(run["total_ms"] for run in runs),
+            "median_parts_ms": {part: statistics.median(run[part] for run in runs) for part in
+                                ("phonemize_ms", "join_prefill_ms", "steps_before_chunk_ms",
+                                 "chunk_step_and_sovits_ms")},
+            "chunk_audio_s": runs[0]["chunk_samples"] / voice.sample_rate_hz,
+            "runs": runs,
+        }
+        save()
+        if args.seam_tokens:
+            report["seam"] = measure_seams(voice, settings, sampling, args.seam_tokens)
+            save()
     print(json.dumps(report, indent=2))
 
 

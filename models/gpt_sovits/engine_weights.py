@@ -118,8 +118,8 @@ class T2SWeights:
 
         table = sinusoid_table(POSITION_TABLE_LEN, config.hidden_dim)
         # The official code adds alpha * PE in the module's dtype; for float32 this is the same product.
-        text_positions = (state_dict["ar_text_position.alpha"].float() * table).to(device=device, dtype=dtype)
-        audio_positions = (state_dict["ar_audio_position.alpha"].float() * table).to(device=device, dtype=dtype)
+        text_positions = (state_dict["ar_text_position.alpha"].float().cpu() * table).to(device=device, dtype=dtype)
+        audio_positions = (state_dict["ar_audio_position.alpha"].float().cpu() * table).to(device=device, dtype=dtype)
         layers = []
         for layer in range(config.num_layers):
             prefix = f"h.layers.{layer}."

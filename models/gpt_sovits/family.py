@@ -7,6 +7,11 @@
 
 conf/model/gpt_sovits_v2.yaml builds that string from ``model.gpt``, ``model.sovits``, ``model.hubert``,
 ``model.bert``, ``model.reference_audio`` and ``model.reference_text`` (models/gpt_sovits/voice_files.py).
+
+Its stages: ``lite`` (a 6-layer transformer distilled from the teacher's greedy sequences,
+models/gpt_sovits/lite.py) and the generic ones (fp16, int8_dynamic on the transformer's Linear
+layers); its own measures per variant (tokens/s, first chunk, cache memory, token agreement with the
+teacher) are models/gpt_sovits/measures.py.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from models.gpt_sovits.capabilities import (
     PART_ROLES,
     GptSovitsSampling,
 )
+from models.gpt_sovits.lite import DISTIL_HOOKS
+from models.gpt_sovits.measures import measure_variant
 from models.gpt_sovits.onnx_contract import graph_contracts
 from models.gpt_sovits.tiny import tiny_voice
 from models.gpt_sovits.voice import GptSovitsVoice
@@ -31,6 +38,14 @@ def _load_teacher(voice: str, cache_dir: Path) -> GptSovitsVoice:
     return load_voice(GptSovitsFiles.parse(voice))
 
 
+RANDOM_WEIGHTS_NOTE = ("full-size random weights (no model.gpt/model.sovits given): speed and memory are real; "
+                       "quality (DNSMOS, MCD, spk_sim, token agreement) means nothing")
+
+
+def _weights_note(voice: str) -> str | None:
+    return RANDOM_WEIGHTS_NOTE if GptSovitsFiles.parse(voice).is_random else None
+
+
 FAMILY = Family(
     name=FAMILY_NAME,
     capabilities=CAPABILITIES,
@@ -40,5 +55,8 @@ FAMILY = Family(
     tiny_model=tiny_voice,
     default_voice=RANDOM,
     graph_contracts=graph_contracts,
+    distil=DISTIL_HOOKS,
     voice_fields=("gpt", "sovits", "hubert", "bert", "reference_audio", "reference_text"),
+    measure_variant=measure_variant,
+    weights_note=_weights_note,
 )

@@ -15,6 +15,7 @@ SoVITS. A prompt is computed once per clip and kept by content hash.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import math
@@ -35,9 +36,16 @@ from models.gpt_sovits.ssl_encoders import (
     ssl_features,
 )
 from models.gpt_sovits.step_decoder import GptSovitsStepDecoder
+from models.gpt_sovits.streaming import (
+    DEFAULT_CHUNKING,
+    ChunkSettings,
+    TokenAudioStream,
+    frame_noise,
+)
 from models.gpt_sovits.t2s import Text2SemanticModel
 from models.gpt_sovits.t2s_decode import decode
 from models.gpt_sovits.text import LanguageRun, PhonemizedSentence, text_to_phones
+from models.gpt_sovits.window_graphs import WindowGraphs, noise_frames_bound
 from models.interface import (
     ReferenceClip,
     SynthesisRequest,
@@ -93,6 +101,10 @@ class GptSovitsVoice(nn.Module):
         # request carries only ids. Filled by ``text_to_utterances``; ids met without it get the
         # zero features the official front end gives non-Chinese text.
         self._phrases: OrderedDict[tuple[int, ...], tuple[LanguageRun, ...]] = OrderedDict()
+        # On CUDA, SoVITS passes run as CUDA graphs (models/gpt_sovits/window_graphs.py), made on
+        # first use; ``graph_windows = False`` keeps them eager.
+        self.graph_windows = True
+        self._window_graphs: WindowGraphs | None = None
 
     # ----- text
     def text_to_utterances(self, text: str) -> list[Utterance]:
@@ -165,21 +177,54 @@ class GptSovitsVoice(nn.Module):
         return (torch.cat([prompt.phoneme_ids, target]),
                 torch.cat([prompt.bert_features, self.bert_features(phoneme_ids)], dim=1))
 
+    def reference_embedding(self, prompt: Prompt) -> torch.Tensor:
+        """ge (1, gin, 1): the clip's timbre as SoVITS reads it, on the synthesizer's device and dtype."""
+        parameter = next(self.sovits.ref_enc.parameters())
+        return self.sovits.reference_embedding([prompt.spectrogram.to(parameter.device, parameter.dtype)])
+
     @torch.inference_mode()
     def tokens_to_audio(self, tokens: torch.Tensor, phoneme_ids: tuple[int, ...], prompt: Prompt,
-                        sampling: GptSovitsSampling, seed_offset: int = 0) -> torch.Tensor:
+                        sampling: GptSovitsSampling, first_token: int = 0,
+                        ge: torch.Tensor | None = None) -> torch.Tensor:
         """Semantic tokens (n,) of one sentence -> its waveform (samples,) at 32 kHz. The prior noise
-        is drawn from the sentence's seed, so a sentence sounds the same alone or in a batch."""
-        codes = tokens.reshape(1, 1, -1).to(torch.long)  # (1, 1, n)
-        target = torch.tensor([phoneme_ids], dtype=torch.long)  # (1, T_x)
-        ge = self.sovits.reference_embedding([prompt.spectrogram])
-        m_p, logs_p, mask = self.sovits.prior(codes, target, ge, speed=1.0 / sampling.length_scale)
+        is drawn from the sentence's seed, so a sentence sounds the same alone or in a batch.
+        ``first_token``: where ``tokens`` start in the sentence (a streamed chunk's window), so that
+        each latent frame gets the noise one decode of the whole sentence gives it. ``ge``: the
+        prompt's ``reference_embedding`` when the caller keeps it (a stream's windows share one)."""
+        device = next(self.sovits.parameters()).device
+        codes = tokens.reshape(1, 1, -1).to(device, torch.long)  # (1, 1, n)
+        target = torch.tensor([phoneme_ids], dtype=torch.long, device=device)  # (1, T_x)
+        ge = self.reference_embedding(prompt) if ge is None else ge
+        speed = 1.0 / sampling.length_scale
+        frames_per_token = self.hop_length // math.prod(self.sovits.config.upsample_rates)
+        first_frame = round(first_token * frames_per_token / speed)
+        channels, dtype = self.sovits.config.inter_channels, ge.dtype
+        if device.type == "cuda" and self.graph_windows:
+            frames = noise_frames_bound(codes.shape[-1], frames_per_token, speed)
+            noise = (frame_noise(sampling.seed or 0, first_frame, frames, channels) if sampling.noise_scale
+                     else torch.zeros(1, channels, frames)).to(device, dtype)  # (1, inter, >= T')
+            if self._window_graphs is None:
+                self._window_graphs = WindowGraphs()
+            audio = self._window_graphs.audio(self.sovits, codes, target, ge, noise, speed, sampling.noise_scale)
+            return audio[0, 0].clone()  # the graph's buffer is overwritten by its next replay
+        m_p, logs_p, mask = self.sovits.prior(codes, target, ge, speed=speed)
         noise = None
         if sampling.noise_scale != 0:
-            generator = torch.Generator().manual_seed((sampling.seed or 0) + seed_offset)
-            noise = torch.randn(m_p.shape, generator=generator)  # (1, inter, T')
+            noise = frame_noise(sampling.seed or 0, first_frame, m_p.shape[-1], channels).to(m_p)  # (1, inter, T')
         audio = self.sovits.synthesize_latent(m_p, logs_p, mask, ge, noise, sampling.noise_scale)[1]
         return audio[0, 0]
+
+    @torch.inference_mode()
+    def audio_stream(self, phoneme_ids: tuple[int, ...], prompt: Prompt, sampling: GptSovitsSampling,
+                     settings: ChunkSettings = DEFAULT_CHUNKING) -> TokenAudioStream:
+        """One sentence's audio in chunks as its tokens arrive (models/gpt_sovits/streaming.py)."""
+        ge = self.reference_embedding(prompt)  # once per sentence, not per window
+
+        def decode_window(tokens: torch.Tensor, first_token: int) -> torch.Tensor:
+            audio = self.tokens_to_audio(tokens, phoneme_ids, prompt, sampling, first_token, ge)
+            return audio.float().clamp(-1.0, 1.0)
+
+        return TokenAudioStream(decode_window, self.hop_length, settings)
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         self.capabilities.check(request.voice, self.family)
@@ -197,9 +242,10 @@ class GptSovitsVoice(nn.Module):
                 waveforms.append(self.tokens_to_audio(tokens, ids, prompt, sampling))
         return pad_results(waveforms, token_rows, self.sample_rate_hz)
 
-    def step_decoder(self, max_rows: int):
-        """Token-step decoding for the server (models/gpt_sovits/step_decoder.py)."""
-        return GptSovitsStepDecoder(self, max_rows)
+    def step_decoder(self, max_rows: int, chunking: ChunkSettings = DEFAULT_CHUNKING):
+        """Token-step decoding for the server (models/gpt_sovits/step_decoder.py); ``chunking``: how
+        ``step_chunks`` cuts a sentence's audio while it decodes."""
+        return GptSovitsStepDecoder(self, max_rows, chunking=chunking)
 
     # ----- parts
     def parts(self) -> dict[str, nn.Module]:
@@ -209,3 +255,15 @@ class GptSovitsVoice(nn.Module):
         if role not in self.parts():
             raise ValueError(f"{self.family} has no part {role!r}; parts: {list(self.parts())}")
         setattr(self, role, module)
+
+    def __deepcopy__(self, memo: dict) -> GptSovitsVoice:
+        """A copy whose parts are its own and whose HuBERT and BERT are this voice's: they are no
+        parts, so no stage changes them, and at full size they weigh 1.7 GB (the compress pipeline
+        holds a copy per variant on the CPU)."""
+        memo[id(self.hubert)], memo[id(self.bert)] = self.hubert, self.bert
+        if self._window_graphs is not None:
+            memo[id(self._window_graphs)] = None  # graphs belong to this voice's tensors, not the copy's
+        copied = self.__class__.__new__(self.__class__)
+        memo[id(self)] = copied
+        copied.__dict__.update({key: copy.deepcopy(value, memo) for key, value in self.__dict__.items()})
+        return copied
