@@ -23,11 +23,11 @@ from pathlib import Path
 
 from compress.variants import StageContext, Variant, require_parts
 from core.config import ConfigError
+from core.paths import DEFAULT_CACHE_DIR
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.family import DistilHooks, Family
 from models.registry import FAMILIES, get_family
 from texts.training_text import generate_training_sentences
-from core.paths import DEFAULT_CACHE_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def build(teacher: Variant, settings: DistilSettings, ctx: StageContext) -> Vari
     parts, config = hooks.load_student(teacher.model, weights_path)
     model = copy.deepcopy(teacher.model)
     for role in hooks.student_parts:
-        model.replace_part(role, parts[role].to(teacher.model.device))
+        model.replace_part(role, parts[role].to(teacher.device))
     teacher_parts = teacher.model.parts()
     metrics |= {f"{role}_params_before": parameter_count(teacher_parts[role]) for role in hooks.student_parts}
     metrics |= {f"{role}_params_after": parameter_count(parts[role]) for role in hooks.student_parts}

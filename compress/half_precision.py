@@ -25,18 +25,24 @@ that rounding only adds noise to the waveform. Which parts those are is the fami
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
 
+from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from core.atomic_io import write_text_atomic
 from core.config import ConfigError
-from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.family import Family
 from models.precision import (
-    HALF_DTYPES, VARIANT_NAMES, compare_outputs, part_sensitivity, synthesize_each, to_half_precision,
+    HALF_DTYPES,
+    VARIANT_NAMES,
+    compare_outputs,
+    part_sensitivity,
+    synthesize_each,
+    to_half_precision,
 )
 
 
@@ -83,10 +89,14 @@ def build(teacher: Variant, settings: HalfPrecisionSettings, ctx: StageContext) 
         raise ValueError(f"measure_sentences={settings.measure_sentences} but the calibration set gives "
                          f"only {len(sequences)} sequences")
     name = VARIANT_NAMES[settings.dtype]
-    noises = [ctx.family.sampling(seed=i) for i in range(len(sequences))]  # the family's defaults; same every run
+    # The run's sampling (else the family's defaults), seed i for sentence i: the same every run, and
+    # bounded as the run bounds it (an autoregressive family's max_tokens).
+    noises = [ctx.family.sampling(seed=i) if ctx.sampling is None else dataclasses.replace(ctx.sampling, seed=i)
+              for i in range(len(sequences))]
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     table_path = ctx.work_dir / f"{name}_part_sensitivity.json"
     measured_for = {"dtype": settings.dtype, "device": teacher.device, "keep_fp32": list(settings.keep_fp32),
+                    "sampling": repr(noises[0]),
                     "texts": [sequence.text for sequence in sequences]}
 
     voice = to_half_precision(teacher.model, settings.dtype, settings.keep_fp32)

@@ -66,23 +66,22 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from core.atomic_io import atomic_write
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
-from core.config import ConfigError
 from compress.variants import StageContext, Variant, check_part_roles, require_parts
+from core.atomic_io import atomic_write
+from core.config import ConfigError
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import parameter_count, state_dict_size_mb
 from export.onnx_export import export_decoder
 from export.tensorrt_support import readiness_report
-from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
 from models.family import Family, QuantizationLayout
+from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
+from models.precision import synthesize_each, waveform_snr_db
 from models.registry import FAMILIES, get_family
 from models.sampling import Sampling
-from models.precision import synthesize_each, waveform_snr_db
 
 VARIANT_NAME = "int8_modelopt"
 CALIBRATORS = ("max", "entropy", "percentile")
-QDQ_PART = "decoder"  # the part exported alone as a Q/DQ graph: a TensorRT engine of the vocoder
 
 
 @dataclass(frozen=True)
@@ -468,14 +467,15 @@ def build(teacher: Variant, settings: Int8ModeloptSettings, ctx: StageContext) -
         "reused": ",".join(reused),
     }
     artifacts = {"sensitivity": sensitivity_json, "sensitivity_csv": sensitivity_csv}
-    if settings.export_qdq and QDQ_PART in settings.parts:
+    if settings.export_qdq and layout.qdq_part in settings.parts:
         qdq_path = work_dir / f"qdq_decoder-{model_key}.onnx"
         if qdq_path.is_file():
             reused.append("qdq_export")
             stage_tags["reused"] = ",".join(reused)
         else:
             with _quiet():
-                export_decoder(voice.parts()[QDQ_PART], qdq_path, layout.decoder_latent_channels(voice), dynamo=False)
+                export_decoder(voice.parts()[layout.qdq_part], qdq_path, layout.decoder_latent_channels(voice),
+                               dynamo=False)
         readiness = readiness_report(qdq_path)
         summary = qdq_summary(qdq_path)
         stage_metrics.update({

@@ -13,13 +13,13 @@ import mlflow
 import yaml
 from rich.console import Console
 
-from core.atomic_io import write_text_atomic
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
-from compress.tracking import log_variant_run, start_parent_run
 from compress.stages import STAGES
+from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
+from core.atomic_io import write_text_atomic
 from evaluate.asr import build_recognizer
 from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
@@ -46,19 +46,27 @@ def load_gpu_results(path: str | None) -> dict:
     return payload
 
 
-def results_markdown(rows: dict[str, dict[str, float]]) -> str:
-    columns = [c for c in TABLE_COLUMNS if any(c in metrics for metrics in rows.values())]
-    lines = ["| variant | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+def _columns(rows: dict[str, dict[str, float]], family_columns: tuple[str, ...]) -> list[str]:
+    """The table's columns any variant has: the stable ones, then the family's own (``Family.measure_variant``)."""
+    return [c for c in (*TABLE_COLUMNS, *family_columns) if any(c in metrics for metrics in rows.values())]
+
+
+def results_markdown(rows: dict[str, dict[str, float]], family_columns: tuple[str, ...] = (),
+                     note: str | None = None) -> str:
+    """``note``: a sentence above the table (``Family.weights_note``: why its quality means nothing)."""
+    columns = _columns(rows, family_columns)
+    lines = [f"> {note}", ""] if note else []
+    lines += ["| variant | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, metrics in rows.items():
         cells = [f"{metrics[c]:.4g}" if c in metrics else "-" for c in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def results_text(rows: dict[str, dict[str, float]], width: int = 80) -> str:
+def results_text(rows: dict[str, dict[str, float]], width: int = 80, family_columns: tuple[str, ...] = ()) -> str:
     """The results as plain text no wider than ``width``: one line per metric, one column per variant,
     variants split into as many blocks as the width needs (a log file or an 80-column terminal)."""
-    columns = [c for c in TABLE_COLUMNS if any(c in metrics for metrics in rows.values())]
+    columns = _columns(rows, family_columns)
     label = max(len("variant"), *(len(c) for c in columns))
     cell = max(9, *(len(name) for name in rows)) + 1
     per_block = max(1, (width - label) // cell)
@@ -74,9 +82,11 @@ def results_text(rows: dict[str, dict[str, float]], width: int = 80) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def _print_table(rows: dict[str, dict[str, float]]) -> None:
+def _print_table(rows: dict[str, dict[str, float]], family_columns: tuple[str, ...], note: str | None) -> None:
     Console().print("variants, side by side (same run)", style="bold")
-    print(results_text(rows))
+    if note:
+        Console().print(note, style="bold red")
+    print(results_text(rows, family_columns=family_columns))
 
 
 def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, float]]:
@@ -100,6 +110,9 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     # One sampling for every variant (utterance i: seed + i), so their audio compares sample for sample.
     shared = settings.evaluate.sampling
     sampling = family.sampling(seed=shared.seed, length_scale=shared.length_scale, **settings.model.sampling)
+    weights_note = family.weights_note(settings.model.voice) if family.weights_note else None
+    family_columns: dict[str, None] = {}  # the family's own metric names, in the order it gave them
+    reference_measures = None  # the reference variant's VariantMeasures, which later variants compare with
     rows: dict[str, dict[str, float]] = {}
     built: dict[str, Variant] = {}
     reference: VariantEvaluation | None = None
@@ -126,7 +139,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                     spec = STAGES[name]
                     context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
                                            settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
-                                           family, settings.model.voice)
+                                           family, settings.model.voice, sampling)
                     context.work_dir.mkdir(parents=True, exist_ok=True)
                     stage_settings = settings.stages[spec.settings_key] if spec.settings_key else None
                     variant = spec.build(built[spec.source], stage_settings, context)
@@ -141,16 +154,27 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                                           None if name == reference_name else reference, recognizer, timed)
                 if name == reference_name:
                     reference = result
+                family_metrics = {}
+                if family.measure_variant is not None:
+                    measured = family.measure_variant(variant.model, evaluation_set.sequences, sampling,
+                                                      None if name == reference_name else reference_measures.reference,
+                                                      timed)
+                    if name == reference_name:
+                        reference_measures = measured
+                    family_metrics = measured.metrics
+                    family_columns.update(dict.fromkeys(family_metrics))
                 # Every variant's deployable graph, its checks and (torch variants) its parity; later
                 # stages (lite_ort) start from it.
                 graph_metrics, graph_tags, graph_artifacts = variant_graph(
                     variant, settings, calibration_sequences(), Path(settings.paths.output_dir) / "graphs" / name)
                 variant.artifacts.update(graph_artifacts)
-                metrics = {**variant.stage_metrics, **result.metrics, **graph_metrics,
+                metrics = {**variant.stage_metrics, **result.metrics, **family_metrics, **graph_metrics,
                            **gpu.get("variants", {}).get(name, {})}
                 tags = {"engine": variant.engine, "device": variant.device,
                         "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
                         "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
+                if weights_note:
+                    tags["weights_note"] = weights_note
                 if name in gpu.get("variants", {}):
                     tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
                 samples = settings.evaluate.audio_samples
@@ -167,7 +191,9 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 log_variant_run(name, rows[name], tags, waveforms, texts, sample_rate_hz, hop_length, len(waveforms),
                                 artifacts)
         _log_engine_runs(gpu, rows)
-        table = results_markdown(rows)
+        if weights_note:
+            mlflow.set_tag("weights_note", weights_note)
+        table = results_markdown(rows, tuple(family_columns), weights_note)
         write_text_atomic(run_dir / "results.md", table)
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
@@ -175,7 +201,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         # The champion by conf/selection, logged and registered (a run with no eligible
         # variant, or none with an ONNX graph, still finishes and says why).
         selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id)
-    _print_table(rows)
+    _print_table(rows, tuple(family_columns), weights_note)
     print(selection_summary)
     return rows
 

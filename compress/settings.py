@@ -14,10 +14,11 @@ from export.settings import EngineSettings, ExportSettings
 from models.registry import FAMILIES
 
 BASE_VARIANTS = ("original_onnx", "teacher")
-STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "pruned", "int8_modelopt", "lite", "lite_ort", "lite_int8")  # compress/stages.py builds these
+STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "teacher_ort", "teacher_int8", "pruned", "int8_modelopt", "lite",
+                  "lite_ort", "lite_int8", "int8_dynamic")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
-REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "lite_ort")  # run by family.reference (load, load_graph)
-NEVER_CALIBRATE_ON = ("eval", "harvard")  # held-out sets: a variant tuned on them would flatter itself
+REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "teacher_ort", "teacher_int8", "lite_ort")  # run by family.reference (load, load_graph)
+NEVER_CALIBRATE_ON = ("eval", "eval_ja", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,5 @@ class RunSettings:
                               f"{family.name!r} has none (models/registry.py); drop them from variants")
         if "lite_ort" in self.variants and not self.export.enabled:
             raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")
+        if "teacher_ort" in self.variants and not self.export.enabled:
+            raise ConfigError("variant 'teacher_ort' runs the teacher's exported graph: set export.enabled=true")

@@ -6,11 +6,19 @@ and are checked at start, before any work.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable
 
-from compress import distil, half_precision, int8_modelopt, int8_onnxruntime, onnxruntime_variant, prune
+from compress import (
+    distil,
+    half_precision,
+    int8_dynamic,
+    int8_modelopt,
+    int8_onnxruntime,
+    onnxruntime_variant,
+    prune,
+)
 from core.config import ConfigError
 from models.family import Family
 
@@ -28,6 +36,11 @@ STAGES = {
     "fp16": StageSpec("teacher", "fp16", half_precision.HalfPrecisionSettings, half_precision.build, False),
     "bf16": StageSpec("teacher", "bf16", half_precision.HalfPrecisionSettings, half_precision.build, False),
     "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
+    # The teacher's exported graph in the family's reference runtime, then that graph in INT8 (same
+    # settings as int8_ort): a family whose shipped graph is already int8 quantizes its own graph.
+    "teacher_ort": StageSpec("teacher", None, None, partial(onnxruntime_variant.build, variant_name="teacher_ort")),
+    "teacher_int8": StageSpec("teacher_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
+                              partial(int8_onnxruntime.build, variant_name="teacher_int8")),
     "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build),
     "lite": StageSpec("teacher", "distil", distil.DistilSettings, distil.build),
     # The Lite student's exported graph in onnxruntime, then that graph in INT8 (same settings as int8_ort).
@@ -38,6 +51,8 @@ STAGES = {
     # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
     "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,
                                False),
+    # Dynamic INT8 Linear layers in PyTorch on CPU kernels: real INT8 speed, timed like the teacher.
+    "int8_dynamic": StageSpec("teacher", "int8_dynamic", int8_dynamic.Int8DynamicSettings, int8_dynamic.build),
 }
 
 

@@ -17,6 +17,7 @@ from evaluate.memory import file_size_mb, parameter_count, state_dict_size_mb
 from models.family import Family
 from models.interface import TTSModel
 from models.registry import get_family
+from models.sampling import Sampling
 
 
 @dataclass
@@ -44,6 +45,9 @@ class StageContext:
     cache_dir: Path
     family: Family  # the run's family (model.family): its part roles, reference runtime, hooks
     voice: str  # the run's voice (model.voice): its frontend and config, for graph variants
+    # The run's sampling (the family's options from conf/model, e.g. an autoregressive family's
+    # max_tokens); a stage that synthesizes draws sentence i from it with seed i. None: the family's defaults.
+    sampling: Sampling | None = None
 
 
 def reference_runtime(family: Family, variant_name: str):

@@ -7,9 +7,9 @@ line in models/registry.py, and joins tests/families/test_contract.py.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import onnx
 from torch import nn
@@ -61,6 +61,7 @@ class QuantizationLayout:
     # model so that this part sees the inputs it sees in synthesis (the calibration forward pass).
     feed_part: Callable[[TTSModel, str, SynthesisRequest, nn.Module], None]
     decoder_latent_channels: Callable[[TTSModel], int]  # model -> channels of the decoder's input, to export it alone
+    qdq_part: str = "decoder"  # the part (latent frames -> audio) int8_modelopt exports alone as a Q/DQ graph
 
     def block_of(self, node_name: str) -> str:
         """The block a graph node belongs to, from its exporter name."""
@@ -158,6 +159,16 @@ class DistilHooks:
 
 
 @dataclass(frozen=True)
+class VariantMeasures:
+    """A family's own measures of one variant (``Family.measure_variant``), logged beside the generic ones."""
+
+    metrics: dict[str, float]  # names with units, e.g. tokens_per_s, first_chunk_ms
+    # What the variants after the reference are compared with (an autoregressive family: the
+    # reference's greedy tokens); handed back to ``measure_variant`` for each of them.
+    reference: object
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     capabilities: Capabilities
@@ -180,6 +191,16 @@ class Family:
     # Keys of conf/model/<family>_*.yaml that name a voice's files (``model.gpt=...``); the config
     # folds them into ``model.voice``, the one string every loader reads, and the run drops them after.
     voice_fields: tuple[str, ...] = ()
+    # model -> the names of its speaker table's rows, in row order (capabilities.speaker_ids): the
+    # server takes a name, or a row number, as a request's voice. None: the family names no speakers.
+    speaker_names: Callable[[TTSModel], tuple[str, ...]] | None = None
+    # (model, evaluation utterances, the run's sampling, the reference variant's ``VariantMeasures.reference``
+    # or None for the reference itself, timed: False for a GPU-only precision scored on the CPU, whose
+    # speed there says nothing) -> the family's own measures; None: the family has none.
+    measure_variant: Callable[..., VariantMeasures] | None = None
+    # voice -> a sentence the results carry when their quality means nothing (full-size random
+    # weights: speed and memory are real, quality is not); None or returning None: no note.
+    weights_note: Callable[[str], str | None] | None = None
 
     def sampling(self, **values) -> Sampling:
         """This family's sampling from config or request values; unknown options name the family."""

@@ -20,6 +20,24 @@ Side by side in one process, median of warm runs:
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16.
 The JSON is rewritten after each section, so a run cut short still leaves its figures.
+
+``--mode end-to-end`` times what a request costs from text to audio instead, through the whole
+voice (front end, SimBERT style encoder with its prompt cache, acoustic model, vocoder; full-size
+random weights), batch 1, each stage alone and its share of the total:
+
+    PYTHONPATH=. python scripts/bench_emotivoice.py --mode end-to-end --device cuda --out $OUT/emotivoice_e2e.json
+    PYTHONPATH=. python scripts/bench_emotivoice.py --mode end-to-end --device cpu --threads 2 --repeats 5 \
+        --out /tmp/emotivoice_e2e_cpu.json
+
+* ``frontend_ms``: text -> phoneme ids (jieba + pypinyin for Mandarin, CMUdict for English: this
+  mode needs the front end's packages besides torch, numpy and transformers);
+* ``style_cold_ms``: the prompt and the sentence both new: one BERT call on the two texts;
+  ``style_warm_ms``: the emotion prompt cached (what a service sees after its first request per
+  emotion), the sentence new: one BERT call on the sentence (its content embedding);
+  ``style_cached_ms``: both cached (a repeated sentence): no BERT call;
+* ``acoustic_ms`` and ``vocoder_ms`` (FP32, weight norm folded as the voice holds it);
+* ``shares``: each stage over frontend + style (warm) + acoustic + vocoder, the steady state of a
+  service; ``synthesize_ms``: the voice's own ``synthesize`` on a new sentence with a cached prompt.
 """
 from __future__ import annotations
 
@@ -28,8 +46,8 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -38,6 +56,8 @@ from core.revision import git_revision
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
+from models.emotivoice.prompts import EMOTION_PROMPTS
+from models.interface import SynthesisRequest, VoiceCondition
 
 SENTENCE_SYMBOLS = 43  # "今天天气很好，我们一起去公园散步。" through models/emotivoice/frontend.py
 LENGTH_SPREAD = 0.3  # batch rows take lengths uniformly within +-30% of --text-tokens
@@ -143,13 +163,13 @@ def batch_lengths(args, batch: int) -> list[int]:
 
 
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
-                   reference: torch.Tensor) -> dict:
+                   reference: torch.Tensor, conv_layout: str | None = None) -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches."""
     # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
-    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype)
+    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout)
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -164,8 +184,105 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
     return section
 
 
+E2E_SENTENCES = ("今天天气很好，我们一起去公园散步。", "The train to the coast leaves at a quarter past nine.")
+E2E_EMOTION = "开心"
+
+
+def timed_ms(run: Callable[[int], object], setup: Callable[[int], object], device: str, repeats: int,
+             warmup: int) -> float:
+    """Median ms of ``run(i)``, each call after an untimed ``setup(i)`` (cache state, say)."""
+    times = []
+    for index in range(warmup + repeats):
+        setup(index)
+        synchronize(device)
+        start = time.perf_counter()
+        run(index)
+        synchronize(device)
+        if index >= warmup:
+            times.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(times)
+
+
+def end_to_end_section(args, voice, text: str) -> dict:
+    """One sentence from text to audio, stage by stage (module docstring)."""
+    prompts, generator, device = voice.prompts, voice.generator, args.device
+    # A service's sentences are new to the front end and to the content-embedding cache: each run takes its own.
+    new_texts = [f"{text}{i}" for i in range(args.warmup + args.repeats)]
+
+    def nothing(_):
+        return None
+
+    figures = {"text": text, "frontend_ms": timed_ms(lambda i: voice.text_to_utterances(new_texts[i]), nothing,
+                                                     device, args.repeats, args.warmup)}
+    utterances = voice.text_to_utterances(text)
+    request = SynthesisRequest.from_utterances(utterances[:1], voice=VoiceCondition(emotion=E2E_EMOTION))
+    figures["symbols"] = int(request.phoneme_lengths[0])
+    prompt = EMOTION_PROMPTS[E2E_EMOTION]  # what the style encoder reads
+    figures["style_cold_ms"] = timed_ms(lambda i: prompts.embed([prompt, new_texts[i]]),
+                                        lambda i: prompts.clear(), device, args.repeats, args.warmup)
+    prompts.clear()
+    figures["style_warm_ms"] = timed_ms(lambda i: prompts.embed([prompt, new_texts[i]]),
+                                        lambda i: (prompts.clear(), prompts.embed([prompt])), device,
+                                        args.repeats, args.warmup)
+    figures["style_cached_ms"] = timed_ms(lambda i: prompts.embed([prompt, text]),
+                                          lambda i: prompts.embed([prompt, text]), device, args.repeats, args.warmup)
+    calls = prompts.calls
+    prompts.embed([prompt, text])
+    figures["bert_calls_when_cached"] = prompts.calls - calls
+
+    style = voice.style_embeddings(request).to(device)
+    content = prompts.embed(voice.sentence_texts(request)).to(device)
+    inputs = (request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
+              torch.zeros(1, dtype=torch.long, device=device), style, content)
+    with torch.inference_mode():
+        out = generator.am(*inputs, masked=True)
+        mel, frame_lengths = out["mel"], out["frame_lengths"]
+        figures["acoustic_ms"] = timed_ms(lambda i: generator.am(*inputs, masked=True), nothing, device,
+                                          args.repeats, args.warmup)
+        figures["vocoder_ms"] = timed_ms(lambda i: generator.generator(mel.transpose(1, 2), frame_lengths), nothing,
+                                         device, args.repeats, args.warmup)
+    if device.startswith("cuda"):
+        # What a GPU service runs after the style stage: the bucketed engine (graphs, FP16 frames).
+        engine = BucketedEngine(generator, graphs=True, frame_dtype=torch.float16)
+        figures["engine_ms"] = timed_ms(lambda i: engine.synthesize(*inputs), nothing, device, args.repeats,
+                                        args.warmup)
+        figures["total_with_engine_ms"] = figures["frontend_ms"] + figures["style_warm_ms"] + figures["engine_ms"]
+    figures["frames"] = int(frame_lengths[0])
+    figures["audio_s"] = figures["frames"] * voice.hop_length / voice.sample_rate_hz
+
+    def synthesize_new(i):
+        fresh = voice.text_to_utterances(new_texts[i])[:1]
+        voice.synthesize(SynthesisRequest.from_utterances(fresh, voice=VoiceCondition(emotion=E2E_EMOTION)))
+
+    figures["synthesize_ms"] = timed_ms(synthesize_new, lambda i: prompts.embed([prompt]), device, args.repeats,
+                                        args.warmup)
+    stages = ("frontend_ms", "style_warm_ms", "acoustic_ms", "vocoder_ms")
+    total_ms = sum(figures[name] for name in stages)
+    figures["total_ms"] = total_ms
+    figures["rtf"] = total_ms / 1000.0 / figures["audio_s"]
+    figures["shares"] = {name.removesuffix("_ms"): figures[name] / total_ms for name in stages}
+    figures["style_cold_share"] = figures["style_cold_ms"] / (total_ms - figures["style_warm_ms"]
+                                                               + figures["style_cold_ms"])
+    return figures
+
+
+def end_to_end(args, report: dict) -> None:
+    # Imported here: the front end's packages (jieba, pypinyin, cmudict) are this mode's alone.
+    from models.emotivoice.voice_files import EmotiVoiceFiles, load_voice
+
+    voice = load_voice(EmotiVoiceFiles()).to(args.device).eval()
+    report["end_to_end"] = {}
+    for text in E2E_SENTENCES:
+        language = "zh" if any("\u4e00" <= c <= "\u9fff" for c in text) else "en"
+        report["end_to_end"][language] = end_to_end_section(args, voice, text)
+        write(args.out, report)
+    print(json.dumps(report, indent=2, ensure_ascii=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="components", choices=("components", "end-to-end"),
+                        help="components: the acoustic model and vocoder variants; end-to-end: text to audio")
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, required=True, help="the JSON report's path")
     parser.add_argument("--text-tokens", type=int, default=SENTENCE_SYMBOLS, help="symbols of the batch-1 sentence")
@@ -190,6 +307,10 @@ def main() -> None:
         "torch": torch.__version__, "git_revision": git_revision(Path(__file__).resolve().parents[1]), "text_tokens": args.text_tokens,
         "repeats": args.repeats, "batch1": {}, "errors": {},
     }
+    if args.mode == "end-to-end":
+        del report["batch1"], report["text_tokens"]
+        end_to_end(args, report)
+        return
     single = [args.text_tokens]
     variants = [("eager_fp32", torch.float32, False), ("eager_fp32_folded", torch.float32, True),
                 ("eager_fp16_folded", half, True)]
@@ -203,14 +324,15 @@ def main() -> None:
     fp32 = build(args.device, torch.float32, True, args.seed)
     with torch.inference_mode():
         reference = fp32(*make_inputs(fp32, single, args.device, args.seed), masked=True)["audio"][0].float().cpu()
-    engines = [("engine_eager_fp16", False, half)]
+    # Engines on CUDA convolve channels-last (models/conv_layout.py); the _ncw rows keep the model's layout.
+    engines = [("engine_eager_fp16", False, half, None)]
     if cuda:
-        engines += [("engine_graphs_fp32", True, torch.float32), ("engine_graphs_fp16", True, half),
-                    ("engine_graphs_bf16", True, torch.bfloat16)]
+        engines += [("engine_graphs_fp32", True, torch.float32, None), ("engine_graphs_fp16", True, half, None),
+                    ("engine_graphs_bf16", True, torch.bfloat16, None), ("engine_graphs_fp16_ncw", True, half, "ncw")]
     report["engines"] = {}
-    for name, graphs, frame_dtype in engines:
+    for name, graphs, frame_dtype, conv_layout in engines:
         try:
-            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference)
+            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference, conv_layout)
         except (RuntimeError, ValueError) as error:
             report["errors"][name] = f"{type(error).__name__}: {error}"
         write(args.out, report)

@@ -6,6 +6,10 @@
 
 conf/model/emotivoice.yaml builds that string from ``model.checkpoint``, ``model.style_encoder`` and
 ``model.data_dir`` (models/emotivoice/voice_files.py lists the files).
+
+Stages: INT8 of the acoustic model and the vocoder (models/emotivoice/quantization.py), channel
+pruning of the vocoder and a Lite vocoder distilled from the teacher's mel -> audio
+(models/emotivoice/stage_hooks.py).
 """
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ from pathlib import Path
 
 from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
 from models.emotivoice.onnx_contract import graph_contracts
+from models.emotivoice.quantization import QUANTIZATION
+from models.emotivoice.stage_hooks import DISTIL_HOOKS, PRUNE_HOOKS
 from models.emotivoice.tiny import tiny_voice
 from models.emotivoice.voice import EmotiVoiceVoice
 from models.emotivoice.voice_files import EmotiVoiceFiles, load_voice
@@ -35,5 +41,9 @@ FAMILY = Family(
     tiny_model=tiny_voice,
     default_voice=RANDOM,
     graph_contracts=graph_contracts,
+    quantization=QUANTIZATION,
+    prune=PRUNE_HOOKS,
+    distil=DISTIL_HOOKS,
     voice_fields=("checkpoint", "style_encoder", "data_dir", "bert_dir"),
+    speaker_names=lambda voice: tuple(voice.speakers),  # speaker2's names ("8051"), the server's voices
 )

@@ -12,6 +12,7 @@ from torch import nn
 from models.emotivoice.acoustic import AcousticModel
 from models.emotivoice.config import GeneratorConfig
 from models.emotivoice.hifigan import HifiganGenerator
+from models.emotivoice.vocoder_student import plain_vocoder
 
 
 class EmotiVoiceGenerator(nn.Module):
@@ -21,13 +22,14 @@ class EmotiVoiceGenerator(nn.Module):
         self.am = AcousticModel(config)
         self.generator = HifiganGenerator(config)
 
-    def inference_copy(self) -> "EmotiVoiceGenerator":
+    def inference_copy(self) -> EmotiVoiceGenerator:
         """A separate copy with weight norm folded into plain weights (same outputs, fewer kernels).
         Built afresh rather than deep-copied: torch's parametrized modules share a generated class
-        with their deep copies, and folding a copy would strip the original's weights."""
+        with their deep copies, and folding a copy would strip the original's weights. The vocoder
+        keeps its own shapes (a pruned or Lite vocoder in place of the teacher's)."""
         copy = EmotiVoiceGenerator(self.config)
-        copy.load_state_dict(self.state_dict())
-        copy.generator.remove_weight_norm()
+        copy.am.load_state_dict(self.am.state_dict())
+        copy.generator = plain_vocoder(self.generator)  # the teacher's, or a pruned or Lite one, with its shapes
         return copy.to(next(self.parameters()).device).eval()
 
     def forward(self, phoneme_ids: torch.Tensor, phoneme_lengths: torch.Tensor, speaker_ids: torch.Tensor,

@@ -19,6 +19,7 @@ from collections import OrderedDict
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
 from models.emotivoice.frontend import EmotiVoiceFrontend
@@ -46,6 +47,11 @@ class EmotiVoiceVoice(nn.Module):
         if prompt_encoder.model.embedding_dim != generator.config.bert_embedding:
             raise ValueError(f"style encoder width {prompt_encoder.model.embedding_dim} != the generator's "
                              f"bert_embedding {generator.config.bert_embedding}")
+        # Weight norm folded once (the same outputs): synthesis would otherwise recompute g * v / |v|
+        # on every call, and the stages that retype modules (ModelOpt's quantizers, Torch-Pruning)
+        # take plain convolutions.
+        if any(parametrize.is_parametrized(module) for module in generator.modules()):
+            generator = generator.inference_copy()
         self.generator = generator
         self.style_encoder = prompt_encoder.model
         self.prompts = prompt_encoder
@@ -97,14 +103,15 @@ class EmotiVoiceVoice(nn.Module):
         else:
             raise ValueError(f"EmotiVoice has no part {role!r}; its parts are {list(PART_ROLES)}")
 
+    def sentence_text(self, phoneme_ids: tuple[int, ...]) -> str:
+        """The text of a sentence's ids for its content embedding (module docstring)."""
+        known = self._sentences.get(tuple(phoneme_ids))
+        return known if known is not None else " ".join(self.frontend.tokens[i] for i in phoneme_ids)
+
     def sentence_texts(self, request: SynthesisRequest) -> list[str]:
-        """Each row's text for its content embedding (module docstring)."""
-        texts = []
-        for row, length in zip(request.phoneme_ids, request.phoneme_lengths):
-            ids = tuple(int(i) for i in row[: int(length)])
-            known = self._sentences.get(ids)
-            texts.append(known if known is not None else " ".join(self.frontend.tokens[i] for i in ids))
-        return texts
+        """Each row's text for its content embedding."""
+        return [self.sentence_text(tuple(int(i) for i in row[: int(length)]))
+                for row, length in zip(request.phoneme_ids, request.phoneme_lengths)]
 
     def style_embeddings(self, request: SynthesisRequest) -> torch.Tensor:
         """(B, H): the request's style tensor, or its prompt / emotion (default 普通) through the cache."""

@@ -1,0 +1,144 @@
+"""Stage: CPU INT8 by dynamic quantization of a model's Linear layers in PyTorch (the ``int8_dynamic`` variant).
+
+Weights become int8 once, one scale per output channel; activations are quantized per call from
+their own range, so no calibration set is needed. It suits the parts whose time goes into
+matrix-vector products, an autoregressive transformer's decode steps, on CPU kernels (torch.ao,
+x86/fbgemm). Which parts, and which of their Linear layers stay float32, is the family's stage
+default (conf/stages/family/<family>.yaml):
+
+    from compress.int8_dynamic import Int8DynamicSettings, build
+    settings = Int8DynamicSettings(parts=["t2s"], keep_float=["ar_predict_layer"])
+    int8 = build(teacher, settings, ctx)   # teacher: the fp32 Variant; ctx: compress.variants.StageContext
+    int8.stage_metrics["int8_weight_fraction"]   # of the parts' weights now int8
+
+    python -m compress model=<family>_<voice> variants=[teacher,int8_dynamic]
+
+Only ``nn.Linear`` modules are converted: a projection a part applies as a raw weight
+(``F.linear(x, self.weight)``) stays float32 and is counted in ``int8_weight_fraction``'s denominator.
+torch.ao's eager quantization is deprecated in favour of torchao, which this project does not install;
+its kernels are the ones torch 2.13 ships.
+"""
+from __future__ import annotations
+
+import copy
+import fnmatch
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compress.variants import StageContext, Variant, check_part_roles, require_parts
+from core.config import ConfigError
+from models.family import Family
+
+VARIANT_NAME = "int8_dynamic"
+
+
+@dataclass(frozen=True)
+class Int8DynamicSettings:
+    """``stages.int8_dynamic``: which parts' Linear layers become int8."""
+
+    parts: tuple[str, ...]  # part roles of the family
+    # fnmatch patterns on module names inside a part ("ar_predict_layer", "h.layers.0.*"), left float32.
+    keep_float: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        for name in ("parts", "keep_float"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise ConfigError(f"stages.int8_dynamic.{name}={value!r}: give a list, e.g. [{value}]")
+            object.__setattr__(self, name, tuple(value))
+        if not self.parts or len(set(self.parts)) != len(self.parts):
+            raise ConfigError(f"stages.int8_dynamic.parts={list(self.parts)}: give part roles, none repeated")
+
+    def check_family(self, family: Family) -> None:
+        check_part_roles("stages.int8_dynamic.parts", self.parts, family)
+
+
+def linear_names(part: nn.Module, keep_float: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(Linear modules to quantize, Linear modules kept float32 by a pattern), by module name."""
+    quantized, kept = [], []
+    for name, module in part.named_modules():
+        if isinstance(module, nn.Linear):
+            (kept if any(fnmatch.fnmatchcase(name, p) for p in keep_float) else quantized).append(name)
+    return quantized, kept
+
+
+def quantize_linears(part: nn.Module, names: list[str]) -> nn.Module:
+    """``part`` with the Linear modules ``names`` replaced by dynamic int8 ones, in place."""
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao's pointer to torchao, said above
+        warnings.filterwarnings("ignore", message=".*torchao.*")
+        return torch.ao.quantization.quantize_dynamic(part, {name: qconfig for name in names}, dtype=torch.qint8,
+                                                      inplace=True)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors of a state dict entry: a dynamic Linear stores (int8 weight, bias) as one entry."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def weight_bytes(module: nn.Module) -> tuple[int, int, int]:
+    """(bytes, values, int8 values) of every weight and buffer ``module`` ships; int8 tensors count one
+    byte a value plus their per-channel scales and zero points. A tensor shared under several names
+    (tied embeddings) counts once, as ``evaluate.memory.state_dict_size_mb`` counts it."""
+    total = values = int8_values = 0
+    seen = set()
+    for value in module.state_dict().values():
+        for tensor in _tensors(value):
+            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+            if key in seen:
+                continue
+            seen.add(key)
+            values += tensor.numel()
+            if tensor.is_quantized:
+                int8_values += tensor.numel()
+                total += tensor.numel()
+                if tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
+                    total += tensor.q_per_channel_scales().numel() * 8 + tensor.q_per_channel_zero_points().numel() * 8
+            else:
+                total += tensor.numel() * tensor.element_size()
+    return total, values, int8_values
+
+
+def parameter_count_int8(model: nn.Module) -> int:
+    """Parameters as the teacher counts them: a dynamic Linear's int8 weight and bias are no ``parameters()``."""
+    packed = sum(m.weight().numel() + (0 if m.bias() is None else m.bias().numel())
+                 for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear))
+    return sum(p.numel() for p in model.parameters()) + packed
+
+
+def build(teacher: Variant, settings: Int8DynamicSettings, ctx: StageContext) -> Variant:
+    """A copy of the teacher whose ``settings.parts`` run their Linear layers in dynamic int8; teacher untouched."""
+    settings.check_family(ctx.family)
+    require_parts("dynamic int8", teacher, ctx.family, settings.parts)
+    if teacher.device != "cpu":
+        raise ValueError(f"int8_dynamic runs on torch's CPU kernels; {teacher.name!r} is on {teacher.device!r}")
+    model = copy.deepcopy(teacher.model)
+    quantized_count, kept_all, fractions = 0, [], {}
+    for role in settings.parts:
+        part = model.parts()[role]
+        names, kept = linear_names(part, settings.keep_float)
+        if not names:
+            raise ValueError(f"stages.int8_dynamic: part {role!r} has no Linear layer left to quantize "
+                             f"(keep_float={list(settings.keep_float)} keeps {kept})")
+        model.replace_part(role, quantize_linears(part, names))
+        _, values, int8_values = weight_bytes(model.parts()[role])
+        fractions[f"{role}_int8_weight_fraction"] = int8_values / values
+        quantized_count += len(names)
+        kept_all += [f"{role}.{name}" for name in kept]
+    total_bytes, values, int8_values = weight_bytes(model)
+    return Variant(
+        name=VARIANT_NAME, model=model, engine="torch", device="cpu", params_m=parameter_count_int8(model) / 1e6,
+        size_mb=total_bytes / 1e6,
+        stage_metrics={"int8_linear_layers": float(quantized_count), "int8_weight_fraction": int8_values / values,
+                       **fractions},
+        stage_tags={"int8_parts": ",".join(settings.parts), "float_linear_layers": ",".join(kept_all) or "none",
+                    "execution": "torch.ao dynamic int8 (per-channel weights, per-call activations) on CPU kernels"},
+    )
