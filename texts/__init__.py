@@ -3,7 +3,7 @@
     from texts import load_sentences, phoneme_coverage
     eval_sentences = load_sentences("eval")
 
-Never train or calibrate on ``eval`` or ``harvard``: they measure what a compressed voice lost.
+Never train or calibrate on ``eval``, ``eval_ja`` or ``harvard``: they measure what a compressed voice lost.
 See texts/README.md for what each set is and where it came from.
 """
 from __future__ import annotations
@@ -25,11 +25,14 @@ NAMED_SETS = {
     "eval": TEXTS_DIR / "eval_sentences.txt",
     "calibration": TEXTS_DIR / "calibration_sentences.txt",
     "harvard": HARVARD_PATH,
+    # Japanese voices' sets (texts/README.md): the same roles as eval and calibration.
+    "eval_ja": TEXTS_DIR / "eval_sentences_ja.txt",
+    "calibration_ja": TEXTS_DIR / "calibration_sentences_ja.txt",
 }
 
 
 def load_sentences(name_or_path: str) -> list[str]:
-    """A named set (eval, calibration, harvard), or a .txt (one sentence a line) or .tsv (column ``text``)."""
+    """A named set (eval, calibration, harvard, eval_ja, calibration_ja), or a .txt (one sentence a line) or .tsv (column ``text``)."""
     path = NAMED_SETS.get(name_or_path) or Path(name_or_path)
     if path.suffix not in (".txt", ".tsv"):
         raise ValueError(

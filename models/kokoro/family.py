@@ -1,4 +1,5 @@
-"""Kokoro-82M as a registered family: loaders, parts, sampling and its ONNX graph (hooks it lacks stay None)."""
+"""Kokoro-82M as a registered family: loaders, parts, sampling, the shipped int8 graph as its reference
+runtime, its ONNX graph and its INT8 blocks (hooks it lacks stay None)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +8,8 @@ from models.family import Family
 from models.kokoro.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
 from models.kokoro.frontend import KokoroFrontend
 from models.kokoro.onnx_contract import graph_contracts
+from models.kokoro.quantization import QUANTIZATION
+from models.kokoro.reference_runtime import REFERENCE
 from models.kokoro.release import load_recovered_model, voice_pack
 from models.kokoro.sampling import KokoroSampling
 from models.kokoro.tiny import tiny_voice
@@ -28,5 +31,7 @@ FAMILY = Family(
     load_teacher=load_teacher,
     tiny_model=tiny_voice,
     default_voice="jf_alpha",
+    reference=REFERENCE,  # kokoro-v1.0.int8.onnx as it ships (original_onnx); our graphs in the same runtime
     graph_contracts=graph_contracts,
+    quantization=QUANTIZATION,  # INT8 of our exported graph (teacher_int8); not the shipped one, already int8
 )

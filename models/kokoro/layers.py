@@ -24,11 +24,15 @@ class AdaIN1d(nn.Module):
     which TensorRT runs at any batch, where InstanceNormalization wants its affine as initializers.
 
     ``mask`` (B, 1, T), 1 on an item's valid frames: the statistics are taken over those frames only
-    and the output is zero past them, so a padded item normalises as it would alone."""
+    and the output is zero past them, so a padded item normalises as it would alone.
+
+    ``statistics_dtype`` (float64 unless ``set_statistics_dtype`` says otherwise) is the precision of
+    the masked statistics: float32 for a graph TensorRT builds (it has no float64)."""
 
     def __init__(self, style_dim: int, channels: int):
         super().__init__()
         self.fc = nn.Linear(style_dim, 2 * channels)
+        self.statistics_dtype = torch.float64
 
     def forward(self, x: torch.Tensor, style: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         gamma, beta = self.fc(style).unsqueeze(-1).chunk(2, dim=1)  # (B, C, 1) each
@@ -36,15 +40,29 @@ class AdaIN1d(nn.Module):
             centered = x - x.mean(dim=-1, keepdim=True)  # (B, C, T)
             variance = (centered * centered).mean(dim=-1, keepdim=True)  # (B, C, 1), biased as InstanceNorm's
             return (1 + gamma) * (centered / torch.sqrt(variance + INSTANCE_NORM_EPS)) + beta  # (B, C, T)
-        # Statistics in float64, exported too: a sum's float32 rounding depends on how far the padding
-        # reaches and on the kernel, and a channel nearly constant over time (a steady source, as
-        # with the noise off) turns that rounding into its output; float64 sums agree to the bit.
-        wide, wide_mask = x.to(torch.float64), mask.to(torch.float64)
+        # Statistics in float64 by default, exported too: a sum's float32 rounding depends on how far
+        # the padding reaches and on the kernel, and a channel nearly constant over time (a steady
+        # source, as with the noise off) turns that rounding into its output; float64 sums agree to
+        # the bit. In float32 the casts vanish; real weights: 113 dB decoder SNR against float64.
+        wide, wide_mask = x.to(self.statistics_dtype), mask.to(self.statistics_dtype)
         frames = wide_mask.sum(dim=-1, keepdim=True)  # (B, 1, 1)
         centered = (wide - (wide * wide_mask).sum(dim=-1, keepdim=True) / frames) * wide_mask  # (B, C, T), 0 past the end
         variance = (centered * centered).sum(dim=-1, keepdim=True) / frames  # (B, C, 1)
         normalised = (centered / torch.sqrt(variance + INSTANCE_NORM_EPS)).to(x.dtype)
         return ((1 + gamma) * normalised + beta) * mask
+
+
+STATISTICS_DTYPES = (torch.float64, torch.float32)
+
+
+def set_statistics_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Every AdaIN1d in ``model`` takes its masked statistics in ``dtype``; returns ``model``."""
+    if dtype not in STATISTICS_DTYPES:
+        raise ValueError(f"AdaIN statistics dtype {dtype}: use one of {list(STATISTICS_DTYPES)}")
+    for module in model.modules():
+        if isinstance(module, AdaIN1d):
+            module.statistics_dtype = dtype
+    return model
 
 
 class AdaLayerNorm(nn.Module):

@@ -12,6 +12,14 @@ past ``audio_lengths`` (B,) int64, and ``durations`` (B, T_text) int64 frames pe
     export_graph(contract, "kokoro.onnx")              # export/onnx_export.py
     session.run(None, contract.feeds(request))         # the audio KokoroVoice.synthesize gives
 
+Three variants of the same graph (``synthesizer_contract(voice, variant)``): ``"reference"`` takes
+the masked AdaIN statistics in float64, as the model does; ``"float32"`` in float32, which TensorRT
+can build (it has no float64); ``"cpu"`` is models/kokoro/cpu_graph.py's rewrite for onnxruntime on
+CPU, float32 too. Real weights, against the float64 path in PyTorch: the decoder on the same inputs
+102-113 dB waveform SNR; end to end 35-38 dB for "float32" (the predictor's F0 moves by rounding and
+the phase integrates it; docs/results/cpu_8_kokoro_cpu.json); the "cpu" graph's DNSMOS and speaker
+similarity equal the "reference" graph's.
+
 The frame count is data dependent: the model takes it with ``.item()``, an unbacked symbol under
 torch.export, and its LSTMs become ONNX LSTM nodes with ``sequence_lens`` (models/kokoro/lstm.py),
 so the graph needs the dynamo exporter. The graph holds no STFT/DFT (convolutions, models/kokoro/
@@ -27,7 +35,9 @@ from torch import nn
 
 from models.graph_contract import SYNTHESIZER, GraphContract
 from models.interface import SynthesisRequest
+from models.kokoro.cpu_graph import cpu_model
 from models.kokoro.decoder import HARMONICS, SourceNoise
+from models.kokoro.layers import set_statistics_dtype
 from models.kokoro.model import KokoroModel
 from models.kokoro.sampling import KokoroSampling
 from models.kokoro.voice import KokoroVoice
@@ -95,11 +105,24 @@ def example_inputs(voice: KokoroVoice) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(array) for name, array in kokoro_feeds(request, voice).items()}
 
 
-def synthesizer_contract(voice: KokoroVoice) -> GraphContract:
-    """The end-to-end graph of a KokoroVoice, traced on a CPU copy of its model."""
-    model = voice.model
-    if next(model.parameters()).device.type != "cpu":
-        model = copy.deepcopy(model).cpu()
+GRAPH_VARIANTS = ("reference", "float32", "cpu")
+
+
+def graph_model(model: KokoroModel, variant: str) -> KokoroModel:
+    """A CPU copy of ``model`` in the graph ``variant`` (module docstring)."""
+    if variant not in GRAPH_VARIANTS:
+        raise ValueError(f"Kokoro graph variant {variant!r}: use one of {list(GRAPH_VARIANTS)}")
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if variant == "reference":
+        return model if on_cpu else copy.deepcopy(model).cpu()
+    if variant == "float32":
+        return set_statistics_dtype(copy.deepcopy(model).cpu(), torch.float32)
+    return cpu_model(model if on_cpu else copy.deepcopy(model).cpu())  # cpu_model copies
+
+
+def synthesizer_contract(voice: KokoroVoice, variant: str = "reference") -> GraphContract:
+    """The end-to-end graph of a KokoroVoice, traced on a CPU copy of its model in ``variant``."""
+    model = graph_model(voice.model, variant)
     cpu_voice = KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name)
     return GraphContract(
         module=KokoroExportWrapper(model).eval(),
@@ -111,7 +134,9 @@ def synthesizer_contract(voice: KokoroVoice) -> GraphContract:
         audio_output="audio",
         durations_output="durations",
         rewrites=("AdaIN as masked normalisation over time", "STFT/iSTFT as convolutions",
-                  "random sources as inputs", "LSTMs as ONNX LSTM with sequence_lens"),
+                  "random sources as inputs", "LSTMs as ONNX LSTM with sequence_lens",
+                  *(("AdaIN statistics in float32",) if variant != "reference" else ()),
+                  *(("generator AdaIN + Snake as one affine, sin and a scale",) if variant == "cpu" else ())),
     )
 
 
