@@ -90,7 +90,7 @@ class BucketedEngine:
     def __init__(self, generator: EmotiVoiceGenerator, graphs: bool = True, frame_dtype: torch.dtype = torch.float16,
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None):
-        """``conv_layout`` (models/conv_layout.py) of the vocoder's convolutions; None: channels-last
+        """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere."""
         self.device = next(generator.parameters()).device
@@ -101,8 +101,8 @@ class BucketedEngine:
         self.text_stage = TextStage(folded_copy(generator).float(), length_scale).eval()
         self.frame_model = folded_copy(generator).to(frame_dtype).eval()
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
-        if conv_layout != "ncw":
-            convert_convs(self.frame_model.generator, conv_layout)
+        if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
+            convert_convs(self.frame_model, conv_layout)
         self.frame_stages: dict[int, FrameStage] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time

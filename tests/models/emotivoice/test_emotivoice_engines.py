@@ -29,8 +29,10 @@ def generator():
 
 
 @torch.no_grad()
-def test_eager_buckets_equal_the_model_row_by_row(generator):
-    engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, batch_buckets=(4,), frame_bucket=32)
+@pytest.mark.parametrize("conv_layout", ["ncw", "channels_last"])  # channels_last: the CUDA default
+def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout):
+    engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, batch_buckets=(4,), frame_bucket=32,
+                            conv_layout=conv_layout)
     batch = inputs(generator, LENGTHS)
     out = engine.synthesize(*batch)
     reference = generator.inference_copy()(*batch, masked=True)
