@@ -48,6 +48,7 @@ from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
+    T2SLayerWeights,
     T2SWeights,
 )
 
@@ -82,6 +83,17 @@ class T2SResult:
     def official_idx(self) -> int:
         """What ``infer_panel`` returns as ``idx``: the stop step, but 0 in reference-free mode."""
         return 0 if self.reference_free else self.stop_step
+
+
+def after_attention(x: torch.Tensor, attention: torch.Tensor, layer: T2SLayerWeights) -> torch.Tensor:
+    """The rest of a post-norm layer for one token a row: x (B, d) and its attention (B, d) ->
+    LayerNorm(y + FFN(y)) with y = LayerNorm(x + W_o attention), in cuBLAS products."""
+    d = x.shape[-1]
+    x = F.layer_norm(x + torch.addmm(layer.out_bias, attention, layer.out_weight.t()), (d,), layer.norm1_weight,
+                     layer.norm1_bias, LAYER_NORM_EPS)
+    hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
+    return F.layer_norm(x + torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()), (d,), layer.norm2_weight,
+                        layer.norm2_bias, LAYER_NORM_EPS)
 
 
 def _buckets(limit: int, start: int) -> list[int]:
@@ -269,15 +281,7 @@ class T2SEngine:
             keys = cache[:, :, 0].transpose(1, 2)  # (B, H, Lb, Dh)
             values = cache[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).reshape(batch, d)
-            x = F.layer_norm(
-                x + torch.addmm(layer.out_bias, attention, layer.out_weight.t()), (d,), layer.norm1_weight,
-                layer.norm1_bias, LAYER_NORM_EPS,
-            )
-            hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
-            x = F.layer_norm(
-                x + torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()), (d,), layer.norm2_weight,
-                layer.norm2_bias, LAYER_NORM_EPS,
-            )
+            x = after_attention(x, attention, layer)
         logits = (x @ w.predict_weight.t()).float()  # (B, V)
         self._choose_and_record(rows, logits, greedy)
         self.cache_len[rows].add_(1)

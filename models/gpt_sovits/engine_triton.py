@@ -26,11 +26,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from models.gpt_sovits.engine import T2SEngine
+from models.gpt_sovits.engine import T2SEngine, after_attention
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
@@ -269,15 +268,7 @@ class TritonT2SEngine(T2SEngine):
                 D_MODEL=d, HEAD_DIM=config.head_dim, HEAD_PAD=triton.next_power_of_2(config.head_dim),
                 BLOCK_L=self.attention_block, MAX_LEN=self.max_len, num_warps=self.num_warps,
             )
-            x = F.layer_norm(
-                x + torch.addmm(layer.out_bias, attention, layer.out_weight.t()), (d,), layer.norm1_weight,
-                layer.norm1_bias, LAYER_NORM_EPS,
-            )
-            hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
-            x = F.layer_norm(
-                x + torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()), (d,), layer.norm2_weight,
-                layer.norm2_bias, LAYER_NORM_EPS,
-            )
+            x = after_attention(x, attention, layer)
         self._record(batch, (x @ w.predict_weight.t()).float(), greedy)  # (B, V) logits
 
     def _record(self, batch: int, logits: torch.Tensor, greedy: bool) -> None:
