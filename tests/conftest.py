@@ -1,6 +1,7 @@
 """Shared fixtures: the real Hydra config, composed the way the CLI composes it."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -25,3 +26,13 @@ def compose_config(tmp_path: Path, overrides: list[str]) -> dict:
 @pytest.fixture
 def debug_config(tmp_path):
     return lambda *overrides: compose_config(tmp_path, ["+experiment=debug", *overrides])
+
+
+@pytest.fixture
+def server_log(caplog):
+    """Every record of the app and of uvicorn (whose loggers do not propagate to the root)."""
+    uvicorn_logger = logging.getLogger("uvicorn")
+    uvicorn_logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO)
+    yield caplog
+    uvicorn_logger.removeHandler(caplog.handler)

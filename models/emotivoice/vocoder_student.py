@@ -44,11 +44,7 @@ from models.training.decoder_training import (
     SegmentSampler,
     train_decoder,
 )
-from models.training.pruning import (
-    CALIBRATION_BATCHES,
-    ROUND_CHANNELS_TO,
-    second_order_taylor_gradients,
-)
+from models.training.pruning import ROUND_CHANNELS_TO, group_importance
 
 if TYPE_CHECKING:  # the voice pulls in transformers and the front end, which the GPU machine does not need
     from models.emotivoice.voice import EmotiVoiceVoice
@@ -195,14 +191,7 @@ def prune_vocoder(vocoder: nn.Module, mel_channels: int, ratio: float, importanc
     import torch_pruning as tp  # only the machine that prunes needs it
 
     vocoder = plain_vocoder(vocoder)
-    if importance == "magnitude":
-        scorer = tp.importance.GroupMagnitudeImportance(p=2)
-    else:
-        if calibration is None:
-            raise ValueError("taylor importance needs calibration batches; pass calibration=SegmentSampler(...)")
-        second_order_taylor_gradients(
-            vocoder, [lambda step=step: vocoder(calibration.batch(step)[0]) for step in range(CALIBRATION_BATCHES)])
-        scorer = tp.importance.GroupTaylorImportance()
+    scorer = group_importance(vocoder, importance, calibration)
     example_mel = torch.randn(1, mel_channels, 16, device=next(vocoder.parameters()).device)  # (B, n_mels, T)
     tp.pruner.BasePruner(vocoder, example_mel, importance=scorer, pruning_ratio=ratio,
                          ignored_layers=[vocoder.conv_post],  # its one output channel is the waveform

@@ -34,3 +34,18 @@ def second_order_taylor_gradients(module: nn.Module, outputs: list[Callable[[], 
                 total += parameter.grad.detach() ** 2
     for total, parameter in zip(squared, module.parameters()):
         parameter.grad = (total / len(outputs)).sqrt()
+
+
+def group_importance(module: nn.Module, importance: str, calibration=None):
+    """Torch-Pruning's group importance for a convolutional decoder or vocoder: ``"magnitude"`` (L2 of
+    the weights), else second-order Taylor saliency from ``calibration`` (a SegmentSampler whose
+    ``batch(step)[0]`` is the module's input) in each parameter's ``.grad``."""
+    import torch_pruning as tp  # only the machine that prunes needs it
+
+    if importance == "magnitude":
+        return tp.importance.GroupMagnitudeImportance(p=2)
+    if calibration is None:
+        raise ValueError("taylor importance needs calibration batches; pass calibration=SegmentSampler(...)")
+    second_order_taylor_gradients(
+        module, [lambda step=step: module(calibration.batch(step)[0]) for step in range(CALIBRATION_BATCHES)])
+    return tp.importance.GroupTaylorImportance()

@@ -16,13 +16,18 @@ import time
 import httpx
 import pytest
 import torch
+from serve_support import (
+    gated,
+    running_server,
+    serve_settings,
+    served_variant,
+    wait_until,
+)
 
 from models.interface import SynthesisResult
-
 from serve.app import create_app
 from serve.client_limits import ClientConnection
 from serve.streaming import PacedAudioResponse
-from serve_support import gated, running_server, serve_settings, served_variant, wait_until
 
 SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Bring the red kite."}
 # 120 sentences of 1.5 s (LongAudioModel): 10 MB of SSE, well past what loopback's kernel buffers
@@ -50,16 +55,6 @@ class LongAudioModel:
 @pytest.fixture(scope="module")
 def onnx_served():
     return served_variant("original_onnx")
-
-
-@pytest.fixture
-def server_log(caplog):
-    """Every record of the app and of uvicorn (whose loggers do not propagate to the root)."""
-    uvicorn_logger = logging.getLogger("uvicorn")
-    uvicorn_logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    uvicorn_logger.removeHandler(caplog.handler)
 
 
 def assert_no_traceback(caplog) -> None:

@@ -41,16 +41,6 @@ class FailingModel:
         return self.inner.synthesize(request)
 
 
-@pytest.fixture
-def server_log(caplog):
-    """Every record of the app and of uvicorn (whose loggers do not propagate to the root)."""
-    uvicorn_logger = logging.getLogger("uvicorn")
-    uvicorn_logger.addHandler(caplog.handler)
-    caplog.set_level(logging.INFO)
-    yield caplog
-    uvicorn_logger.removeHandler(caplog.handler)
-
-
 def serve_failing(tmp_path, model: FailingModel):
     settings = serve_settings(tmp_path, "serve.warmup=false", "serve.max_batch_size=1")
     served = served_variant("original_onnx")

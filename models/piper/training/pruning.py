@@ -26,7 +26,12 @@ from models.piper.vits import TextEncoder, VitsHyperParams, hyperparams_from_dic
 from models.training.convolutions import convolution_channels, resize_convolutions
 from models.training.decoder_training import SegmentSampler
 from models.training.pruning import (
-    CALIBRATION_BATCHES, FINETUNE_FINAL_LR_FRACTION, PRUNING_SEED, ROUND_CHANNELS_TO, second_order_taylor_gradients,
+    CALIBRATION_BATCHES,
+    FINETUNE_FINAL_LR_FRACTION,
+    PRUNING_SEED,
+    ROUND_CHANNELS_TO,
+    group_importance,
+    second_order_taylor_gradients,
 )
 from models.training.schedule import learning_rate
 
@@ -48,14 +53,7 @@ def prune_decoder(decoder: nn.Module, latent_channels: int, ratio: float, import
     """
     import torch_pruning as tp  # only the machine that prunes needs it
 
-    if importance == "magnitude":
-        scorer = tp.importance.GroupMagnitudeImportance(p=2)
-    else:
-        if calibration is None:
-            raise ValueError("taylor importance needs calibration batches; pass calibration=SegmentSampler(...)")
-        second_order_taylor_gradients(
-            decoder, [lambda step=step: decoder(calibration.batch(step)[0]) for step in range(CALIBRATION_BATCHES)])
-        scorer = tp.importance.GroupTaylorImportance()
+    scorer = group_importance(decoder, importance, calibration)
     example_latent = torch.randn(1, latent_channels, 16, device=next(decoder.parameters()).device)
     pruner = tp.pruner.BasePruner(
         decoder, example_latent, importance=scorer, pruning_ratio=ratio,
