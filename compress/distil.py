@@ -27,6 +27,7 @@ from core.paths import DEFAULT_CACHE_DIR
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.family import DistilHooks, Family
 from models.registry import FAMILIES, get_family
+from texts import load_sentences
 from texts.training_text import generate_training_sentences
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ def _train_here(hooks: DistilHooks, model, settings: DistilSettings, work_dir: P
     phoneme_ids = _training_phoneme_ids(model, settings.training_sentences, settings.seed)
     card = {"machine": "pipeline (this machine)", **dataclasses.asdict(settings)}
     summary = hooks.train_student(
-        model, phoneme_ids, dict(settings.student), work_dir / "lite_ckpt.pt", weights_path, card,
+        model, phoneme_ids, dict(settings.student), work_dir / "lite_state", weights_path, card,
         steps=settings.train_steps, lr=settings.lr, warmup_steps=settings.warmup_steps,
         final_lr_fraction=settings.final_lr_fraction, batch_size=settings.batch_size,
         segment_frames=settings.segment_frames, latent_weight=settings.latent_weight, seed=settings.seed)
@@ -129,7 +130,11 @@ def _prepare(args: argparse.Namespace) -> None:
     voice = args.voice or family.default_voice
     model = family.load_teacher(voice, Path(args.cache_dir))
     phoneme_ids = _training_phoneme_ids(model, args.sentences, args.seed)
-    hooks.write_bundle(model, phoneme_ids, Path(args.out), {"voice": voice, "training_text_seed": args.seed})
+    # Held-out sentences for the quality curve: the eval set, never Harvard (the external test set).
+    eval_ids = [seq.phoneme_ids for text in load_sentences("eval")[: args.eval_sentences]
+                for seq in model.text_to_utterances(text)]
+    hooks.write_bundle(model, phoneme_ids, Path(args.out), {"voice": voice, "training_text_seed": args.seed,
+                                                            "eval_phoneme_ids": eval_ids})
     print(f"wrote {args.out}: {len(phoneme_ids)} training sequences; on the GPU machine:\n"
           + hooks.train_command.format(bundle=args.out))
 
@@ -144,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     prepare.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the teacher's converted weights are cached")
     prepare.add_argument("--sentences", type=int, default=12000)
     prepare.add_argument("--seed", type=int, default=0)
+    prepare.add_argument("--eval-sentences", type=int, default=24,
+                         help="first N eval-set sentences, for the training run's quality curve")
     prepare.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     _prepare(args)

@@ -17,7 +17,9 @@ INT8 on the ONNX side. From the ``original_onnx`` variant:
 
 ORT fuses each DequantizeLinear -> Conv -> QuantizeLinear into a QLinearConv (and MatMul into
 QLinearMatMul) when it loads the graph; ConvTranspose has no int8 CPU kernel and runs in fp32
-on dequantized weights, so quantizing it only adds error.
+on dequantized weights, so quantizing it only adds error. ``build(..., polyphase_conv_transpose=True)``
+(the ``lite_poly_int8`` variant) first rewrites each ConvTranspose as the same function in a Conv
+(export/rewrites/polyphase_conv_transpose.py), whose block is then measured like any other.
 
 Measured with the defaults (joe voice, 2 threads, AVX-512 VNNI, 20 eval sentences, batch 1):
 49 of 155 Conv/MatMul nodes run int8 (the flow's coupling layers, the two top-level MatMuls,
@@ -74,6 +76,7 @@ from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
 from evaluate.memory import file_size_mb
 from evaluate.rtf import timed_median
+from export.rewrites.polyphase_conv_transpose import polyphase_conv_transpose
 from models.family import Family, QuantizationLayout, ReferenceRuntime
 from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
 from models.registry import FAMILIES, family_of, get_family
@@ -216,6 +219,18 @@ def _prepared_graph(reference: ReferenceRuntime, original_graph: Path, work_dir:
     return path
 
 
+def _polyphase_graph(graph_path: Path, work_dir: Path, graph_sha: str) -> tuple[Path, dict[str, str]]:
+    """``graph_path`` with its ConvTranspose nodes as polyphase Convs (same function, fp32): what
+    calibration, sensitivity and quantization then read; and the rewrite's report per node."""
+    rewritten, report = polyphase_conv_transpose(onnx.load(str(graph_path)))
+    path = work_dir / f"fp32_polyphase-{graph_sha[:16]}.onnx"
+    if not path.is_file():
+        tmp_path = path.with_name(path.name + ".tmp")
+        onnx.save(rewritten, tmp_path)
+        os.replace(tmp_path, path)
+    return path, report
+
+
 def _calibrate(graph_path: Path, voice: TTSModel, requests: list[SynthesisRequest],
                settings: Int8OrtSettings, cache_path: Path) -> float:
     """Write ORT's range cache for ``settings.op_types``' tensors; returns the seconds it took."""
@@ -341,11 +356,15 @@ def speed_check(fp32_voice: TTSModel, int8_voice: TTSModel,
             "stage_check_speedup_vs_fp32": compute_s["fp32"] / compute_s["int8"]}
 
 
-def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant_name: str = VARIANT_NAME) -> Variant:
+def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant_name: str = VARIANT_NAME,
+          polyphase_conv_transpose: bool = False) -> Variant:
     """An INT8 variant of the onnxruntime variant ``source``; reuses finished files in ctx.work_dir.
 
     ``source``: the voice's original graph (``original_onnx`` -> ``int8_ort``), or a graph exported
     in the same contract (``lite_ort`` -> ``lite_int8``).
+    ``polyphase_conv_transpose``: first rewrite every ConvTranspose as a polyphase Conv
+    (export/rewrites/polyphase_conv_transpose.py; same function), so the upsampling blocks are
+    measured and, where they pass, run INT8 (``lite_ort`` -> ``lite_poly_int8``).
     """
     family = family_of(source.model)
     if source.engine != "onnxruntime" or family.reference is None:
@@ -372,7 +391,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
     calibration_texts = [s.text for s in ctx.calibration_sequences[: settings.calibration_sentences]]
     sensitivity_texts = [s.text for s in ctx.calibration_sequences[: settings.sensitivity_sentences]]
     calibration_key = inputs_key(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,
-                            calibration_texts)
+                            calibration_texts, *(["polyphase_conv_transpose"] if polyphase_conv_transpose else []))
     sensitivity_key = inputs_key(calibration_key, settings.per_channel, settings.activation_symmetric,
                             sensitivity_texts, settings.exclude_blocks, settings.sensitivity_blocks)
     model_key = inputs_key(sensitivity_key, dataclasses.asdict(settings))
@@ -385,7 +404,8 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
 
     manifest = read_keyed_json(manifest_path, model_key) if model_path.is_file() else None
     if manifest is None:
-        manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, calibration_key, sensitivity_key,
+        manifest = _quantize_voice(source, settings, ctx, work_dir, graph_sha, polyphase_conv_transpose,
+                                   calibration_key, sensitivity_key,
                                    model_key, model_path, sensitivity_json, sensitivity_csv)
         write_text_atomic(manifest_path, json.dumps(manifest, indent=1))
     int8_voice = family.reference.load_graph(voice_name, ctx.cpu_threads, model_path)
@@ -398,7 +418,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
 
 
 def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContext, work_dir: Path,
-                    graph_sha: str, calibration_key: str, sensitivity_key: str, model_key: str,
+                    graph_sha: str, polyphase: bool, calibration_key: str, sensitivity_key: str, model_key: str,
                     model_path: Path, sensitivity_json: Path, sensitivity_csv: Path) -> dict:
     """Calibrate (or reuse the ranges), measure blocks (or reuse the table), quantize; returns the manifest."""
     voice_name = source.model.voice
@@ -408,6 +428,9 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
     original = source.model.graph_path == original_graph
     graph_path = (_prepared_graph(reference, original_graph, work_dir, graph_sha) if original
                   else source.model.graph_path)
+    conv_transpose = {}
+    if polyphase:
+        graph_path, conv_transpose = _polyphase_graph(graph_path, work_dir, graph_sha)
     graph = onnx.load(str(graph_path), load_external_data=False)
     blocks = quantizable_blocks(graph, settings.op_types, family.quantization)
     for name in ("exclude_blocks", "sensitivity_blocks"):
@@ -478,6 +501,8 @@ def _quantize_voice(source: Variant, settings: Int8OrtSettings, ctx: StageContex
         "cpu_threads": str(ctx.cpu_threads),
         "onnxruntime": onnxruntime.__version__,
         "reused": ",".join(reused),
+        # node -> "rewritten" (a polyphase Conv, block measured like any Conv) or why it was left
+        "conv_transpose_polyphase": json.dumps(conv_transpose) if polyphase else "off",
     }
     return {"key": model_key, "settings": dataclasses.asdict(settings),
             "stage_metrics": stage_metrics, "stage_tags": stage_tags}

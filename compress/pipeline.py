@@ -16,6 +16,7 @@ from rich.console import Console
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
+from compress.stage_cache import graph_dir, stage_dir
 from compress.stages import STAGES
 from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
@@ -137,7 +138,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
             for name in ordered:
                 if name in STAGES:
                     spec = STAGES[name]
-                    context = StageContext(calibration_sequences(), Path(settings.paths.output_dir) / "stages" / name,
+                    context = StageContext(calibration_sequences(), stage_dir(settings.paths.output_dir, family.name, name),
                                            settings.evaluate.cpu_threads, Path(settings.paths.cache_dir),
                                            family, settings.model.voice, sampling)
                     context.work_dir.mkdir(parents=True, exist_ok=True)
@@ -166,7 +167,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 # Every variant's deployable graph, its checks and (torch variants) its parity; later
                 # stages (lite_ort) start from it.
                 graph_metrics, graph_tags, graph_artifacts = variant_graph(
-                    variant, settings, calibration_sequences(), Path(settings.paths.output_dir) / "graphs" / name)
+                    variant, settings, calibration_sequences(), graph_dir(settings.paths.output_dir, family.name, name))
                 variant.artifacts.update(graph_artifacts)
                 metrics = {**variant.stage_metrics, **result.metrics, **family_metrics, **graph_metrics,
                            **gpu.get("variants", {}).get(name, {})}

@@ -94,7 +94,7 @@ def register_champion(selection: Selection, variant_artifacts: dict[str, dict[st
     """
     deployed, why = deployable_choice(selection, variant_artifacts)
     source_graph = _graph(variant_artifacts, deployed)
-    folder = Path(output_dir) / settings.manifest_dir
+    folder = settings.champion_dir(output_dir, voice.family)
     graph_name = f"{deployed}.onnx"
     atomic_write(folder / graph_name, lambda tmp: shutil.copyfile(source_graph, tmp))
     for stale in folder.glob("*.onnx"):  # an earlier champion's graph: the manifest names only the new one

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.config import ConfigError
@@ -162,7 +163,7 @@ class SelectionSettings:
     # The reference scored against itself: the pipeline logs MCD and speaker similarity only for the others.
     reference_self_scores: dict[str, float] = field(default_factory=lambda: {"mcd_db": 0.0, "spk_sim": 1.0})
     registry: RegistrySettings = field(default_factory=RegistrySettings)
-    manifest_dir: str = "champion"
+    manifest_dir: str = "champion"  # under paths.output_dir, one folder per family (champion_dir)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
@@ -180,6 +181,11 @@ class SelectionSettings:
                                 "a mapping metric -> number")
         if not self.manifest_dir or "/" in self.manifest_dir or self.manifest_dir in (".", ".."):
             raise ConfigError(f"selection.manifest_dir={self.manifest_dir!r}: one folder name under paths.output_dir")
+
+    def champion_dir(self, output_dir: str | Path, family: str) -> Path:
+        """``<output_dir>/<manifest_dir>/<family>``: where a run of ``family`` writes its champion, so
+        two families' runs keep their own; conf/serve's manifest_path reads the same folder."""
+        return Path(output_dir) / self.manifest_dir / family
 
     def rule_text(self, reference_name: str) -> str:
         objective = f"{self.objective.direction} {self.objective.metric}"

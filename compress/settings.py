@@ -15,7 +15,7 @@ from models.registry import FAMILIES
 
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "teacher_ort", "teacher_int8", "pruned", "int8_modelopt", "lite",
-                  "lite_ort", "lite_int8", "int8_dynamic")  # compress/stages.py builds these
+                  "lite_ort", "lite_int8", "lite_poly_int8", "int8_dynamic")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
 REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "teacher_ort", "teacher_int8", "lite_ort")  # run by family.reference (load, load_graph)
 NEVER_CALIBRATE_ON = ("eval", "eval_ja", "harvard")  # held-out sets: a variant tuned on them would flatter itself
@@ -103,6 +103,10 @@ class RunSettings:
         if needs_reference and family.reference is None:
             raise ConfigError(f"variants {needs_reference} run graphs in the family's reference runtime, and family "
                               f"{family.name!r} has none (models/registry.py); drop them from variants")
+        if self.export.graph_variant is not None and self.export.graph_variant not in family.graph_variants:
+            raise ConfigError(f"export.graph_variant={self.export.graph_variant!r}: family {family.name!r} exports "
+                              + (f"one of {list(family.graph_variants)}" if family.graph_variants
+                                 else "one form of its graphs; leave it null"))
         if "lite_ort" in self.variants and not self.export.enabled:
             raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")
         if "teacher_ort" in self.variants and not self.export.enabled:

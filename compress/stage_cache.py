@@ -1,9 +1,13 @@
-"""What the INT8 stages share for resuming: keys of their inputs, keyed JSON files, and the
+"""What stages share for resuming: the folders they keep their outputs in (one per family, so two
+families' runs never overwrite each other's), keys of their inputs, keyed JSON files, and the
 per-block sensitivity table (JSON for the notebook, CSV for people) in one format.
 
+    work_dir = stage_dir(output_dir, "kokoro", "teacher_int8")  # <output_dir>/stages/kokoro/teacher_int8
     key = inputs_key(graph_sha, settings_dict, texts)     # 16 hex digits
     table = read_keyed_json(path, key)                     # None when missing or made from other inputs
     write_sensitivity_table(rows, key, json_path, csv_path)
+
+A rerun of the same family with the same inputs finds its finished work in the same folder.
 """
 from __future__ import annotations
 
@@ -14,6 +18,16 @@ import json
 from pathlib import Path
 
 from core.atomic_io import write_text_atomic
+
+
+def stage_dir(output_dir: str | Path, family: str, variant: str) -> Path:
+    """``<output_dir>/stages/<family>/<variant>``: what the stage building ``variant`` keeps for a rerun."""
+    return Path(output_dir) / "stages" / family / variant
+
+
+def graph_dir(output_dir: str | Path, family: str, variant: str) -> Path:
+    """``<output_dir>/graphs/<family>/<variant>``: the variant's exported graphs and engines."""
+    return Path(output_dir) / "graphs" / family / variant
 
 
 def inputs_key(*parts) -> str:

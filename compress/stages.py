@@ -47,6 +47,11 @@ STAGES = {
     "lite_ort": StageSpec("lite", None, None, onnxruntime_variant.build),
     "lite_int8": StageSpec("lite_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
                            partial(int8_onnxruntime.build, variant_name="lite_int8")),
+    # The same, after the upsampling ConvTransposes become polyphase Convs (exact), so that they too
+    # are blocks the sensitivity pass may put in INT8 (ORT has no INT8 ConvTranspose kernel).
+    "lite_poly_int8": StageSpec("lite_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
+                                partial(int8_onnxruntime.build, variant_name="lite_poly_int8",
+                                        polyphase_conv_transpose=True)),
     # Fake quantization in PyTorch: CPU timing would measure quantize-dequantize overhead, not INT8
     # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
     "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from core.atomic_io import write_text_atomic
-from core.revision import provenance, save_diff
+from core.publishing import UnpublishableTreeError, add_allow_dirty_argument, publication_provenance
 from evaluate.rtf import measure_batch1, measure_batched
 from models.family import Family
 from models.interface import SynthesisRequest, SynthesisResult, TTSModel, Utterance
@@ -192,9 +192,11 @@ def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: i
         device: str = "cuda", variants: tuple[str, ...] = ("teacher",),
         keep_fp32: tuple[str, ...] = DEFAULT_KEEP_FP32, audio_utterances: int = 40,
         sensitivity_utterances: int = 16, host_cpu_threads: int | None = None,
-        cache_dir: Path = DEFAULT_CACHE_DIR) -> dict:
+        cache_dir: Path = DEFAULT_CACHE_DIR, allow_dirty: bool = False) -> dict:
     """``voice`` as the inputs' family loads it (``family.load_teacher``); ``device="cpu"`` runs the
-    same code path without a GPU (a smoke test); names then say cpu."""
+    same code path without a GPU (a smoke test); names then say cpu. An ``out`` under docs/ from a
+    dirty tree raises UnpublishableTreeError before any work, unless ``allow_dirty`` (core/publishing.py)."""
+    origin = publication_provenance(REPO_ROOT, out, allow_dirty)
     unknown = sorted(set(variants) - {"teacher", *HALF_VARIANTS})
     if unknown or "teacher" not in variants:
         raise ValueError(f"variants {list(variants)}: unknown {unknown}; give teacher (the reference) "
@@ -288,8 +290,7 @@ def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: i
                       sensitivity_utterances=len(calibration))
         if mcd_missing:
             report["part_sensitivity_note"] = mcd_missing
-    report["provenance"] = provenance(REPO_ROOT)
-    save_diff(REPO_ROOT, out)
+    report["provenance"] = origin
     write_text_atomic(Path(out), json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return report
@@ -322,6 +323,7 @@ def main() -> None:
                        help="parts the half variants leave in FP32 (comma list; '' for none)")
     bench.add_argument("--audio-utterances", type=int, default=40, help="waveforms saved per variant")
     bench.add_argument("--sensitivity-utterances", type=int, default=16, help="calibration utterances per table")
+    add_allow_dirty_argument(bench)
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.eval_set, args.out, args.seed, args.family, args.voice, args.cache_dir)
@@ -330,9 +332,12 @@ def main() -> None:
             parser.error("--device cuda needs a CUDA GPU: torch.cuda.is_available() is False")
         variants = tuple(name for name in args.variants.split(",") if name)
         keep_fp32 = tuple(role for role in args.keep_fp32.split(",") if role)
-        run(args.voice, args.inputs, args.out, args.warm_runs, args.host_cpu_sentences, args.device,
-            variants, keep_fp32, args.audio_utterances, args.sensitivity_utterances, args.host_cpu_threads,
-            args.cache_dir)
+        try:
+            run(args.voice, args.inputs, args.out, args.warm_runs, args.host_cpu_sentences, args.device,
+                variants, keep_fp32, args.audio_utterances, args.sensitivity_utterances, args.host_cpu_threads,
+                args.cache_dir, args.allow_dirty)
+        except UnpublishableTreeError as error:  # raised before any work
+            parser.error(str(error))
 
 
 if __name__ == "__main__":

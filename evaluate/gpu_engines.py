@@ -30,7 +30,7 @@ import torch
 
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.revision import provenance, save_diff
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.gpu_benchmark import save_audio
 from evaluate.rtf import measure_batch1, measure_batched
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
@@ -108,7 +108,9 @@ def main() -> None:
                         "utterances (audio_<variant>__<engine>.npz beside --out) for evaluate.score_gpu_audio: "
                         "quality measured on exactly what was timed")
     parser.add_argument("--device", default="cuda")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)  # the tree the engines were built from
     started = time.perf_counter()
 
     bundle = _read_bundle(args.bundle)
@@ -140,10 +142,11 @@ def main() -> None:
             results[f"{variant}/{backend}"] = {"error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
         else:
             _run_engines(suite, variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
-                         eager_outputs, report=lambda: _write_report(args, results, len(sequences), inputs["eval_set"]))
+                         eager_outputs, report=lambda: _write_report(args, results, len(sequences), inputs["eval_set"],
+                                                                     origin))
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-        _write_report(args, results, len(sequences), inputs["eval_set"])  # after each engine: a timeout keeps the rest
+        _write_report(args, results, len(sequences), inputs["eval_set"], origin)  # after each engine: a timeout keeps the rest
 
 
 def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
@@ -190,7 +193,8 @@ def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: 
         report()
 
 
-def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances: int, eval_set: str) -> None:
+def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances: int, eval_set: str,
+                  origin: dict) -> None:
     baseline = results.get("teacher/eager", {}).get("rtf_cuda_b1")
     for row in results.values():
         if baseline and "rtf_cuda_b1" in row:
@@ -200,8 +204,7 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
                           "compile_mode": "default (torch.compile), dynamic shapes",
                           "date": datetime.date.today().isoformat()},
               "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "engines": results,
-              "provenance": provenance(REPO_ROOT)}
-    save_diff(REPO_ROOT, args.out)
+              "provenance": origin}
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
 
 

@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 
 SPEED_KEYS = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
 VRAM_KEYS = ("vram_peak_mib", "vram_peak_mib_b16", "vram_weights_mib")
@@ -79,10 +81,13 @@ def main() -> None:
     parser.add_argument("--engines", required=True, nargs="+", help="engines reports, oldest first")
     parser.add_argument("--drop", default="", help="comma-separated [n:]variant/engine rows to leave out")
     parser.add_argument("--out", required=True)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     calls = [json.loads(Path(path).read_text()) for path in args.engines]
     drop = tuple(pair for pair in args.drop.split(",") if pair)
     merged = merge(json.loads(Path(args.benchmark).read_text()), combine_engine_calls(calls, drop))
+    merged["provenance"] = origin  # of this merge; each call's own provenance stays in its file
     write_text_atomic(Path(args.out), json.dumps(merged, indent=2))
     print(f"wrote {args.out}: {sorted(merged['variants'])}")
 

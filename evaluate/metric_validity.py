@@ -19,7 +19,7 @@ from tqdm import tqdm
 from evaluate.degradations import STANDARD_DEGRADATIONS
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
-from core.revision import provenance, save_diff
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
@@ -73,9 +73,11 @@ def main() -> None:
     parser.add_argument("--language", default="en", help="what the voice speaks; zh and ja are scored by CER")
     parser.add_argument("--recognizer", default="whisper", choices=("whisper", "pocketsphinx_domain"))
     parser.add_argument("--out", required=True)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
     if args.sentences < 1:
         parser.error(f"--sentences must be >= 1, got {args.sentences}")
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)  # a dirty tree refused before the run
     family = get_family(args.family)
     voice = args.voice or family.default_voice
     torch.manual_seed(0)
@@ -83,8 +85,7 @@ def main() -> None:
                              args.language, args.recognizer)
     payload = {"family": family.name, "voice": voice, "eval_set": args.eval_set, "sentences": args.sentences,
                "recognizer": args.recognizer, "language": args.language, "conditions": table}
-    payload["provenance"] = provenance(REPO_ROOT)
-    save_diff(REPO_ROOT, args.out)
+    payload["provenance"] = origin
     write_text_atomic(Path(args.out), json.dumps(payload, indent=2))
     print("condition".ljust(18) + "".join(m.rjust(12) for m in next(iter(table.values()))))
     for condition, metrics in table.items():

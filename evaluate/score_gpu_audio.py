@@ -25,7 +25,7 @@ import torch
 from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.revision import provenance, save_diff
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import build_recognizer, error_rate_metric
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
@@ -100,11 +100,12 @@ def main() -> None:
     parser.add_argument("--recognizer", default="whisper", choices=("whisper", "pocketsphinx_domain"))
     parser.add_argument("--whisper-model", default="tiny.en", choices=("tiny.en", "base"))
     parser.add_argument("--language", default="en", help="what the voice speaks; zh and ja are scored by CER")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)  # a dirty tree refused before scoring
     report = score(args.npz, args.reference_variant, args.cpu_threads, args.recognizer, args.whisper_model,
                    args.language)
-    report["provenance"] = provenance(REPO_ROOT)
-    save_diff(REPO_ROOT, args.out)
+    report["provenance"] = origin
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
     print(json.dumps(report["variants"], indent=2))
 

@@ -88,6 +88,7 @@ class ExportSettings:
     simplify_tolerance_of_peak: float = 1e-5  # a simplified graph may move outputs this much, relative to peak
     parity_sentences: int = 2  # calibration sentences compared onnxruntime vs torch, batch 1 each
     check_tensorrt_readiness: bool = True
+    graph_variant: str | None = None  # one of the family's Family.graph_variants; None: its default (checked in RunSettings)
 
     def __post_init__(self):
         if self.opset < 18:

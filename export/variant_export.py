@@ -104,7 +104,8 @@ def export_variant(name: str, model, work_dir: str | Path, sequences: list[Utter
     family = family_of(model)
     if family.graph_contracts is None:
         raise ValueError(f"family {family.name} exports no ONNX graph (Family.graph_contracts is None)")
-    contracts = family.graph_contracts(model)
+    contracts = (family.graph_contracts(model) if settings.graph_variant is None
+                 else family.graph_contracts(model, settings.graph_variant))
     main_graph = SYNTHESIZER if SYNTHESIZER in contracts else next(iter(contracts))
     contract = contracts[main_graph]
     # Simplify's check and parity run the graph on requests; a graph fed otherwise (a decode step)

@@ -179,7 +179,11 @@ class Family:
     default_voice: str
     reference: ReferenceRuntime | None = None  # None: the family ships no graph of its own
     # model -> its ONNX graphs by name (models/graph_contract.py); None: the family exports no graph.
-    graph_contracts: Callable[[TTSModel], dict[str, GraphContract]] | None = None
+    # A family with graph_variants also takes one of them: graph_contracts(model, variant).
+    graph_contracts: Callable[..., dict[str, GraphContract]] | None = None
+    # Named forms of the same graphs (Kokoro: "cpu", "float32", "reference"), its default first;
+    # export.graph_variant picks one, checked at start. (): one form only.
+    graph_variants: tuple[str, ...] = ()
     gpu_engines: GpuEngines | None = None  # None: the family has no CUDA engine suite yet
     # (teacher, backend eager|compile|aoti, replay CUDA graphs, package_dir, batch_buckets) ->
     # (the teacher on shape-bucketed engines, whether it replays CUDA graphs, its text buckets).

@@ -24,6 +24,10 @@ from torch import nn
 from models.interface import SynthesisRequest, VoiceCondition
 
 SYNTHESIZER = "synthesizer"  # the name of a family's one end-to-end graph (text ids in, audio out)
+# Graph metadata (ModelProto.metadata_props) a rewrite that removes ConvTranspose nodes leaves behind:
+# a JSON {node name: stride} of what it replaced (export/rewrites/polyphase_conv_transpose.py), so a
+# runtime that reads a voice's hop from the upsampling strides still finds them.
+REWRITTEN_CONV_TRANSPOSE_STRIDES = "rewritten_conv_transpose_strides"
 
 AxisNames = dict[int, str]  # axis index -> dimension name, shared by every tensor that has it
 

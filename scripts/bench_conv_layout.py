@@ -47,7 +47,7 @@ from torch import nn
 
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.conv_layout import CONV_LAYOUTS, converted_copy, layout_copies
 from models.cuda_graphs import GraphCache
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator, read_manifest
@@ -289,7 +289,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cudnn-benchmark", action="store_true", help="leave cuDNN's heuristic kernel choice")
     parser.add_argument("--out", type=Path, required=True, help="the JSON report's path")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     families = [name.strip() for name in args.families.split(",") if name.strip()]
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown:
@@ -308,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict = {
         "what": "conv layout A/B on vocoders (models/conv_layout.py), random weights: speed real, audio not",
         "device": torch.cuda.get_device_name() if cuda else platform.processor() or platform.machine(),
-        "machine": platform.node(), "torch": torch.__version__, "git_revision": git_revision(REPO_ROOT),
+        "machine": platform.node(), "torch": torch.__version__, "provenance": origin,
         "quick": args.quick, "batches": args.batches, "threads": args.threads, "repeats": args.repeats,
         "warmup": args.warmup,
         "layouts": args.layouts, "cudnn_benchmark": torch.backends.cudnn.benchmark,

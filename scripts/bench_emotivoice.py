@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
@@ -294,7 +294,9 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
                         help="batch sizes of mixed-length sentences through the bucketed engine")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
@@ -304,7 +306,7 @@ def main() -> None:
     report: dict = {
         "what": "EmotiVoice acoustic model + HiFi-GAN, full-size random weights (speed and memory real, quality not)",
         "manifest": GENERATOR_MANIFEST.name, "device": torch.cuda.get_device_name() if cuda else platform.processor(),
-        "torch": torch.__version__, "git_revision": git_revision(Path(__file__).resolve().parents[1]), "text_tokens": args.text_tokens,
+        "torch": torch.__version__, "provenance": origin, "text_tokens": args.text_tokens,
         "repeats": args.repeats, "batch1": {}, "errors": {},
     }
     if args.mode == "end-to-end":

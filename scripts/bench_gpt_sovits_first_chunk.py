@@ -27,7 +27,7 @@ import torch
 
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.gpt_sovits.capabilities import GptSovitsSampling
 from models.gpt_sovits.streaming import ChunkSettings, seam_error
 from models.gpt_sovits.voice_files import GptSovitsFiles, load_voice
@@ -100,7 +100,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--seam-tokens", type=int, default=110, help="0 skips the seam measurement")
     parser.add_argument("--out", type=Path, required=True)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     if args.dtype != "float32" and args.device != "cuda":
         parser.error(f"--dtype {args.dtype} runs on cuda only; use float32 on the CPU")
     if args.max_tokens < args.first_chunk_tokens:
@@ -126,7 +128,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
         "dtype": args.dtype, "cuda_graphs": graphs, "threads": args.threads, "torch": torch.__version__,
         "samples_per_token": voice.hop_length, "sample_rate_hz": voice.sample_rate_hz,
-        "git_revision": git_revision(REPO_ROOT),
+        "provenance": origin,
     }
 
     def save() -> None:

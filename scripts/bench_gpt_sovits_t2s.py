@@ -17,9 +17,9 @@ tokens; peak VRAM; the kernels of one step; greedy token agreement of each engin
 FP32 port. The JSON is rewritten after
 each section, so a run cut short still leaves what it measured.
 
-CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj,
-out_proj, the feed-forward pair and the output head; the packed q/k/v projection keeps its official
-``in_proj_weight`` parameter and stays FP32) and the engine in FP32 without graphs, same run.
+CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj, the
+packed q/k/v projection, out_proj, the feed-forward pair and the output head) and the engine in FP32
+without graphs, same run.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
 from models.gpt_sovits.engine_weights import (
     MANIFEST_PATH,
@@ -387,7 +387,9 @@ def main() -> None:
                         help="requests through the 64 slots in the continuous-batching run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random full-size weights")
     parser.add_argument("--out", type=Path, required=True)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
 
     manifest = json.loads(MANIFEST_PATH.read_text())
     eager = t2s_from_manifest(MANIFEST_PATH)  # the eager FP32 port, its keys and shapes checked against the manifest
@@ -398,7 +400,7 @@ def main() -> None:
         "what": "GPT-SoVITS v2 T2S decode, full-size random weights from the official manifest",
         "command": "PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py " + " ".join(
             f"--{key.replace('_', '-')} {value}" for key, value in vars(args).items() if key != "out"),
-        "git_revision": git_revision(Path(__file__).resolve().parents[1]),
+        "provenance": origin,
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine(),

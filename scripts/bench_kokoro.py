@@ -38,7 +38,7 @@ import torch
 from safetensors.torch import load_file
 
 from core.paths import REPO_ROOT
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.kokoro.checkpoint import load_model_state
 from models.kokoro.config import KokoroConfig
 from models.kokoro.engines import BucketedEngine
@@ -239,7 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-weights", action="store_true",
                         help="full-size random weights and fixed durations: timing only, no shards needed")
     parser.add_argument("--engines", action="store_true", help="CUDA: time the bucketed engine against eager")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     config = official_config()
     if args.random_weights:
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         results = bench_cpu(model, style_pack, config, args.threads, args.repeats)
     else:
         results = bench_cuda(model, style_pack, config, args.batches, args.repeats)
-    report = {"device": args.device, "machine": platform.node(), "revision": git_revision(REPO_ROOT), "voice": args.voice,
+    report = {"device": args.device, "machine": platform.node(), "provenance": origin, "voice": args.voice,
               "sentences": len(PHONEMES_JA), "weights": "random (timing only)" if args.random_weights else str(args.weights or "recovered cache (float32)"),
               "torch": torch.__version__, **results}
     text = json.dumps(report, indent=2)

@@ -45,7 +45,7 @@ from onnxruntime.quantization import (
 
 from core.atomic_io import atomic_write
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
-from core.revision import git_revision
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.dnsmos import dnsmos_p808, dnsmos_p835
 from evaluate.speaker import speaker_similarity
 from export.onnx_export import export_graph
@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--note", default="other work shared the machine's 2 cores during the run",
                         help="stored in the results: the conditions of the run")
     parser.add_argument("--out", type=Path, default=None)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     load_start = os.getloadavg()
     voice = load_teacher(args.voice, DEFAULT_CACHE_DIR)
@@ -192,7 +194,6 @@ def main(argv: list[str] | None = None) -> None:
     calibration = [u for s in load_sentences("calibration_ja")[: args.calibration_sentences]
                    for u in voice.text_to_utterances(s)]
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    revision = git_revision(REPO_ROOT)
     paths = {"shipped_int8": int8_graph_path(),
              "fp32_graph": export_once(voice, "reference", args.work_dir / "synthesizer_reference.onnx"),
              "cpu_graph": export_once(voice, "cpu", args.work_dir / "synthesizer_cpu.onnx")}
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "what": "Kokoro-82M jf_alpha on CPU in onnxruntime: shipped int8 graph vs our graphs, same sentences, same run",
         "command": "PYTHONPATH=. python scripts/bench_kokoro_cpu.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "machine": platform.node(), "cpu": platform.processor() or platform.machine(), "revision": revision,
+        "machine": platform.node(), "cpu": platform.processor() or platform.machine(), "provenance": origin,
         "onnxruntime": ort.__version__, "torch": torch.__version__, "threads": args.threads,
         "note": args.note, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
         "sentences": [u.text for u in utterances], "calibration_sentences": len(calibration),

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from core.atomic_io import write_text_atomic
-from core.revision import provenance
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 
 PARAGRAPH = ("The old lighthouse keeper climbed the stairs every evening at dusk. He checked the lamp, wiped the "
              "glass, and wrote a short note in the log. Storms came often in the autumn, and ships passed close "
@@ -62,10 +62,12 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=4, help="4096-character requests running at once")
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, default=None)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, Path(__file__).resolve().parent.parent, args.out, args.allow_dirty)
     report = {"label": args.label, "long_requests": args.long, "long_chars": len(LONG_TEXT),
               "short_text": SHORT_TEXT, **asyncio.run(probe(args.url, args.long)),
-              "provenance": provenance(Path(__file__).resolve().parent.parent)}
+              "provenance": origin}
     print(f"short alone: {[round(r['seconds'], 3) for r in report['short_alone']]} s")
     print(f"long: {[(r['status'], round(r['seconds'], 1)) for r in report['long']]}")
     print(f"short under load: n={report['short_under_load_n']} P50={report.get('short_p50_s', float('nan')):.2f} s "

@@ -2,6 +2,8 @@
 
     python scripts/soak_slow_clients.py --seconds 120 --hostile 64 --normal 2 \
         --out docs/results/cpu_8_slow_client_soak.json [--serve-override serve.header_read_timeout_s=5 ...]
+    python scripts/soak_slow_clients.py --only abandoner --hostile 4 --normal 0 --seconds 150 \
+        --baseline-seconds 0 --incomplete-seconds 0     # one kind of client alone: whose memory is it?
 
 Starts `python -m serve serve.source=original_onnx` on a free loopback port (default limits unless
 ``--serve-override`` changes them), then runs three phases, each with ``--normal`` loops of short
@@ -25,7 +27,8 @@ latency and errors by status; per hostile kind, its connections, how long the se
 the machine's load average; at the end its refusal and disconnect counters, audio made and requests
 in flight. Verdict ``ok``: no normal request failed, the server closed every incomplete connection
 within its deadline plus ``SLACK_S``, dropped every never-reader, and held no request in flight at
-the end.
+the end. ``--only KIND`` makes the last phase's ``--hostile`` connections all of one kind (with
+``--normal 0``, that kind alone), to tell which client a change in the server's memory comes with.
 """
 from __future__ import annotations
 
@@ -253,7 +256,7 @@ async def run_phase(url: str, normal_loops: int, kinds: list[str], seconds: floa
 
 
 async def soak(url: str, pid: int, args, limits_s: dict) -> dict:
-    """Three phases: normal traffic alone, with incomplete clients only, with every kind."""
+    """Three phases: normal traffic alone, with incomplete clients only, with every kind (``args.only``: that one)."""
     started_s = time.monotonic()
     samples: list[dict] = []
     total_s = args.baseline_seconds + args.incomplete_seconds + args.seconds
@@ -261,7 +264,8 @@ async def soak(url: str, pid: int, args, limits_s: dict) -> dict:
     phases = {"baseline": await run_phase(url, args.normal, [], args.baseline_seconds, limits_s),
               "incomplete_only": await run_phase(url, args.normal, hostile_kinds(args.hostile, False),
                                                  args.incomplete_seconds, limits_s),
-              "soak": await run_phase(url, args.normal, hostile_kinds(args.hostile, True), args.seconds, limits_s)}
+              "soak": await run_phase(url, args.normal, [args.only] * args.hostile if args.only
+                                      else hostile_kinds(args.hostile, True), args.seconds, limits_s)}
     await sampler
     await asyncio.sleep(2.0)  # the last abandoned and dropped requests' synthesis winds down
     return {"phases": phases, "server_samples": samples, "server_counters": server_counters(url)}
@@ -295,6 +299,8 @@ def main() -> None:
                         help="the second phase: normal traffic and incomplete clients only (no synthesis asked)")
     parser.add_argument("--hostile", type=int, default=64, help="misbehaving connections open at once")
     parser.add_argument("--normal", type=int, default=2, help="normal request loops")
+    parser.add_argument("--only", choices=["never_reader", "abandoner", *INCOMPLETE_KINDS], default=None,
+                        help="the last phase's hostile connections all of this kind")
     parser.add_argument("--serve-override", action="append", default=[], help="a `python -m serve` override")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

@@ -2,7 +2,7 @@
 
     bash scripts/pytriton_env.sh      # once: PyTriton needs numpy<2, so it has its own venv
     .venv-pytriton/bin/python -m serve.pytriton_server --variant original_onnx --http-port 8010
-    .venv-pytriton/bin/python -m serve.pytriton_server --manifest outputs/champion/manifest.json \
+    .venv-pytriton/bin/python -m serve.pytriton_server --manifest outputs/champion/piper/manifest.json \
         --http-port 8010 --grpc-port 8011 --metrics-port 8012 --max-batch-size 16 --max-queue-delay-us 2000
 
 Model ``tts`` (Triton listens on 127.0.0.1 only). Per request:

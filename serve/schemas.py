@@ -174,8 +174,9 @@ class SpeechRequest(BaseModel):
 class VoiceObject(BaseModel):
     id: str = Field(..., description="What to pass as `voice`.")
     object: Literal["voice"] = "voice"
-    kind: Literal["builtin", "reference"] = Field(..., description=(
-        "`builtin`: a speaker of the served model; `reference`: an uploaded clip (zero-shot voice)."))
+    kind: Literal["builtin", "speaker", "reference"] = Field(..., description=(
+        "`builtin`: the served model's own voice; `speaker`: a row of its speaker table (families with "
+        "several speakers, e.g. EmotiVoice); `reference`: an uploaded clip (zero-shot voice)."))
     name: str = Field(..., description="A label: the speaker's name, or the name given at upload.")
     model: str = Field(..., description="The served model's id.")
     usable: bool = Field(..., description="Whether POST /v1/audio/speech can speak with this voice now.")
@@ -188,11 +189,26 @@ class VoiceObject(BaseModel):
     transcript: str | None = Field(None, description="What the uploaded clip says, as given at upload.")
     embedding_cached: bool | None = Field(None, description=(
         "On upload: true when the clip's speaker embedding came from the cache (same bytes seen before)."))
+    speaker_row: int | None = Field(None, description=(
+        "A `speaker` voice's row in the speaker table; the row number also selects it as `voice` where no "
+        "speaker is named so (then it is among `aliases`)."))
 
 
 class VoiceList(BaseModel):
+    """GET /v1/voices: one page of the voices, in a fixed order (the served voice, its speaker table's rows,
+    uploads in upload order), and the style conditioning the served model takes."""
+
     object: Literal["list"] = "list"
     data: list[VoiceObject]
+    total: int = Field(..., description="Voices in all pages.")
+    offset: int = Field(..., description="Position of this page's first voice among all (the `offset` asked for).")
+    limit: int = Field(..., description="The most voices a page holds (the `limit` asked for, or the default).")
+    has_more: bool = Field(..., description="Whether voices follow this page: ask again with offset + limit.")
+    style_prompts: bool = Field(..., description=(
+        "Whether POST /v1/audio/speech takes `emotion`, `prompt` and `instructions` for this model."))
+    emotions: list[str] = Field(..., description=(
+        "The names `emotion` accepts (several may name one emotion, e.g. `happy` and `开心`). Empty: any name "
+        "when `style_prompts` is true, none otherwise."))
 
 
 class ErrorDetail(BaseModel):

@@ -7,7 +7,7 @@ listen to and score exactly what was measured.
     python -m serve.synthesize --text-file lines.txt --out-dir wavs_int8/ \
         --graph outputs/stages/int8_ort/int8_ort.onnx                                           # any exported graph
     python -m serve.synthesize --text-file lines.txt --out-dir wavs_champion/ \
-        --manifest outputs/champion/manifest.json                                               # the deployed champion
+        --manifest outputs/champion/piper/manifest.json                                               # the deployed champion
 
 ``--engine torch|onnxruntime`` is ``--variant teacher|original_onnx``. ``--variant fp16|bf16`` builds
 the teacher with its parts in half precision as the stage and the server build it. ``--graph`` runs

@@ -1,7 +1,7 @@
 """Write a Triton Inference Server model repository for one variant.
 
     python -m serve.triton_repo --variant original_onnx --family <family> --out triton_models
-    python -m serve.triton_repo --manifest outputs/champion/manifest.json --out triton_models \
+    python -m serve.triton_repo --manifest outputs/champion/piper/manifest.json --out triton_models \
         --max-batch-size 16 --preferred-batch-sizes 4,8,16 --max-queue-delay-us 2000 \
         --instance-kind gpu --instances 1
 

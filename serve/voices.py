@@ -2,6 +2,10 @@
 
     router = voices_router(context)   # serve/app.py includes it behind the API key
 
+GET /v1/voices lists, a page at a time (``?limit=&offset=``), the served voice, every row of the
+family's speaker table (``Family.speaker_names``: EmotiVoice's 2014 speakers), then the uploads; the
+list also says which emotions ``emotion`` accepts (``Capabilities.emotions``).
+
 An upload is decoded and checked (serve/uploads.py), its speaker embedding computed (resemblyzer,
 cached by the sha256 of its bytes) and the clip kept with its optional transcript, so a family
 with ``capabilities.zero_shot`` speaks with it (``VoiceCondition.reference``). Other families
@@ -15,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 import torch
-from fastapi import APIRouter, File, Form, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 
 from models.interface import ReferenceClip
 from models.text.sanitize import UnsafeTextError, speakable_text
@@ -27,6 +31,12 @@ from serve.uploads import TARGET_SAMPLE_RATE_HZ, UploadRejected, decode_referenc
 
 UPLOAD_ID_PREFIX = "voice_"
 VOICE_UPLOAD_PACKAGES = "Resemblyzer and librosa"  # what POST /v1/voices needs beyond the serving wheels
+# GET /v1/voices pages: EmotiVoice's 2014 speakers are 514 kB of JSON in all (measured on the test
+# client); 100 a page answers 26 kB, and 1000 lets a client take the whole table in three calls.
+DEFAULT_VOICES_PER_PAGE = 100
+MAX_VOICES_PER_PAGE = 1000
+MAX_VOICES_OFFSET = 2**31 - 1
+VOICE_LIST_PARAMETERS = ("limit", "offset")
 
 
 def _speaker_encoder() -> Callable[..., np.ndarray]:
@@ -62,10 +72,44 @@ def voices_router(context: ServeContext) -> APIRouter:
         return VoiceObject(id=served.voice_name, kind="builtin", name=served.voice_name, model=served.model_id,
                            usable=True, aliases=list(settings.voice_aliases))
 
+    def speaker_voices() -> tuple[VoiceObject, ...]:
+        """A voice per speaker-table row, by the name serve/speech.py takes first; the row number is an alias
+        unless a speaker is named by that number (the name would win). A name the served voice has is skipped:
+        its id already means the served voice."""
+        names = family.speaker_names(served.model) if family.speaker_names is not None else ()
+        taken = set(names) | set(context.builtin_voices)
+        return tuple(VoiceObject(id=name, kind="speaker", name=name, model=served.model_id, usable=True,
+                                 speaker_row=row, aliases=[] if str(row) in taken else [str(row)])
+                     for row, name in enumerate(names) if name not in context.builtin_voices)
+
+    speakers = speaker_voices()  # the table is the model's: built once, not per listing
+    emotions = list(capabilities.emotions) if capabilities.prompt_style else []
+
+    def check_query(request: Request) -> None:
+        """Refuse a query parameter the listing does not read, or one given twice: the client would page
+        through other voices than it believes. ``param`` reads ``query.<name>``, as FastAPI's own checks of
+        the values name it (serve/errors.py)."""
+        for name in request.query_params:
+            if name not in VOICE_LIST_PARAMETERS:
+                raise ApiError(400, f"unknown query parameter {name!r}: GET /v1/voices takes "
+                                    f"{list(VOICE_LIST_PARAMETERS)}", "unknown_parameter", param=f"query.{name}")
+            if len(request.query_params.getlist(name)) > 1:
+                raise ApiError(400, f"query parameter {name!r} appears more than once: give it once",
+                               "duplicate_parameter", param=f"query.{name}")
+
     @router.get("/v1/voices", response_model=VoiceList, responses=ERROR_RESPONSES,
-                summary="Voices of the served model and uploaded references")
-    async def list_voices() -> VoiceList:
-        return VoiceList(data=[builtin_voice(), *state.uploaded_voices.values()])
+                summary="Voices of the served model (its speakers too) and uploaded references, a page at a time")
+    async def list_voices(request: Request,
+                          limit: int = Query(DEFAULT_VOICES_PER_PAGE, ge=1, le=MAX_VOICES_PER_PAGE, description=(
+                              f"The most voices to return, 1 to {MAX_VOICES_PER_PAGE}.")),
+                          offset: int = Query(0, ge=0, le=MAX_VOICES_OFFSET, description=(
+                              "How many voices to skip: the previous page's offset + limit."))) -> VoiceList:
+        check_query(request)
+        voices = [builtin_voice(), *speakers, *state.uploaded_voices.values()]
+        page = voices[offset:offset + limit]
+        return VoiceList(data=page, total=len(voices), offset=offset, limit=limit,
+                         has_more=offset + len(page) < len(voices), style_prompts=capabilities.prompt_style,
+                         emotions=emotions)
 
     @router.post("/v1/voices", response_model=VoiceObject, status_code=201,
                  responses={**ERROR_RESPONSES, 501: {"model": ErrorBody}},

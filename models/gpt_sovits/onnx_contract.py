@@ -154,7 +154,7 @@ class T2SDecodeStep(nn.Module):
             dim = x.shape[2]
             head_dim = dim // attention.heads
             query, key, value = (t.view(batch, 1, attention.heads, head_dim).transpose(1, 2)
-                                 for t in F.linear(x, attention.in_proj_weight, attention.in_proj_bias).chunk(3, -1))
+                                 for t in attention.in_proj(x).chunk(3, -1))
             # (B, H, 1, D_head) each. Scores against the cache and against itself, one softmax over both:
             # the cache is read in place, never concatenated with the new position.
             scale = 1.0 / math.sqrt(head_dim)

@@ -136,17 +136,44 @@ class ScaledPosition(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1))
 
 
+OFFICIAL_PROJECTION_NAMES = {"in_proj.weight": "in_proj_weight", "in_proj.bias": "in_proj_bias"}
+
+
+def _save_official_names(module: nn.Module, state: dict, prefix: str, local_metadata) -> None:
+    """Renamed in place, order kept: a checkpoint's key order is the official one. Keys that are
+    absent (a stage replaced the Linear: dynamic int8 packs it) stay as they are."""
+    renames = {prefix + ours: prefix + official for ours, official in OFFICIAL_PROJECTION_NAMES.items()}
+    if not renames.keys() & state.keys():
+        return
+    items = list(state.items())
+    state.clear()
+    state.update((renames.get(key, key), value) for key, value in items)
+
+
+def _load_official_names(module: nn.Module, state: dict, prefix: str, *args) -> None:
+    for ours, official in OFFICIAL_PROJECTION_NAMES.items():
+        if prefix + official in state:
+            state[prefix + ours] = state.pop(prefix + official)
+
+
 class SelfAttention(nn.Module):
-    """Multi-head attention with the packed q/k/v projection of ``nn.MultiheadAttention``'s names."""
+    """Multi-head attention with a packed q/k/v projection.
+
+    The projection is an ``nn.Linear``, so stages that convert Linear layers (dynamic int8) reach
+    it, but it is saved and loaded under ``nn.MultiheadAttention``'s names (``in_proj_weight``,
+    ``in_proj_bias``), the names of the official checkpoints.
+    """
 
     def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))  # rows: q, k, v
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
+        self.in_proj = nn.Linear(dim, 3 * dim)  # output rows: q, k, v
         self.out_proj = nn.Linear(dim, dim)
-        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.xavier_uniform_(self.in_proj.weight)
+        nn.init.zeros_(self.in_proj.bias)
         nn.init.zeros_(self.out_proj.bias)
+        self.register_state_dict_post_hook(_save_official_names)
+        self.register_load_state_dict_pre_hook(_load_official_names)
 
     def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None,
                 attend_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -154,7 +181,7 @@ class SelfAttention(nn.Module):
         (B, H, L, S + L), True where attention is allowed. Returns the output (B, L, D) and the keys
         and values of all S + L positions."""
         batch, length, dim = x.shape
-        query, key, value = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)  # 3 x (B, L, D)
+        query, key, value = self.in_proj(x).chunk(3, dim=-1)  # 3 x (B, L, D)
         query, key, value = (t.view(batch, length, self.heads, dim // self.heads).transpose(1, 2)
                              for t in (query, key, value))  # (B, H, L, D_head)
         if past is not None:

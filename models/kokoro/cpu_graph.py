@@ -81,10 +81,11 @@ class FusedAdaINResBlock1(nn.Module):
 
 def cpu_model(model: KokoroModel) -> KokoroModel:
     """A copy of ``model`` for the CPU graph: float32 statistics everywhere, the generator's
-    residual blocks fused (module docstring)."""
+    residual blocks fused (module docstring). Blocks are found wherever they sit, so a decoder a
+    stage wrapped (a precision island) is rewritten too."""
     fast = set_statistics_dtype(copy.deepcopy(model), torch.float32)
-    generator = fast.decoder.generator
-    for blocks in (generator.resblocks, generator.noise_res):
-        for index, block in enumerate(blocks):
-            blocks[index] = FusedAdaINResBlock1(block)
+    for parent in list(fast.modules()):
+        for name, child in parent.named_children():
+            if isinstance(child, AdaINResBlock1):
+                setattr(parent, name, FusedAdaINResBlock1(child))  # ModuleList names are its indices
     return fast.eval()

@@ -7,7 +7,7 @@ from pathlib import Path
 from models.family import Family
 from models.kokoro.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
 from models.kokoro.frontend import KokoroFrontend
-from models.kokoro.onnx_contract import graph_contracts
+from models.kokoro.onnx_contract import GRAPH_VARIANTS, graph_contracts
 from models.kokoro.quantization import QUANTIZATION
 from models.kokoro.reference_runtime import REFERENCE
 from models.kokoro.release import load_recovered_model, voice_pack
@@ -33,5 +33,6 @@ FAMILY = Family(
     default_voice="jf_alpha",
     reference=REFERENCE,  # kokoro-v1.0.int8.onnx as it ships (original_onnx); our graphs in the same runtime
     graph_contracts=graph_contracts,
+    graph_variants=GRAPH_VARIANTS,  # "cpu" first: the fastest on CPU at the reference graph's quality (onnx_contract.py)
     quantization=QUANTIZATION,  # INT8 of our exported graph (teacher_int8); not the shipped one, already int8
 )

@@ -12,13 +12,18 @@ past ``audio_lengths`` (B,) int64, and ``durations`` (B, T_text) int64 frames pe
     export_graph(contract, "kokoro.onnx")              # export/onnx_export.py
     session.run(None, contract.feeds(request))         # the audio KokoroVoice.synthesize gives
 
-Three variants of the same graph (``synthesizer_contract(voice, variant)``): ``"reference"`` takes
-the masked AdaIN statistics in float64, as the model does; ``"float32"`` in float32, which TensorRT
-can build (it has no float64); ``"cpu"`` is models/kokoro/cpu_graph.py's rewrite for onnxruntime on
-CPU, float32 too. Real weights, against the float64 path in PyTorch: the decoder on the same inputs
-102-113 dB waveform SNR; end to end 35-38 dB for "float32" (the predictor's F0 moves by rounding and
-the phase integrates it; docs/results/cpu_8_kokoro_cpu.json); the "cpu" graph's DNSMOS and speaker
-similarity equal the "reference" graph's.
+Three variants of the same graph (``synthesizer_contract(voice, variant)``): ``"cpu"`` is
+models/kokoro/cpu_graph.py's rewrite for onnxruntime on CPU (float32 statistics, AdaIN + Snake fused);
+``"float32"`` takes the masked AdaIN statistics in float32, which TensorRT can build (it has no
+float64); ``"reference"`` in float64, as the model does. Real weights, against the float64 path in
+PyTorch: the decoder on the same inputs 102-113 dB waveform SNR; end to end 35-38 dB for "float32"
+(the predictor's F0 moves by rounding and the phase integrates it; docs/results/cpu_8_kokoro_cpu.json);
+the "cpu" graph's DNSMOS and speaker similarity equal the "reference" graph's.
+
+The family exports ``"cpu"`` (DEFAULT_GRAPH_VARIANT): in onnxruntime on 2 threads it ran 1.06-1.07x
+the shipped int8 graph's speed where the "reference" graph ran 0.83x, same sentences, same run
+(docs/results/cpu_8_kokoro_cpu.json). The others stay a config option away (Family.graph_variants):
+``python -m compress model=kokoro_ja export.graph_variant=reference`` (or ``float32``).
 
 The frame count is data dependent: the model takes it with ``.item()``, an unbacked symbol under
 torch.export, and its LSTMs become ONNX LSTM nodes with ``sequence_lens`` (models/kokoro/lstm.py),
@@ -35,6 +40,7 @@ from torch import nn
 
 from models.graph_contract import SYNTHESIZER, GraphContract
 from models.interface import SynthesisRequest
+from models.kokoro.config import KokoroConfig
 from models.kokoro.cpu_graph import cpu_model
 from models.kokoro.decoder import HARMONICS, SourceNoise
 from models.kokoro.layers import set_statistics_dtype
@@ -105,7 +111,8 @@ def example_inputs(voice: KokoroVoice) -> dict[str, torch.Tensor]:
     return {name: torch.from_numpy(array) for name, array in kokoro_feeds(request, voice).items()}
 
 
-GRAPH_VARIANTS = ("reference", "float32", "cpu")
+GRAPH_VARIANTS = ("cpu", "float32", "reference")  # the family's default first
+DEFAULT_GRAPH_VARIANT = GRAPH_VARIANTS[0]
 
 
 def graph_model(model: KokoroModel, variant: str) -> KokoroModel:
@@ -120,7 +127,7 @@ def graph_model(model: KokoroModel, variant: str) -> KokoroModel:
     return cpu_model(model if on_cpu else copy.deepcopy(model).cpu())  # cpu_model copies
 
 
-def synthesizer_contract(voice: KokoroVoice, variant: str = "reference") -> GraphContract:
+def synthesizer_contract(voice: KokoroVoice, variant: str = DEFAULT_GRAPH_VARIANT) -> GraphContract:
     """The end-to-end graph of a KokoroVoice, traced on a CPU copy of its model in ``variant``."""
     model = graph_model(voice.model, variant)
     cpu_voice = KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name)
@@ -140,8 +147,17 @@ def synthesizer_contract(voice: KokoroVoice, variant: str = "reference") -> Grap
     )
 
 
-def graph_contracts(voice: KokoroVoice) -> dict[str, GraphContract]:
-    """Kokoro exports one graph, the synthesizer."""
+def tensorrt_axis_ranges(config: KokoroConfig, sampling: KokoroSampling | None = None) -> dict[str, list[int]]:
+    """[min, opt, max] of the synthesizer's text and noise axes for a TensorRT profile
+    (engine.tensorrt.axis_ranges): ids per sentence up to ALBERT's positions (pads included), and
+    the SineGen noise ``sampling`` draws for that many ids (KokoroSampling.noise_samples)."""
+    sampling = sampling or KokoroSampling()
+    ids = [3, 64, config.plbert.max_position_embeddings]  # 3: one phoneme between its two pads
+    return {"phonemes": ids, "noise_samples": [sampling.noise_samples(n, config.samples_per_frame) for n in ids]}
+
+
+def graph_contracts(voice: KokoroVoice, variant: str = DEFAULT_GRAPH_VARIANT) -> dict[str, GraphContract]:
+    """Kokoro exports one graph, the synthesizer, in graph ``variant`` (one of GRAPH_VARIANTS)."""
     if not isinstance(voice, KokoroVoice):
         raise TypeError(f"a Kokoro graph contract needs a KokoroVoice, got {type(voice).__name__}")
-    return {SYNTHESIZER: synthesizer_contract(voice)}
+    return {SYNTHESIZER: synthesizer_contract(voice, variant)}

@@ -28,6 +28,7 @@ of graphs split at the durations (models/piper/rewrites/duration_split.py), fed 
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -35,7 +36,7 @@ import onnx
 import torch
 from torch import nn
 
-from models.graph_contract import SYNTHESIZER, GraphContract
+from models.graph_contract import REWRITTEN_CONV_TRANSPOSE_STRIDES, SYNTHESIZER, GraphContract
 from models.interface import SynthesisRequest, VoiceCondition
 from models.sampling import VitsSampling
 from models.piper.rewrites.duration_split import DurationsToAudio, TextToDurations
@@ -125,12 +126,15 @@ def duration_ceil(model: onnx.ModelProto) -> onnx.NodeProto | None:
 
 
 def convtranspose_hop(model: onnx.ModelProto) -> int:
-    """Samples per frame as PiperOnnxRuntimeVoice reads it: the product of the ConvTranspose strides."""
+    """Samples per frame as PiperOnnxRuntimeVoice reads it: the product of the ConvTranspose strides,
+    those a rewrite replaced included (recorded in the graph's metadata)."""
+    rewritten = next((json.loads(prop.value) for prop in model.metadata_props
+                      if prop.key == REWRITTEN_CONV_TRANSPOSE_STRIDES), {})
     return int(math.prod(
         onnx.helper.get_attribute_value(attr)[0]
         for node in model.graph.node if node.op_type == "ConvTranspose"
         for attr in node.attribute if attr.name == "strides"
-    ))
+    ) * math.prod(rewritten.values()))
 
 
 def expose_ceil_as_durations(model: onnx.ModelProto) -> None:

@@ -1,4 +1,4 @@
-"""espeak-ng phonemes (through the ``piper_phonemize`` bindings), then ids through a voice's
+"""espeak-ng phonemes (piper_phonemize's, through models/text/espeak_ng.py), then ids through a voice's
 ``phoneme_id_map``: each sentence becomes ``^ _ p1 _ p2 _ ... $`` (beginning, a pad after every
 phoneme, end), the convention of espeak-based VITS voices.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from models.interface import UnspeakableTextError, Utterance
+from models.text.espeak_ng import espeak_sentences
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
@@ -55,10 +56,6 @@ class EspeakFrontend:
 
 
 def espeak_ipa(text: str, espeak_voice: str) -> list[list[str]]:
-    """espeak-ng's IPA symbols of ``text``, one list per clause.
-
-    Imported on first use: engines that run from phoneme ids (the GPU benchmark) need no espeak-ng
-    on their machine."""
-    from piper_phonemize import phonemize_espeak
-
-    return phonemize_espeak(text, espeak_voice)
+    """espeak-ng's IPA symbols of ``text``, one list per sentence: piper_phonemize's phonemes, with
+    the voice set once instead of on every call, which leaks (models/text/espeak_ng.py)."""
+    return espeak_sentences(text, espeak_voice)

@@ -33,10 +33,11 @@ def test_linear_layers_become_int8_except_the_kept_ones(built):
     t2s = int8.model.t2s
     layer = t2s.h.layers[0]
     assert isinstance(layer.linear1, DYNAMIC_LINEAR) and isinstance(layer.self_attn.out_proj, DYNAMIC_LINEAR)
+    assert isinstance(layer.self_attn.in_proj, DYNAMIC_LINEAR)  # the packed q/k/v projection too
     assert isinstance(t2s.ar_predict_layer, torch.nn.Linear) and not isinstance(t2s.ar_predict_layer, DYNAMIC_LINEAR)
     assert isinstance(teacher.model.t2s.h.layers[0].linear1, torch.nn.Linear)  # the teacher is untouched
-    # bert_proj, and per layer out_proj, linear1, linear2
-    assert int8.stage_metrics["int8_linear_layers"] == 1 + 3 * t2s.config.layers
+    # bert_proj, and per layer in_proj, out_proj, linear1, linear2
+    assert int8.stage_metrics["int8_linear_layers"] == 1 + 4 * t2s.config.layers
     assert 0 < int8.stage_metrics["t2s_int8_weight_fraction"] < 1
     assert int8.stage_tags["float_linear_layers"] == "t2s.ar_predict_layer"
 

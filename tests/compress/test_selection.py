@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
+import yaml
 from onnx import TensorProto, helper
 
 from compress.registration import (
@@ -30,6 +31,8 @@ from core.config import ConfigError
 from compress.run_config import settings_from_config
 from compress.settings import TrackingSettings
 from export.manifest import load_manifest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows_fixture() -> dict[str, dict[str, float]]:
@@ -243,7 +246,7 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
                                           SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050))
 
     manifest = load_manifest(manifest_path)
-    assert manifest_path == tmp_path / "outputs" / "champion" / "manifest.json"
+    assert manifest_path == tmp_path / "outputs" / "champion" / "piper" / "manifest.json"  # one folder per family
     assert manifest.variant == "original_onnx" and manifest.graph == "original_onnx.onnx"
     assert manifest.selection["champion"] == "int8_ort"
     assert "champion 'int8_ort' has no ONNX graph" in manifest.selection["why"]
@@ -274,7 +277,8 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
         register_champion(selection, artifacts, parent.info.run_id, tracking, tmp_path / "outputs",
                           SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050))
     assert client.get_model_version_by_alias("tts-compress-piper-joe", "champion").version == 2
-    assert sorted(p.name for p in (tmp_path / "outputs" / "champion").iterdir()) == ["int8_ort.onnx", "manifest.json"]
+    champion_dir = tmp_path / "outputs" / "champion" / "piper"
+    assert sorted(p.name for p in champion_dir.iterdir()) == ["int8_ort.onnx", "manifest.json"]
     reloaded = mlflow.onnx.load_model("models:/tts-compress-piper-joe@champion")
     session = onnxruntime.InferenceSession(reloaded.SerializeToString())
     np.testing.assert_allclose(session.run(None, {"input": np.array([1.0], dtype=np.float32)})[0], [3.0])
@@ -293,9 +297,18 @@ def test_cpu_selection_preset_ranks_on_the_cpu_rtf_only(debug_config):
     assert (settings.selection.objective.metric, tuple(settings.selection.objective.fallbacks)) == ("rtf_cpu_b1", ())
     rows = json.loads((Path(__file__).resolve().parent.parent.parent / "docs/results/full_2026-11-30_harvard50.json").read_text())
     selection = select_champion(rows, settings.selection, "teacher")
-    # GPU-only variants drop out for want of a CPU figure; the Lite variants fail DNSMOS.
+    # GPU-only variants drop out for want of a CPU figure; the Lite variants fail DNSMOS and MCD.
     assert selection.champion == "int8_ort"
     assert selection.ranking == ("int8_ort", "original_onnx", "teacher")
+    # The preset's own bar (the debug preset above replaces its constraints): a Lite student as good as
+    # the teacher on DNSMOS still needs MCD <= 1.0 dB, and the pruned voice spk_sim >= 0.95.
+    preset = yaml.safe_load((REPO_ROOT / "conf/selection/cpu.yaml").read_text())
+    cpu_rule = SelectionSettings(objective=preset["objective"], constraints=preset["constraints"])
+    rows["lite_int8"]["dnsmos_p808"] = rows["pruned"]["dnsmos_p808"] = rows["teacher"]["dnsmos_p808"]
+    selection = select_champion(rows, cpu_rule, "teacher")
+    assert selection.champion == "int8_ort"
+    assert "mcd_db 1.172 fails" in " ".join(selection.eligibility["lite_int8"].reasons)
+    assert "spk_sim 0.8533 fails spk_sim >= 0.95" in " ".join(selection.eligibility["pruned"].reasons)
 
 
 def test_a_graph_outside_its_parity_budget_or_changed_durations_is_ineligible_where_measured():

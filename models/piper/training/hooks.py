@@ -63,7 +63,7 @@ def _load_student(voice, weights_path: Path) -> tuple[dict[str, nn.Module], dict
     return parts, config.to_dict()
 
 
-def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, checkpoint_path: Path,
+def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, checkpoint_dir: Path,
                    weights_path: Path, card: dict, *, steps: int, lr: float, warmup_steps: int,
                    final_lr_fraction: float, batch_size: int, segment_frames: int, latent_weight: float,
                    seed: int) -> dict:
@@ -72,7 +72,7 @@ def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, ch
     parts = build_lite_parts(voice.model.hp, config)
     student = LiteStudent(parts["flow"], parts["decoder"])
     targets = TeacherTargets(voice.model, phoneme_ids, batch_size, segment_frames, seed, str(voice.device))
-    summary = train_lite(student, targets, steps, lr, checkpoint_path, voice.sample_rate_hz, latent_weight,
+    summary = train_lite(student, targets, steps, lr, checkpoint_dir, voice.sample_rate_hz, latent_weight,
                          warmup_steps, final_lr_fraction, log_every=0)
     save_student(student, config, weights_path, {"steps": summary["step"], **card})
     return summary
@@ -94,6 +94,6 @@ DISTIL_HOOKS = DistilHooks(
     load_student=_load_student,
     train_student=_train_student,
     write_bundle=_write_bundle,
-    train_command="python -m models.piper.training.lite_training train --bundle {bundle} --checkpoint $OUT/lite_ckpt.pt "
+    train_command="python -m models.piper.training.lite_training train --bundle {bundle} --checkpoint $OUT/state "
                   "--steps 24000 --max-seconds 450 --device cuda --export $OUT/lite_student.safetensors",
 )

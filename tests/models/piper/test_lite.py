@@ -5,6 +5,7 @@ import copy
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,7 +16,8 @@ from evaluate.mcd import mel_cepstral_distortion
 from evaluate.speaker import speaker_similarity
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
-from models.piper.training.lite_training import TeacherTargets, save_student, train_lite
+from models.piper.training.lite_training import (AdversarialSettings, TeacherTargets, save_student, train_lite,
+                                                 write_eval_audio)
 from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, build_lite_parts, load_student
 from models.piper.vits import VitsHyperParams
 from models.piper.voice import PiperVoice
@@ -76,26 +78,53 @@ def test_committed_checkpoint_keeps_durations_and_speaker(teacher):
 
 
 def test_training_resumes_where_it_stopped(teacher, tmp_path):
+    """Two chunks with the adversarial terms on end where one uninterrupted run ends, bit for bit."""
     phoneme_ids = [s.phoneme_ids for s in teacher.text_to_utterances(SENTENCE + " The mill wheel turned slowly.")]
     targets = TeacherTargets(teacher.model, phoneme_ids, batch_size=2, segment_frames=8, seed=1, device="cpu")
     first, again = targets.batch(5), targets.batch(5)
     assert torch.equal(first["audio"], again["audio"])  # a batch is a function of (seed, step)
     config = LiteStudentConfig(decoder_initial_channels=32, flow_hidden_channels=16, flow_wn_layers=1)
-    parts = build_lite_parts(teacher.model.hp, config)
-    student = LiteStudent(parts["flow"], parts["decoder"])
-    checkpoint = tmp_path / "ckpt.pt"
-    summary = train_lite(student, targets, steps=3, lr=1e-3, checkpoint_path=checkpoint, sample_rate_hz=22050,
-                         max_steps_this_call=2, log_every=0)
-    assert (summary["step"], summary["done"]) == (2, False) and checkpoint.is_file()
-    resumed = LiteStudent(*build_lite_parts(teacher.model.hp, config).values())
-    summary = train_lite(resumed, targets, steps=3, lr=1e-3, checkpoint_path=checkpoint, sample_rate_hz=22050,
-                         log_every=0)
+    gan = AdversarialSettings(discriminator_warmup_steps=1)  # steps 0: discriminator alone; 1, 2: both
+
+    def fresh_student() -> LiteStudent:
+        torch.manual_seed(0)
+        return LiteStudent(*build_lite_parts(teacher.model.hp, config).values())
+
+    def train(student, directory, **limits):
+        torch.manual_seed(1)  # the discriminator's initial weights
+        return train_lite(student, targets, steps=3, lr=1e-3, checkpoint_dir=directory, sample_rate_hz=22050,
+                          log_every=0, adversarial=gan, **limits)
+
+    uninterrupted = fresh_student()
+    train(uninterrupted, tmp_path / "whole")
+    chunked = fresh_student()
+    summary = train(chunked, tmp_path / "chunks", max_steps_this_call=2)
+    assert (summary["step"], summary["done"]) == (2, False)
+    assert len(list((tmp_path / "chunks").glob("state-*.safetensors"))) >= 1
+    resumed = fresh_student()  # weights from the state, not from here
+    summary = train(resumed, tmp_path / "chunks")
     assert (summary["start_step"], summary["step"], summary["done"]) == (2, 3, True)
+    assert "adv_tail_mean" in summary and "disc_tail_mean" in summary
+    for name, value in uninterrupted.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[name]), name
     save_student(resumed, config, tmp_path / "lite.safetensors", {"steps": 3})
     loaded, loaded_config = load_student(teacher.model.hp, tmp_path / "lite.safetensors")
     assert loaded_config == config
     for name, value in loaded["decoder"].state_dict().items():
         assert torch.equal(value, resumed.decoder.state_dict()[name])
+
+
+def test_eval_audio_pairs_teacher_and_student(teacher, tmp_path):
+    """Same noise, same durations: the pair's lengths match, and a student equal to the teacher's parts
+    gives the teacher's audio."""
+    ids = [s.phoneme_ids for s in teacher.text_to_utterances(SENTENCE)]
+    model = teacher.model
+    same_as_teacher = LiteStudent(copy.deepcopy(model.parts()["flow"]), copy.deepcopy(model.parts()["decoder"]))
+    write_eval_audio(tmp_path / "eval.npz", model, same_as_teacher, ids, step=7, sample_rate_hz=22050)
+    with np.load(tmp_path / "eval.npz", allow_pickle=False) as files:
+        assert int(files["step"]) == 7 and files["teacher_000"].dtype == np.int16
+        assert len(files["teacher_000"]) > 22050 * 0.5
+        np.testing.assert_array_equal(files["teacher_000"], files["student_000"])
 
 
 @pytest.mark.parametrize("overrides, message", [
