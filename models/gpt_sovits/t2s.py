@@ -167,7 +167,9 @@ class SelfAttention(nn.Module):
     def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
-        self.in_proj = nn.Linear(dim, 3 * dim)  # output rows: q, k, v
+        # skip_init: the xavier draw below is the projection's only one, so a seeded random model
+        # (tiny weights, manifests) gets the same weights as when this was a bare parameter.
+        self.in_proj = nn.utils.skip_init(nn.Linear, dim, 3 * dim)  # output rows: q, k, v
         self.out_proj = nn.Linear(dim, dim)
         nn.init.xavier_uniform_(self.in_proj.weight)
         nn.init.zeros_(self.in_proj.bias)

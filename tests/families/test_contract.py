@@ -19,6 +19,7 @@ from export.onnx_export import export_graph
 from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
 from models.registry import FAMILIES
+from models.text.sanitize import UnsafeTextError
 from serve.app import create_app
 from serve.engines import served_as_is
 from serve.settings import serve_settings_from_config
@@ -51,6 +52,21 @@ def test_frontend_splits_sentences_and_refuses_empty_text(model):
     assert all(len(u.phoneme_ids) > 2 and len(u.phonemes) > 0 for u in utterances)
     with pytest.raises(UnspeakableTextError):
         model.text_to_utterances("   ")
+
+
+@pytest.mark.parametrize("text, codepoint, position", [
+    ("The fox \u0000 jumps.", "U+0000", 8),  # espeak-ng would stop at the NUL: "The fox" alone
+    ("Hello\u0007 world.", "U+0007", 5),
+    ("Where did \u202eKenji go?", "U+202E", 10),
+])
+def test_frontend_refuses_control_characters_instead_of_cutting(model, text, codepoint, position):
+    """The text that reaches a family's model is the text that was sent (models/text/sanitize.py),
+    whether it comes through the server or straight to the model."""
+    with pytest.raises(UnsafeTextError) as refused:
+        model.text_to_utterances(text)
+    assert (refused.value.codepoint, refused.value.position) == (codepoint, position)
+    # Whitespace runs are one space: a tab and a newline change nothing the model hears.
+    assert model.text_to_utterances("The fox\t jumps.\n") == model.text_to_utterances("The fox jumps.")
 
 
 def _synthesize(family, model, utterances, seed):

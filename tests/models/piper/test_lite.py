@@ -156,4 +156,4 @@ def test_lite_stages_in_the_pipeline(debug_config):
     assert abs(rows["lite_ort"]["mcd_db"] - rows["lite"]["mcd_db"]) < 0.05
     assert rows["lite"]["flow_params_after"] < rows["lite"]["flow_params_before"] / 5
     assert rows["lite_int8"]["quantized_nodes"] > 0
-    assert Path(resolved["paths"]["output_dir"], "graphs", "lite", "lite.simplified.onnx").is_file()
+    assert Path(resolved["paths"]["output_dir"], "graphs", "piper", "lite", "lite.simplified.onnx").is_file()
