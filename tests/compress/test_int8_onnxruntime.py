@@ -14,16 +14,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import piper_original_onnx_variant
 from onnx import numpy_helper
 
 import compress.int8_onnxruntime as int8_ort
 from compress.int8_onnxruntime import Int8OrtSettings, build
 from compress.variants import StageContext, Variant
-from models.registry import get_family
 from evaluate.mcd import mel_cepstral_distortion
-from evaluate.memory import file_size_mb
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 from models.interface import SynthesisRequest
+from models.registry import get_family
 from models.sampling import VitsSampling
 from texts import load_sentences
 
@@ -45,9 +44,7 @@ MCD_TOLERANCE_DB = 0.05
 
 @pytest.fixture(scope="module")
 def original() -> Variant:
-    voice = PiperOnnxRuntimeVoice("bundled:joe", threads=2)
-    return Variant("original_onnx", voice, "onnxruntime", "cpu", voice.num_parameters / 1e6,
-                   file_size_mb(voice.files.onnx_path))
+    return piper_original_onnx_variant()
 
 
 @pytest.fixture(scope="module")

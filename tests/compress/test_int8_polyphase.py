@@ -11,15 +11,14 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import piper_original_onnx_variant
 
 from compress.int8_onnxruntime import Int8OrtSettings, build
 from compress.run_config import settings_from_config
 from compress.variants import StageContext, Variant
 from core.config import ConfigError
 from evaluate.mcd import mel_cepstral_distortion
-from evaluate.memory import file_size_mb
 from models.interface import SynthesisRequest
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
 from models.registry import get_family
 from models.sampling import VitsSampling
 from texts import load_sentences
@@ -33,9 +32,7 @@ NOISE = VitsSampling(seed=1234)
 
 @pytest.fixture(scope="module")
 def original() -> Variant:
-    voice = PiperOnnxRuntimeVoice("bundled:joe", threads=2)
-    return Variant("original_onnx", voice, "onnxruntime", "cpu", voice.num_parameters / 1e6,
-                   file_size_mb(voice.files.onnx_path))
+    return piper_original_onnx_variant()
 
 
 @pytest.fixture(scope="module")

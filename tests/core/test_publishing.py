@@ -10,13 +10,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from conftest import run_git
 
 from core.publishing import UnpublishableTreeError, is_published, publication_provenance
-
-
-def _git(root, *args):
-    subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=root, check=True,
-                   capture_output=True)
 
 
 @pytest.fixture
@@ -27,9 +23,9 @@ def repo(tmp_path):
     (root / "docs" / "results").mkdir(parents=True)
     (root / "src" / "model.py").write_text("SCALE = 1\n")
     (root / "docs" / "results" / "old.json").write_text("{}\n")
-    _git(root, "init", "-q")
-    _git(root, "add", ".")
-    _git(root, "commit", "-qm", "first")
+    run_git(root, "init", "-q")
+    run_git(root, "add", ".")
+    run_git(root, "commit", "-qm", "first")
     return root
 
 

@@ -6,17 +6,12 @@ dirty tree before writing anything, and with --allow-dirty writes the merge reco
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
+from conftest import run_git
 
 from evaluate import gpu_results
-
-
-def _git(root, *args):
-    subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=root, check=True,
-                   capture_output=True)
 
 
 @pytest.fixture
@@ -25,9 +20,9 @@ def repo(tmp_path):
     root = tmp_path / "checkout"
     (root / "docs" / "results").mkdir(parents=True)
     (root / "docs" / "results" / "old.json").write_text("{}\n")
-    _git(root, "init", "-q")
-    _git(root, "add", ".")
-    _git(root, "commit", "-qm", "first")
+    run_git(root, "init", "-q")
+    run_git(root, "add", ".")
+    run_git(root, "commit", "-qm", "first")
     return root
 
 

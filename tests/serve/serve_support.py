@@ -9,9 +9,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import uvicorn
-
 from conftest import compose_config
+
+from models.interface import SynthesisResult
 from models.registry import get_family
 from serve.engines import ServedModel, load_variant
 from serve.settings import ServeSettings, serve_settings_from_config
@@ -26,7 +28,7 @@ def serve_settings(tmp_path: Path, *overrides: str) -> ServeSettings:
     return serve_settings_from_config(compose_config(tmp_path, [*FAST, *overrides]))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def served_variant(variant: str) -> ServedModel:
     """``original_onnx`` or ``teacher``, loaded once per test process."""
     return load_variant(get_family("piper"), variant, "bundled:joe", threads=1, device="cpu")
@@ -55,6 +57,23 @@ class GatedModel:
 
     def replace_part(self, role, module):
         raise NotImplementedError
+
+
+class ToneModel:
+    """A served model's own frontend, and a quiet tone of ``seconds`` per sentence instead of synthesis:
+    much audio at no synthesis time, for server tests about transport rather than speech."""
+
+    def __init__(self, inner, seconds: float):
+        self.inner, self.sample_rate_hz = inner, inner.sample_rate_hz
+        self.samples = int(seconds * inner.sample_rate_hz)
+
+    def text_to_utterances(self, text):
+        return self.inner.text_to_utterances(text)
+
+    def synthesize(self, request):
+        rows = request.phoneme_ids.shape[0]
+        audio = 0.1 * torch.sin(torch.arange(self.samples) / 10.0).repeat(rows, 1)  # (B, T_audio)
+        return SynthesisResult(audio, torch.full((rows,), self.samples), self.sample_rate_hz)
 
 
 def gated(served: ServedModel) -> tuple[ServedModel, GatedModel]:

@@ -15,8 +15,8 @@ import time
 
 import httpx
 import pytest
-import torch
 from serve_support import (
+    ToneModel,
     gated,
     running_server,
     serve_settings,
@@ -24,7 +24,6 @@ from serve_support import (
     wait_until,
 )
 
-from models.interface import SynthesisResult
 from serve.app import create_app
 from serve.client_limits import ClientConnection
 from serve.streaming import PacedAudioResponse
@@ -34,22 +33,6 @@ SPEECH = {"model": "tts-1", "voice": "alloy", "input": "Bring the red kite."}
 # take from a client that never reads (2.8 MB measured), in short chunks, so such a client is
 # dropped soon after the grace.
 LONG_SPEECH = {**SPEECH, "input": " ".join(["Go now."] * 120), "stream_format": "sse"}
-
-
-class LongAudioModel:
-    """Makes ``seconds`` of quiet tone per sentence at once: much audio, no synthesis time."""
-
-    def __init__(self, inner, seconds: float):
-        self.inner, self.sample_rate_hz = inner, inner.sample_rate_hz
-        self.samples = int(seconds * inner.sample_rate_hz)
-
-    def text_to_utterances(self, text):
-        return self.inner.text_to_utterances(text)
-
-    def synthesize(self, request):
-        rows = request.phoneme_ids.shape[0]
-        audio = 0.1 * torch.sin(torch.arange(self.samples) / 10.0).repeat(rows, 1)  # (B, T_audio)
-        return SynthesisResult(audio, torch.full((rows,), self.samples), self.sample_rate_hz)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +81,7 @@ def test_never_reading_clients_hold_no_slot_and_are_dropped(tmp_path, onnx_serve
     capacity = 2
     settings = serve_settings(tmp_path, "serve.warmup=false", f"serve.queue_capacity={capacity}",
                               f"serve.max_requests_per_client={capacity}", "serve.slow_client_grace_s=2")
-    app = create_app(settings, dataclasses.replace(onnx_served, model=LongAudioModel(onnx_served.model, 1.5)))
+    app = create_app(settings, dataclasses.replace(onnx_served, model=ToneModel(onnx_served.model, 1.5)))
     with running_server(app) as (_, base_url):
         wait_until(lambda: httpx.get(f"{base_url}/readyz").status_code == 200, what="ready")
         head, body = json_post("/v1/audio/speech", LONG_SPEECH)

@@ -14,10 +14,14 @@ import socket
 
 import httpx
 import pytest
-import torch
-from serve_support import running_server, serve_settings, served_variant, wait_until
+from serve_support import (
+    ToneModel,
+    running_server,
+    serve_settings,
+    served_variant,
+    wait_until,
+)
 
-from models.interface import SynthesisResult
 from serve.app import create_app
 
 SENTENCES = 150  # about 4,000 characters: the soak's abandoned request (scripts/soak_slow_clients.py)
@@ -26,22 +30,6 @@ LONG_SPEECH = {"model": "tts-1", "voice": "alloy", "input": " ".join(["The lamp 
 WARMUP_REQUESTS = 10
 ABANDONED_REQUESTS = 100  # 15,000 sentences phonemized: 19.5 MiB kept at 1.4 KB each before the fix
 ALLOWED_GROWTH_MIB = 4  # measured: -1.9 to +0.3 MiB after the fix, 19.6 MiB before
-
-
-class ToneModel:
-    """The served voice's own frontend (espeak-ng), and a short tone per sentence instead of synthesis."""
-
-    def __init__(self, inner, seconds: float = 0.2):
-        self.inner, self.sample_rate_hz = inner, inner.sample_rate_hz
-        self.samples = int(seconds * inner.sample_rate_hz)
-
-    def text_to_utterances(self, text):
-        return self.inner.text_to_utterances(text)
-
-    def synthesize(self, request):
-        rows = request.phoneme_ids.shape[0]
-        audio = 0.1 * torch.sin(torch.arange(self.samples) / 10.0).repeat(rows, 1)  # (B, T_audio)
-        return SynthesisResult(audio, torch.full((rows,), self.samples), self.sample_rate_hz)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +72,7 @@ def speech_tasks(loop: asyncio.AbstractEventLoop) -> list[asyncio.Task]:
 
 def test_abandoned_streams_leave_no_work_and_no_memory(tmp_path, onnx_served):
     settings = serve_settings(tmp_path, "serve.warmup=false")
-    app = create_app(settings, dataclasses.replace(onnx_served, model=ToneModel(onnx_served.model)))
+    app = create_app(settings, dataclasses.replace(onnx_served, model=ToneModel(onnx_served.model, seconds=0.2)))
     state = app.state.serve
 
     def idle() -> bool:
