@@ -16,7 +16,7 @@ from pathlib import Path
 from models.emotivoice.english import EnglishG2p, read_lexicon
 from models.emotivoice.mandarin import load_dictionaries, mandarin_phonemes, numbers_to_chinese
 from models.interface import UnspeakableTextError, Utterance
-from models.text.sanitize import speakable_text
+from models.text.sanitize import refuse_unsafe_characters
 
 BOUNDARY = "<sos/eos>"
 ENGLISH_TO_MANDARIN = "eng_cn_sp"
@@ -86,7 +86,7 @@ class EmotiVoiceFrontend:
         return [BOUNDARY, *symbols, BOUNDARY] if symbols else []
 
     def __call__(self, text: str) -> list[Utterance]:
-        text = speakable_text(text)  # models/text/sanitize.py: the rule every family's text passes first
+        text = refuse_unsafe_characters(text)  # models/text/sanitize.py: refused, never cut
         utterances = []
         for sentence in split_sentences(text):
             phonemes = self.phonemes(sentence)

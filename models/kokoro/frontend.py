@@ -14,7 +14,7 @@ import re
 
 from models.interface import UnspeakableTextError, Utterance
 from models.text.espeak_frontend import espeak_ipa
-from models.text.sanitize import speakable_text
+from models.text.sanitize import refuse_unsafe_characters
 
 LANGUAGES = ("ja", "en")
 PAD_ID = 0  # Kokoro pads every sentence with id 0 at both ends
@@ -59,7 +59,7 @@ class KokoroFrontend:
     def __call__(self, text: str) -> list[Utterance]:
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
-        text = speakable_text(text)  # models/text/sanitize.py: the rule every family's text passes first
+        text = refuse_unsafe_characters(text)  # models/text/sanitize.py: refused, never cut
         utterances = [self._utterance(sentence) for sentence in self.split_sentences(text)]
         utterances = [u for u in utterances if u is not None]
         if not utterances:

@@ -8,7 +8,7 @@ import re
 
 from models.interface import UnspeakableTextError, Utterance
 from models.text.espeak_ng import espeak_sentences
-from models.text.sanitize import speakable_text
+from models.text.sanitize import refuse_unsafe_characters
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
@@ -31,7 +31,7 @@ class EspeakFrontend:
     def __call__(self, text: str) -> list[Utterance]:
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
-        text = speakable_text(text)  # espeak-ng reads a NUL as the end of the text: refuse, never cut
+        text = refuse_unsafe_characters(text)  # espeak-ng reads a NUL as the end of the text: refuse, never cut
         sequences = []
         for sentence in self.split_sentences(text):
             for phonemes in espeak_ipa(sentence, self.espeak_voice):

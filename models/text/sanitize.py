@@ -55,10 +55,20 @@ def first_unsafe_character(text: str) -> tuple[int, str] | None:
     return None
 
 
-def speakable_text(text: str) -> str:
-    """``text`` under the rule above; raises ``UnsafeTextError`` for a control or format character."""
+def refuse_unsafe_characters(text: str) -> str:
+    """``text`` unchanged, or ``UnsafeTextError`` for its first control or format character.
+
+    What a family's frontend applies itself: the refusal, not the normalization, because NFKC
+    folds full-width punctuation ("，" -> ",") that Mandarin frontends read as prosody breaks.
+    """
     unsafe = first_unsafe_character(text)
     if unsafe is not None:
         position, character = unsafe
         raise UnsafeTextError(character, position)
+    return text
+
+
+def speakable_text(text: str) -> str:
+    """``text`` under the rule above; raises ``UnsafeTextError`` for a control or format character."""
+    refuse_unsafe_characters(text)
     return _WHITESPACE_RUN.sub(" ", unicodedata.normalize("NFKC", text)).strip(" ")

@@ -27,7 +27,7 @@ from models.gpt_sovits.text.segmentation import (
 )
 from models.gpt_sovits.text.symbols import phones_to_ids
 from models.interface import UnspeakableTextError
-from models.text.sanitize import speakable_text
+from models.text.sanitize import refuse_unsafe_characters
 
 # The official pipeline re-reads a sentence of fewer phones than this with a leading ".", so that
 # the text-to-semantic model gets a pause to start from.
@@ -68,7 +68,7 @@ def text_to_phones(text: str, language: str = "auto") -> list[PhonemizedSentence
         raise ValueError(f"language {language!r} is not one of {LANGUAGES}")
     if not isinstance(text, str) or not text.strip():
         raise UnspeakableTextError(f"text is empty ({text!r}): give at least one word to speak")
-    text = unicodedata.normalize("NFC", fold_width(speakable_text(text)))  # sanitize.py's rule, then ours
+    text = unicodedata.normalize("NFC", fold_width(refuse_unsafe_characters(text)))  # sanitize.py refuses controls
     refuse_unspeakable(text, language)
     sentences = []
     for sentence in split_sentences(text):
