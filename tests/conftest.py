@@ -9,10 +9,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from compress.variants import Variant
-from evaluate.memory import file_size_mb
-from models.piper.onnx_runtime import PiperOnnxRuntimeVoice
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -47,10 +43,3 @@ def run_git(root: Path, *args: str) -> None:
     """git in a temporary checkout, with an identity of its own (tests of what a dirty tree refuses)."""
     subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=root, check=True,
                    capture_output=True)
-
-
-def piper_original_onnx_variant():
-    """The bundled Piper voice's original ONNX as the variant stages start from (onnxruntime, 2 threads)."""
-    voice = PiperOnnxRuntimeVoice("bundled:joe", threads=2)
-    return Variant("original_onnx", voice, "onnxruntime", "cpu", voice.num_parameters / 1e6,
-                   file_size_mb(voice.files.onnx_path))

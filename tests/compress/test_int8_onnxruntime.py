@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import piper_original_onnx_variant
+from compress_support import piper_original_onnx_variant
 from onnx import numpy_helper
 
 import compress.int8_onnxruntime as int8_ort

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import piper_original_onnx_variant
+from compress_support import piper_original_onnx_variant
 
 from compress.int8_onnxruntime import Int8OrtSettings, build
 from compress.run_config import settings_from_config
