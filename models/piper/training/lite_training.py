@@ -267,15 +267,12 @@ def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, ca
 
 
 def _train(args: argparse.Namespace) -> None:
-    bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
-    hp = hyperparams_from_dict(bundle["hyperparams"])
-    teacher = PiperVits(hp)
-    teacher.load_state_dict({k: v.float() for k, v in load_file(str(Path(args.bundle) / "teacher.safetensors")).items()})
+    bundle, teacher = _teacher_from_bundle(Path(args.bundle))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # No cudnn.benchmark: sentence lengths change every step, and re-tuning each new shape held
     # the first H200 run to 1.3-2.8 steps/s.
     config = LiteStudentConfig.from_dict(json.loads(args.student_config) if args.student_config else {})
-    parts = build_lite_parts(hp, config)
+    parts = build_lite_parts(teacher.hp, config)
     student = LiteStudent(parts["flow"], parts["decoder"])
     if args.init and not has_state(args.checkpoint):
         student.load_state_dict(load_file(args.init), strict=True)
