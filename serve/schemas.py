@@ -114,7 +114,8 @@ def _speakable(value: Any) -> Any:
                                                                "position": error.position}) from error
 
 
-# Text a family reads: NFKC, one space per whitespace run; control and format characters refused. Before
+# Text a family reads: NFKC but full-width punctuation kept as sent, one space per whitespace run;
+# control and format characters refused. Before
 # str validation, which would refuse a lone surrogate without naming it; length limits apply to the result.
 SpeakableText = Annotated[str, BeforeValidator(_speakable)]
 
@@ -137,6 +138,7 @@ class SpeechRequest(BaseModel):
     input: SpeakableText = Field(..., min_length=1, description=(
         "Text to speak, at most `serve.max_input_chars` characters (4096 by default). Sentences longer than "
         "`serve.max_sentence_chars` are split at clause marks or spaces, not rejected. Taken in Unicode NFKC "
+        "(full-width punctuation such as \u201c\uff0c\u201d kept as sent: Mandarin frontends read it as pauses) "
         "with each whitespace run read as one space; a control or format character (NUL, BEL, U+202E...; "
         "ZWJ and ZWNJ are fine) answers 400 `invalid_text` naming it and its position."))
     voice: str | VoiceReference = Field(..., description=(

@@ -52,8 +52,9 @@ SAMPLING_FLAGS = ("noise_scale", "noise_scale_w")  # flags that are options of a
 
 def read_lines(text_file: Path) -> list[tuple[int, str]]:
     """(1-based line number in the file, text) for every non-empty line, each under the server's text rule
-    (models/text/sanitize.py: NFKC, whitespace runs to one space); a control or format character in a
-    line (a NUL would cut the line short in espeak-ng) fails the run, naming the line and position."""
+    (models/text/sanitize.py: NFKC with full-width punctuation kept, whitespace runs to one space); a control
+    or format character in a line (a NUL would cut the line short in espeak-ng) fails the run, naming the
+    line and position."""
     text_file = Path(text_file)
     if not text_file.is_file():
         raise FileNotFoundError(f"text file {text_file} not found: give a UTF-8 file with one utterance per line")

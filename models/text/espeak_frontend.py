@@ -8,13 +8,17 @@ import re
 
 from models.interface import UnspeakableTextError, Utterance
 from models.text.espeak_ng import espeak_sentences
-from models.text.sanitize import refuse_unsafe_characters
+from models.text.sanitize import fold_kept_punctuation, refuse_unsafe_characters
 
 BOS, EOS, PAD = "^", "$", "_"
 # Long paragraphs are split at sentence ends so that no single batch item grows unbounded.
 # Only at . ! ?, where espeak ends a sentence too: espeak-based voices speak ; and : as pauses
 # inside one sentence, and splitting there would change the phoneme ids and the prosody.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# espeak-ng languages whose text uses full-width punctuation, which their voices read as pauses and
+# sentence ends. The others hear "，" as nothing at all: they get the ASCII form (the server keeps
+# full-width punctuation as sent, for the Mandarin and Japanese frontends that need it).
+_FULL_WIDTH_PUNCTUATION_LANGUAGES = frozenset({"cmn", "yue", "zh", "ja", "ko"})
 
 
 class EspeakFrontend:
@@ -24,6 +28,7 @@ class EspeakFrontend:
                 raise ValueError(f"phoneme_id_map lacks the required symbol {symbol!r}")
         self.espeak_voice = espeak_voice
         self.phoneme_id_map = phoneme_id_map
+        self._folds_full_width = espeak_voice.split("-")[0].lower() not in _FULL_WIDTH_PUNCTUATION_LANGUAGES
 
     def split_sentences(self, text: str) -> list[str]:
         return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
@@ -32,6 +37,8 @@ class EspeakFrontend:
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
         text = refuse_unsafe_characters(text)  # espeak-ng reads a NUL as the end of the text: refuse, never cut
+        if self._folds_full_width:
+            text = fold_kept_punctuation(text)
         sequences = []
         for sentence in self.split_sentences(text):
             for phonemes in espeak_ipa(sentence, self.espeak_voice):

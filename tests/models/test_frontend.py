@@ -64,3 +64,15 @@ def test_phoneme_missing_from_map_is_named(joe_config):
     assert frontend("no")[0].phonemes == ("n", "ˈ", "o", "ʊ")
     with pytest.raises(UnspeakableTextError, match=r"\['s'\]"):
         frontend("so")
+
+
+def test_english_voice_reads_full_width_punctuation_as_ascii(frontend):
+    """The server keeps "，" for the Mandarin frontends; espeak's English voice would hear no pause in it."""
+    folded = frontend("Hello, world! Is it fine?")
+    assert [u.phoneme_ids for u in frontend("Hello， world！ Is it fine？")] == [u.phoneme_ids for u in folded]
+    assert "," in folded[0].phonemes
+
+
+def test_mandarin_espeak_voice_keeps_full_width_punctuation(joe_config):
+    assert not EspeakFrontend("cmn", joe_config["phoneme_id_map"])._folds_full_width
+    assert EspeakFrontend("en-us", joe_config["phoneme_id_map"])._folds_full_width

@@ -1,0 +1,126 @@
+"""Full-width CJK punctuation through the HTTP server reaches EmotiVoice's and GPT-SoVITS's frontends
+as the client sent it, so a sentence spoken through the server gets the phonemes (and prosody breaks)
+the family frontend gives the same text called directly. Before models/text/sanitize.py kept it, NFKC
+made "，" a "," and EmotiVoice wrote the short break sp1 where its frontend writes sp3.
+
+    python -m pytest -q tests/serve/test_server_cjk_punctuation.py
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from serve_support import serve_settings
+
+from models.registry import FAMILIES
+from serve.app import create_app
+from serve.engines import served_as_is
+
+# (family, text with full-width or half-width CJK punctuation, the same text as NFKC writes it).
+SENTENCES = {
+    "emotivoice": ("今天天气很好，我们去公园吧。", "今天天气很好,我们去公园吧。"),
+    # GPT-SoVITS folds full-width ASCII ("，") itself; the half-width "､" it drops, while NFKC's "、" is a comma.
+    "gpt_sovits_v2": ("今天天气很好､我们去公园吧。", "今天天气很好、我们去公园吧。"),
+}
+
+
+def unpadded_ids(request) -> list[tuple[int, ...]]:
+    """Each row of a ``SynthesisRequest``'s phoneme ids without its padding."""
+    return [tuple(row[:int(length)].tolist())
+            for row, length in zip(request.phoneme_ids, request.phoneme_lengths)]  # (B, T_text), (B,)
+
+
+class PhonemeRecorder:
+    """A family's model, unchanged, that keeps what its frontend gave the server (``utterances``) and
+    the phoneme ids the model was asked to say (``requested_ids``): through ``synthesize`` where the
+    server batches whole sentences, through its step decoder's ``join`` where it decodes token by token."""
+
+    def __init__(self, model):
+        self._model = model
+        self.utterances: list = []
+        self.requested_ids: list[tuple[int, ...]] = []
+
+    def text_to_utterances(self, text: str):
+        utterances = self._model.text_to_utterances(text)
+        self.utterances.extend(utterances)
+        return utterances
+
+    def synthesize(self, request):
+        self.requested_ids.extend(unpadded_ids(request))
+        return self._model.synthesize(request)
+
+    def step_decoder(self, *args, **kwargs):  # asked for only when capabilities.autoregressive says so
+        return JoinRecorder(self._model.step_decoder(*args, **kwargs), self.requested_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+
+class JoinRecorder:
+    """A step decoder, unchanged, that adds the phoneme ids of every sentence joining it to ``requested_ids``."""
+
+    def __init__(self, decoder, requested_ids: list[tuple[int, ...]]):
+        self._decoder = decoder
+        self._requested_ids = requested_ids
+
+    def join(self, key, request) -> None:
+        self._requested_ids.extend(unpadded_ids(request))
+        return self._decoder.join(key, request)
+
+    def __getattr__(self, name: str):
+        return getattr(self._decoder, name)
+
+
+@pytest.fixture(scope="module", params=sorted(SENTENCES))
+def family_client(request, tmp_path_factory):
+    """(family name, its tiny model, the recorder, a client of the server in front of it, voice id), ready."""
+    family = FAMILIES[request.param]
+    torch.set_num_threads(1)
+    model = family.tiny_model(0)
+    recorder = PhonemeRecorder(model)
+    settings = serve_settings(tmp_path_factory.mktemp(family.name), "serve.source=teacher", "serve.warmup=false")
+    served = served_as_is(recorder, family, "teacher", family.default_voice)
+    with TestClient(create_app(settings, served)) as client:
+        deadline_s = time.monotonic() + 30
+        while client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline_s, "not ready within 30 s"
+            time.sleep(0.05)
+        yield family.name, model, recorder, client, served.voice_name
+
+
+def test_cjk_punctuation_gets_the_phonemes_of_the_frontend_called_directly(family_client):
+    family, model, recorder, client, voice = family_client
+    sent, folded = SENTENCES[family]
+    direct = [u.phonemes for u in model.text_to_utterances(sent)]
+    assert direct != [u.phonemes for u in model.text_to_utterances(folded)], "the test sentence must tell them apart"
+    recorder.utterances.clear()
+    recorder.requested_ids.clear()
+    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice, "input": sent,
+                                                     "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    assert [u.phonemes for u in recorder.utterances] == direct
+    assert [u.text for u in recorder.utterances] == [sent]
+    assert recorder.requested_ids == [u.phoneme_ids for u in recorder.utterances]
+
+
+@pytest.mark.parametrize("family_client", ["emotivoice"], indirect=True)  # sp3: EmotiVoice's punctuation break
+def test_emotivoice_breaks_at_the_full_width_comma_through_the_server(family_client):
+    _, _, recorder, client, voice = family_client
+    recorder.utterances.clear()
+    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice,
+                                                     "input": "今天天气很好，我们去公园吧。", "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    (utterance,) = recorder.utterances
+    phonemes = list(utterance.phonemes)
+    hao = phonemes.index("ao3")  # 好 of 很好, just before the comma
+    assert phonemes[hao + 1] == "sp3", phonemes  # "," would give sp1 here
+    assert phonemes.count("sp3") == 1
+
+
+def test_the_ideographic_space_the_server_makes_a_space_reads_as_one(family_client):
+    # Why models/text/sanitize.py may collapse U+3000 with the other whitespace: neither frontend tells it apart.
+    _, model, _, _, _ = family_client
+    phonemes = [u.phonemes for u in model.text_to_utterances("今天\u3000天气很好")]
+    assert phonemes == [u.phonemes for u in model.text_to_utterances("今天 天气很好")]
