@@ -6,12 +6,14 @@
 set -euo pipefail
 deps=.device/testdeps
 if [[ "${1:-}" == "--prepare" ]]; then
+    rm -rf "$deps"  # pip --target skips what is already there: start clean so nothing stays stale
     # Hydra and OmegaConf are pure Python; PyYAML is built for the GPU machine's CPython 3.12.
-    pip install -q --target "$deps" --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
+    python3 -m pip install -q --target "$deps" --no-deps --python-version 3.12 --implementation cp --only-binary=:all: \
         --platform manylinux_2_17_x86_64 hydra-core==1.3.8 omegaconf==2.3.1 PyYAML==6.0.3
     # antlr4-python3-runtime 4.9.3 (OmegaConf's grammar) ships as a source archive only: its package is the src/ folder.
     work=$(mktemp -d)
-    pip download -q --no-deps --no-binary=:all: -d "$work" antlr4-python3-runtime==4.9.3
+    trap 'rm -rf "$work"' EXIT
+    python3 -m pip download -q --no-deps --no-binary=:all: -d "$work" antlr4-python3-runtime==4.9.3
     tar xzf "$work"/antlr4-python3-runtime-4.9.3.tar.gz -C "$work"
     cp -r "$work"/antlr4-python3-runtime-4.9.3/src/antlr4 "$deps"/
     exit 0

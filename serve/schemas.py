@@ -115,8 +115,8 @@ def _speakable(value: Any) -> Any:
 
 
 # Text a family reads: NFKC but full-width punctuation kept as sent, one space per whitespace run;
-# control and format characters refused. Before
-# str validation, which would refuse a lone surrogate without naming it; length limits apply to the result.
+# control and format characters refused. Runs before str validation, which would refuse a lone
+# surrogate without naming it; length limits apply to the result.
 SpeakableText = Annotated[str, BeforeValidator(_speakable)]
 
 

@@ -15,10 +15,6 @@ BOS, EOS, PAD = "^", "$", "_"
 # Only at . ! ?, where espeak ends a sentence too: espeak-based voices speak ; and : as pauses
 # inside one sentence, and splitting there would change the phoneme ids and the prosody.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-# espeak-ng languages whose text uses full-width punctuation, which their voices read as pauses and
-# sentence ends. The others hear "，" as nothing at all: they get the ASCII form (the server keeps
-# full-width punctuation as sent, for the Mandarin and Japanese frontends that need it).
-_FULL_WIDTH_PUNCTUATION_LANGUAGES = frozenset({"cmn", "yue", "zh", "ja", "ko"})
 
 
 class EspeakFrontend:
@@ -28,7 +24,6 @@ class EspeakFrontend:
                 raise ValueError(f"phoneme_id_map lacks the required symbol {symbol!r}")
         self.espeak_voice = espeak_voice
         self.phoneme_id_map = phoneme_id_map
-        self._folds_full_width = espeak_voice.split("-")[0].lower() not in _FULL_WIDTH_PUNCTUATION_LANGUAGES
 
     def split_sentences(self, text: str) -> list[str]:
         return [part.strip() for part in _SENTENCE_END.split(text.strip()) if part.strip()]
@@ -37,8 +32,6 @@ class EspeakFrontend:
         if not isinstance(text, str) or not text.strip():
             raise UnspeakableTextError("text is empty: give at least one word to speak")
         text = refuse_unsafe_characters(text)  # espeak-ng reads a NUL as the end of the text: refuse, never cut
-        if self._folds_full_width:
-            text = fold_kept_punctuation(text)
         sequences = []
         for sentence in self.split_sentences(text):
             for phonemes in espeak_ipa(sentence, self.espeak_voice):
@@ -66,5 +59,11 @@ class EspeakFrontend:
 
 def espeak_ipa(text: str, espeak_voice: str) -> list[list[str]]:
     """espeak-ng's IPA symbols of ``text``, one list per sentence: piper_phonemize's phonemes, with
-    the voice set once instead of on every call, which leaks (models/text/espeak_ng.py)."""
-    return espeak_sentences(text, espeak_voice)
+    the voice set once instead of on every call, which leaks (models/text/espeak_ng.py).
+
+    Full-width punctuation is read in its NFKC form first ("，" as ","): espeak-ng reads "，" as
+    nothing at all, no pause and no word boundary, in English ("Hello， world" runs the words
+    together) and in Mandarin ("你好， 世界" loses the pause and the boundary after 好) alike. The server keeps
+    these characters as sent for the frontends that read them (models/text/sanitize.py).
+    """
+    return espeak_sentences(fold_kept_punctuation(text), espeak_voice)

@@ -46,8 +46,10 @@ JOINERS = frozenset({"\u200c", "\u200d"})  # ZWNJ, ZWJ: part of emoji sequences 
 # stands for (EmotiVoice would drop a full-width letter met in a run of Chinese), and so do its
 # symbols ("＋￥～"), which English frontends read as words only in their NFKC forms. The ideographic
 # space U+3000 is whitespace and becomes one space like the others: both Mandarin frontends read it
-# as a space.
-KEPT_AS_SENT = frozenset(chr(code) for code in range(0xFF00, 0xFFF0) if unicodedata.category(chr(code))[0] == "P")
+# as a space. The ellipses "…" and "‥" are kept too: Chinese writes "……" where English writes "...",
+# and GPT-SoVITS ends a sentence at "…" but at "." only before a space, a quote or the end.
+KEPT_AS_SENT = frozenset(
+    [chr(code) for code in range(0xFF00, 0xFFF0) if unicodedata.category(chr(code))[0] == "P"] + ["\u2025", "\u2026"])
 # Runs of kept punctuation, captured: re.split puts them at the odd indices of its result.
 _KEPT_RUN = re.compile(f"([{re.escape(''.join(sorted(KEPT_AS_SENT)))}]+)")
 

@@ -9,7 +9,7 @@ import pytest
 
 from models.piper.voice_files import PiperVoiceFiles
 from models.interface import UnspeakableTextError
-from models.text.espeak_frontend import EspeakFrontend
+from models.text.espeak_frontend import EspeakFrontend, espeak_ipa
 
 # Piper phonemizes a whole line and lets espeak split it; ; and : are pauses inside a sentence.
 LINES = [
@@ -66,6 +66,7 @@ def test_phoneme_missing_from_map_is_named(joe_config):
         frontend("so")
 
 
+
 def test_english_voice_reads_full_width_punctuation_as_ascii(frontend):
     """The server keeps "，" for the Mandarin frontends; espeak's English voice would hear no pause in it."""
     folded = frontend("Hello, world! Is it fine?")
@@ -73,6 +74,11 @@ def test_english_voice_reads_full_width_punctuation_as_ascii(frontend):
     assert "," in folded[0].phonemes
 
 
-def test_mandarin_espeak_voice_keeps_full_width_punctuation(joe_config):
-    assert not EspeakFrontend("cmn", joe_config["phoneme_id_map"])._folds_full_width
-    assert EspeakFrontend("en-us", joe_config["phoneme_id_map"])._folds_full_width
+@pytest.mark.parametrize(("voice", "full_width", "ascii"), [
+    ("en-us", "Hello， world", "Hello, world"),
+    ("cmn", "你好， 世界", "你好, 世界"),
+])
+def test_espeak_reads_full_width_punctuation_as_its_ascii_form(voice, full_width, ascii):
+    assert espeak_ipa(full_width, voice) == espeak_ipa(ascii, voice)
+    # Read as sent, espeak-ng drops "，" and the word boundary after it: "həlˈoʊwˈɜːld".
+    assert "," in espeak_ipa(full_width, voice)[0] and " " in espeak_ipa(full_width, voice)[0][:10]

@@ -82,19 +82,20 @@ def test_full_width_letters_and_digits_fold_but_full_width_punctuation_stays():
     "他说：「你好」；（真的）？好！",
     "你好｡再见､好｢吗｣･",  # half-width CJK marks: GPT-SoVITS reads "､" (dropped) apart from "、" (a comma)
     "Mandarin and English：mixed，fine！",
+    "你好……世界‥",  # NFKC would write "......", where GPT-SoVITS ends no sentence
 ])
 def test_cjk_punctuation_reaches_the_frontend_as_sent(text):
     assert speakable_text(text) == text
 
 
-def test_the_kept_characters_are_the_punctuation_of_the_full_width_block():
-    assert len(KEPT_AS_SENT) == 30
-    assert set("！＂＃％＆＇（）＊，－．／：；？＠［＼］＿｛｝｟｠｡｢｣､･") == KEPT_AS_SENT
+def test_the_kept_characters_are_the_punctuation_of_the_full_width_block_and_the_ellipses():
+    assert len(KEPT_AS_SENT) == 32
+    assert set("！＂＃％＆＇（）＊，－．／：；？＠［＼］＿｛｝｟｠｡｢｣､･…‥") == KEPT_AS_SENT
     assert all(unicodedata.normalize("NFKC", character) != character for character in KEPT_AS_SENT)
 
 
 @pytest.mark.parametrize("block", [CJK_SYMBOLS_AND_PUNCTUATION, HALFWIDTH_AND_FULLWIDTH_FORMS])
-def test_every_other_character_of_the_cjk_blocks_folds_under_nfkc(block):
+def test_the_cjk_blocks_are_nfkc_apart_from_their_punctuation(block):
     for code in block:
         text = f"a{chr(code)}b"
         if first_unsafe_character(text) is not None:

@@ -1,7 +1,7 @@
 """Full-width CJK punctuation through the HTTP server reaches EmotiVoice's and GPT-SoVITS's frontends
 as the client sent it, so a sentence spoken through the server gets the phonemes (and prosody breaks)
-the family frontend gives the same text called directly. Before models/text/sanitize.py kept it, NFKC
-made "，" a "," and EmotiVoice wrote the short break sp1 where its frontend writes sp3.
+the family frontend gives the same text called directly. Under plain NFKC "，" would become "," and
+EmotiVoice would write the short break sp1 where its frontend writes sp3.
 
     python -m pytest -q tests/serve/test_server_cjk_punctuation.py
 """

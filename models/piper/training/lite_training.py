@@ -135,11 +135,10 @@ def prefetched_batches(targets: TeacherTargets, first_step: int, end_step: int,
     """``targets.batch(step)`` for step = first_step .. end_step - 1, the same batches either way.
 
     With ``prefetch`` a worker thread computes the batch of step + 1 while the caller trains on
-    step's. The teacher is bound by launching kernels on the host (49 ms of the 137 ms of a GAN step
-    at batch 32 on the H200, where the GPU ran kernels for 55 ms), and PyTorch releases the GIL
-    inside its ops, so the teacher's launches can overlap the student's. Measured with fused AdamW
-    and no per-step sync: 7.8 -> 8.0-8.2 steps/s, far less than the overlap allows: the two
-    threads' Python work still takes turns on the GIL. On CUDA the worker queues on a
+    step's: on the H200 a step is bound by the host launching kernels, the teacher's share of them
+    too, and PyTorch releases the GIL inside its ops, so the teacher's launches can overlap the
+    student's (what it gained is in models/checkpoints/README.md). One worker, never more:
+    ``TeacherTargets.batch`` is not re-entrant (its ``PriorTap`` keeps the last prior it saw). On CUDA the worker queues on a
     stream of its own; the caller's stream waits for the batch's event, and the batch's tensors are
     marked as used there so the allocator does not hand their memory back to the worker too early.
     Close the iterator (``contextlib.closing``) to stop the worker when a caller stops early.
@@ -180,10 +179,13 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     """Load ``saved`` into ``optimizer`` keeping this optimizer's implementation (fused or not).
 
     ``load_state_dict`` takes every param_group entry from the saved state, the ``fused`` and
-    ``foreach`` flags too, so a state saved by the unfused AdamW (every run before fused came in,
-    or one on the CPU) would silently switch a fused optimizer back. The moments and step counts
-    are the same tensors either way.
+    ``foreach`` flags too, so a state saved by the unfused AdamW (a CPU run's, or any saved with
+    the foreach implementation) would silently switch a fused optimizer back. The moments and step
+    counts are the same tensors either way.
     """
+    if len(saved["param_groups"]) != len(optimizer.param_groups):
+        raise ValueError(f"optimizer state has {len(saved['param_groups'])} parameter groups, the optimizer "
+                         f"{len(optimizer.param_groups)}: the state is of another model or optimizer")
     groups = [saved_group | {key: group[key] for key in ("fused", "foreach") if key in group}
               for saved_group, group in zip(saved["param_groups"], optimizer.param_groups, strict=True)]
     optimizer.load_state_dict(saved | {"param_groups": groups})
@@ -214,7 +216,7 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
                final_lr_fraction: float = 0.05, max_steps_this_call: int | None = None,
                max_seconds: float | None = None, log_every: int = 100, checkpoint_every: int = 500,
                autocast_bf16: bool = False, loss_weights: LossWeights = LossWeights(),
-               adversarial: AdversarialSettings | None = None) -> dict:
+               adversarial: AdversarialSettings | None = None, prefetch: bool | None = None) -> dict:
     """Train ``student`` toward the teacher; resumes from ``checkpoint_dir``; bounded by steps and seconds.
 
     AdamW with HiFi-GAN's betas, clipped gradients, warm-up then cosine decay (a function of the
@@ -222,9 +224,9 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
     resumed run equals an uninterrupted one). The state (model, optimizer, step, and the
     discriminator and its optimizer when ``adversarial`` is set) is written as shards every
     ``checkpoint_every`` steps and when the call ends. With ``adversarial``, a compact HiFi-GAN
-    discriminator takes the teacher's audio as real and the student's as fake. On CUDA the
-    teacher's next batch is made on a worker thread while a step trains (``prefetched_batches``),
-    and the loss parts are read back only when logged.
+    discriminator takes the teacher's audio as real and the student's as fake. With ``prefetch``
+    (default: on CUDA) the teacher's next batch is made on a worker thread while a step trains
+    (``prefetched_batches``); the loss parts are read back only when logged.
     """
     if steps < 1 or lr <= 0:
         raise ValueError(f"train_lite: need steps >= 1 and lr > 0 (got {steps}, {lr})")
@@ -261,7 +263,8 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
     # The loss parts stay on the device until a log line or the summary needs them: reading a
     # value every step would make the host wait for the GPU, and the host is what bounds a step.
     history: deque[dict[str, torch.Tensor]] = deque(maxlen=max(log_every, 1))
-    with closing(prefetched_batches(targets, step, end_step, prefetch=on_cuda)) as batches:
+    prefetch = on_cuda if prefetch is None else prefetch
+    with closing(prefetched_batches(targets, step, end_step, prefetch)) as batches:
         while step < end_step and (max_seconds is None or time.perf_counter() - started < max_seconds):
             for group in optimizer.param_groups + (d_optimizer.param_groups if d_optimizer else []):
                 group["lr"] = learning_rate(step, steps, lr, final_lr_fraction, warmup_steps)

@@ -77,8 +77,10 @@ def test_committed_checkpoint_keeps_durations_and_speaker(teacher):
     assert speaker_similarity(lite_audio, teacher_audio, 22050) > 0.93
 
 
-def test_training_resumes_where_it_stopped(teacher, tmp_path):
-    """Two chunks with the adversarial terms on end where one uninterrupted run ends, bit for bit."""
+@pytest.mark.parametrize("prefetch", [False, True], ids=["in_line", "prefetched"])
+def test_training_resumes_where_it_stopped(teacher, tmp_path, prefetch):
+    """Two chunks with the adversarial terms on end where one uninterrupted run ends, bit for bit,
+    with the teacher's batches made in line or on the worker thread that CUDA runs use."""
     phoneme_ids = [s.phoneme_ids for s in teacher.text_to_utterances(SENTENCE + " The mill wheel turned slowly.")]
     targets = TeacherTargets(teacher.model, phoneme_ids, batch_size=2, segment_frames=8, seed=1, device="cpu")
     first, again = targets.batch(5), targets.batch(5)
@@ -93,7 +95,7 @@ def test_training_resumes_where_it_stopped(teacher, tmp_path):
     def train(student, directory, **limits):
         torch.manual_seed(1)  # the discriminator's initial weights
         return train_lite(student, targets, steps=3, lr=1e-3, checkpoint_dir=directory, sample_rate_hz=22050,
-                          log_every=0, adversarial=gan, **limits)
+                          log_every=0, adversarial=gan, prefetch=prefetch, **limits)
 
     uninterrupted = fresh_student()
     train(uninterrupted, tmp_path / "whole")

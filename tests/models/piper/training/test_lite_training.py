@@ -72,7 +72,16 @@ def test_a_failing_batch_reaches_the_caller_and_stops_the_worker():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the worker's CUDA stream needs a GPU: run `pytest -m gpu`")
 def test_prefetched_batches_on_a_side_stream_are_the_steps_batches():
     targets = tiny_targets("cuda")
-    expected = [targets.batch(step) for step in range(0, 5)]
+    expected = [targets.batch(step) for step in range(5)]
+    make_batch = targets.batch
+
+    def late_batch(step: int) -> dict[str, torch.Tensor]:
+        # The GPU spins on the worker's stream before the batch's kernels: a caller that read the
+        # batch without waiting for its event would read memory not yet written.
+        torch.cuda._sleep(50_000_000)
+        return make_batch(step)
+
+    targets.batch = late_batch
     got = []
     for batch in prefetched_batches(targets, 0, 5, prefetch=True):
         got.append({key: value.clone() for key, value in batch.items()})  # read on the caller's stream
