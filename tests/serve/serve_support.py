@@ -11,11 +11,13 @@ from pathlib import Path
 
 import torch
 import uvicorn
+from fastapi.testclient import TestClient
 from conftest import compose_config
 
 from models.interface import SynthesisResult
 from models.registry import get_family
-from serve.engines import ServedModel, load_variant
+from serve.app import create_app
+from serve.engines import ServedModel, load_variant, served_as_is
 from serve.settings import ServeSettings, serve_settings_from_config
 
 # Small buckets and batches: warm-up takes a fraction of a second on CPU.
@@ -87,6 +89,18 @@ def wait_until(condition, timeout_s: float = 20.0, what: str = "condition") -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout_s} s")
         time.sleep(0.01)
+
+
+@contextmanager
+def tiny_family_client(family, model, tmp_path: Path):
+    """A TestClient of the server in front of ``model`` (the family's tiny model, or a wrapper of it)
+    as the family's teacher, ready; yields (client, voice id)."""
+    torch.set_num_threads(1)
+    settings = serve_settings(tmp_path, "serve.source=teacher", "serve.warmup=false")
+    served = served_as_is(model, family, "teacher", family.default_voice)
+    with TestClient(create_app(settings, served)) as client:
+        wait_until(lambda: client.get("/readyz").status_code == 200, timeout_s=30, what="/readyz 200")
+        yield client, served.voice_name
 
 
 @contextmanager

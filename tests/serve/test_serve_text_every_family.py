@@ -7,17 +7,12 @@ held to the same rule. Before the rule, espeak-ng read "hi \\x00 there" as "hi".
 """
 from __future__ import annotations
 
-import time
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
-from serve_support import serve_settings
+from serve_support import tiny_family_client
 
 from models.registry import FAMILIES
 from models.text.sanitize import first_unsafe_character
-from serve.app import create_app
-from serve.engines import served_as_is
 from serve.synthesize import read_lines
 
 SPEECH = {"model": "teacher", "input": "Hello there.", "response_format": "wav"}
@@ -42,16 +37,9 @@ class FrontendRecorder:
 def family_client(request, tmp_path_factory):
     """(family, recorder, client, voice id) of the family's tiny model behind the server, ready."""
     family = FAMILIES[request.param]
-    torch.set_num_threads(1)
     recorder = FrontendRecorder(family.tiny_model(0))
-    settings = serve_settings(tmp_path_factory.mktemp(family.name), "serve.source=teacher", "serve.warmup=false")
-    served = served_as_is(recorder, family, "teacher", family.default_voice)
-    with TestClient(create_app(settings, served)) as client:
-        deadline_s = time.monotonic() + 30
-        while client.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline_s, "not ready within 30 s"
-            time.sleep(0.05)
-        yield family, recorder, client, served.voice_name
+    with tiny_family_client(family, recorder, tmp_path_factory.mktemp(family.name)) as (client, voice):
+        yield family, recorder, client, voice
 
 
 @pytest.mark.parametrize("field", ["input", "prompt"])

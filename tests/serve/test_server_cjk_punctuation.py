@@ -7,16 +7,11 @@ EmotiVoice would write the short break sp1 where its frontend writes sp3.
 """
 from __future__ import annotations
 
-import time
 
 import pytest
-import torch
-from fastapi.testclient import TestClient
-from serve_support import serve_settings
+from serve_support import tiny_family_client
 
 from models.registry import FAMILIES
-from serve.app import create_app
-from serve.engines import served_as_is
 
 # (family, text with full-width or half-width CJK punctuation, the same text as NFKC writes it).
 SENTENCES = {
@@ -77,17 +72,10 @@ class JoinRecorder:
 def family_client(request, tmp_path_factory):
     """(family name, its tiny model, the recorder, a client of the server in front of it, voice id), ready."""
     family = FAMILIES[request.param]
-    torch.set_num_threads(1)
     model = family.tiny_model(0)
     recorder = PhonemeRecorder(model)
-    settings = serve_settings(tmp_path_factory.mktemp(family.name), "serve.source=teacher", "serve.warmup=false")
-    served = served_as_is(recorder, family, "teacher", family.default_voice)
-    with TestClient(create_app(settings, served)) as client:
-        deadline_s = time.monotonic() + 30
-        while client.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline_s, "not ready within 30 s"
-            time.sleep(0.05)
-        yield family.name, model, recorder, client, served.voice_name
+    with tiny_family_client(family, recorder, tmp_path_factory.mktemp(family.name)) as (client, voice):
+        yield family.name, model, recorder, client, voice
 
 
 def test_cjk_punctuation_gets_the_phonemes_of_the_frontend_called_directly(family_client):
