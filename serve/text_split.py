@@ -1,6 +1,7 @@
 """Split request text into pieces of at most ``max_chars``, at the most natural break available.
 
-Order of preference: sentence ends (. ! ?), then clause marks (, ; : and dashes), then spaces,
+Order of preference: sentence ends (. ! ? and full-width ！？), then clause marks (, ; : and dashes,
+and full-width ，；：), then spaces,
 then a hard cut (a single "word" longer than the cap). Each piece is phonemized on its own, so
 one long input never becomes one unbounded batch item.
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import re
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-_CLAUSE_END = re.compile(r"(?<=[,;:\u2014\u2013])\s+|\s+(?=[\u2014\u2013-]\s)")
+# Full-width "！？" and "，；：" count as their ASCII forms: the text rule keeps them as sent
+# (models/text/sanitize.py). A break still needs the space after the mark, so unspaced Chinese
+# text stays whole for its frontend, which reads the marks as prosody.
+_SENTENCE_END = re.compile(r"(?<=[.!?\uff01\uff1f])\s+")
+_CLAUSE_END = re.compile(r"(?<=[,;:\uff0c\uff1b\uff1a\u2014\u2013])\s+|\s+(?=[\u2014\u2013-]\s)")
 
 
 def _pack(parts: list[str], max_chars: int, joiner: str = " ") -> list[str]:

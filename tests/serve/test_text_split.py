@@ -1,0 +1,33 @@
+"""How the server cuts request text into pieces (serve/text_split.py).
+
+    python -m pytest -q tests/serve/test_text_split.py
+"""
+from __future__ import annotations
+
+import pytest
+
+from serve.text_split import split_text
+
+
+def test_sentences_then_clauses_then_spaces():
+    assert split_text("One. Two, three four.", max_chars=12) == ["One.", "Two,", "three four."]
+    assert split_text("Short one! And a question? Yes.", max_chars=100) == ["Short one!", "And a question?", "Yes."]
+
+
+def test_full_width_marks_break_like_their_ascii_forms():
+    assert split_text("Hello！ How are you？ Fine.", max_chars=100) == ["Hello！", "How are you？", "Fine."]
+    assert split_text("first part， second part； third", max_chars=14) == ["first part，", "second part；", "third"]
+
+
+def test_unspaced_chinese_stays_whole_for_its_frontend():
+    text = "今天天气很好，我们去公园吧！你呢？"
+    assert split_text(text, max_chars=100) == [text]
+
+
+def test_a_word_longer_than_the_cap_is_cut_hard():
+    assert split_text("abcdefghij", max_chars=4) == ["abcd", "efgh", "ij"]
+
+
+def test_a_cap_below_one_is_refused():
+    with pytest.raises(ValueError, match="max_chars"):
+        split_text("text", max_chars=0)
