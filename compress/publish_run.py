@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from core.atomic_io import write_text_atomic
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from compress.run_config import settings_from_config
-from compress.selection import select_champion
+from compress.selection import SelectionSettings, select_champion
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_DIR_STAMP = "%Y-%m-%d_%H-%M-%S"  # Hydra's run directory name: the run's start, local time
