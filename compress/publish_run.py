@@ -60,6 +60,31 @@ def parent_run_tags(tracking_uri: str, experiment: str, run_dir: Path) -> dict:
     return {"mlflow_run_id": run.info.run_id, **{tag: run.data.tags.get(tag, "") for tag in PROVENANCE_TAGS}}
 
 
+SUMMARY_COLUMNS = ("rtf_cpu_b1", "rtf_cuda_b1", "dnsmos_p808", "wer", "mcd_db", "spk_sim")
+
+
+def summary_markdown(report: dict, baseline: str = "original_onnx") -> str:
+    """One line per variant for docs/benchmarks.md: speed (with its spread over interleaved rounds and
+    its speed-up over ``baseline`` from the same run), quality, and the verdict of each rule."""
+    rows = report["rows"]
+    rules = {"run's rule": report["selection"], **report["also_selected"]}
+    header = ["variant", "rtf_cpu_b1 (spread)", f"x {baseline}", *SUMMARY_COLUMNS[1:], *rules]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    base = rows.get(baseline, {}).get("rtf_cpu_b1")
+    for name, metrics in rows.items():
+        rtf = metrics.get("rtf_cpu_b1")
+        cells = [name, "-" if rtf is None else f"{rtf:.4g} ({metrics.get('rtf_cpu_b1_spread', 0.0):.2g})",
+                 "-" if rtf is None or base is None else f"{base / rtf:.2f}"]
+        cells += [f"{metrics[c]:.4g}" if c in metrics else "-" for c in SUMMARY_COLUMNS[1:]]
+        for rule in rules.values():
+            eligibility = rule["eligibility"].get(name, {"eligible": False, "reasons": ["not scored"]})
+            verdict = "**champion**" if rule["champion"] == name else (
+                "eligible" if eligibility["eligible"] else "; ".join(eligibility["reasons"]))
+            cells.append(verdict)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m compress.publish_run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -95,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         "provenance": origin,
     }
     write_text_atomic(Path(args.out), json.dumps(report, indent=1) + "\n")
+    print(summary_markdown(report))
     print(f"wrote {args.out}: {len(rows)} variants; champion {selection['champion']}"
           + "".join(f"; by {name}: {chosen['champion']}" for name, chosen in others.items()))
 

@@ -44,7 +44,7 @@ def finished_run(tmp_path):
     return run_dir, run.info.run_id
 
 
-def test_publishes_rows_champions_and_the_runs_provenance(finished_run, tmp_path):
+def test_publishes_rows_champions_and_the_runs_provenance(finished_run, tmp_path, capsys):
     run_dir, run_id = finished_run
     out = tmp_path / "published.json"
     main(["--run-dir", str(run_dir), "--out", str(out), "--also-selection", "cpu"])
@@ -57,6 +57,10 @@ def test_publishes_rows_champions_and_the_runs_provenance(finished_run, tmp_path
     assert any("spk_sim" in reason for reason in cpu["eligibility"]["fast"]["reasons"])
     assert report["run"]["mlflow_run_id"] == run_id
     assert report["run"]["git_revision"] == "0123abc" and report["run"]["eval_set"] == "harvard"
+    # The summary for docs/benchmarks.md: one line per variant, each rule's verdict in its own column.
+    summary = {line.split(" | ")[0].strip("| "): line for line in capsys.readouterr().out.splitlines()}
+    assert summary["faithful"].endswith("| eligible | **champion** |")
+    assert summary["fast"].split(" | ")[-2] == "**champion**"
 
 
 def test_a_run_that_did_not_finish_is_refused(finished_run, tmp_path, capsys):
