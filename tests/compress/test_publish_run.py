@@ -36,7 +36,9 @@ def finished_run(tmp_path):
     run_dir = tmp_path / "runs" / datetime.fromtimestamp(run.info.start_time / 1000).strftime(RUN_DIR_STAMP)
     run_dir.mkdir(parents=True)
     (run_dir / "results.json").write_text(json.dumps(ROWS))
-    (run_dir / "selection.json").write_text(json.dumps({"champion": "fast", "rule": "the run's rule", "rows": ROWS}))
+    eligibility = {name: {"eligible": True, "reasons": []} for name in ROWS}
+    (run_dir / "selection.json").write_text(json.dumps({"champion": "fast", "rule": "the run's rule",
+                                                        "eligibility": eligibility, "rows": ROWS}))
     resolved = {"tracking": {"tracking_uri": tracking_uri, "experiment_name": "tts-compress"},
                 "data": {"eval_set": "harvard", "max_eval_sentences": None},
                 "variants": list(ROWS), "evaluate": {"reference_variant": "teacher", "warm_runs": 3}}
