@@ -10,6 +10,9 @@
 # The teacher bundle (python -m compress.distil prepare --family piper --voice bundled:joe --out .device/gan/bundle)
 # and the state are too large to travel in one call (64 MiB): a session's first call carries
 # .device/gan/bundle, the next (back to back, on the warm machine) carries .device/gan/run/state.
+# .device/ does not outlive the machine this checkout is on: after a session's last chunk, copy the
+# state to models/checkpoints/lite_gan_state/ and commit it; at the next session's start, move it back
+# into .device/gan/run/state and git rm it, so that the tracked tree stays small enough to travel.
 set -euo pipefail
 chunk=${1:?chunk name, e.g. chunk04}
 max_seconds=${2:?seconds of training in this call}
