@@ -62,13 +62,18 @@ def _quality_metrics(
 ) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if "dnsmos" in settings.metrics:
-        from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
+        from evaluate.dnsmos import DNSMOSP808
 
-        p808, p835 = DNSMOSP808(intra_op_threads=settings.cpu_threads), DNSMOSP835(intra_op_threads=settings.cpu_threads)
-        for wave in tqdm(waveforms, desc="  dnsmos", leave=False):
+        p808 = DNSMOSP808(intra_op_threads=settings.cpu_threads)
+        for wave in tqdm(waveforms, desc="  dnsmos p808", leave=False):
             p808.update(wave, sample_rate_hz)
-            p835.update(wave, sample_rate_hz)
         metrics["dnsmos_p808"] = float(p808.compute())
+    if "dnsmos_p835" in settings.metrics:
+        from evaluate.dnsmos import DNSMOSP835
+
+        p835 = DNSMOSP835(intra_op_threads=settings.cpu_threads)
+        for wave in tqdm(waveforms, desc="  dnsmos p835", leave=False):
+            p835.update(wave, sample_rate_hz)
         metrics.update({f"dnsmos_{k}": float(v) for k, v in p835.compute().items()})
     if "wer" in settings.metrics:
         name, error_rate = error_rate_metric(recognizer)  # wer, or cer for languages without spaces
