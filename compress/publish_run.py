@@ -45,12 +45,18 @@ def selection_settings(name: str) -> SelectionSettings:
 
 def parent_run_tags(tracking_uri: str, experiment: str, run_dir: Path) -> dict:
     """The provenance tags of the MLflow parent run that started when ``run_dir`` was made."""
-    started = datetime.strptime(run_dir.name, RUN_DIR_STAMP).timestamp() * 1000
+    try:
+        started = int(datetime.strptime(run_dir.name, RUN_DIR_STAMP).timestamp() * 1000)
+    except ValueError:
+        raise SystemExit(f"{run_dir.name!r} is not a run directory's name (a local start time such as "
+                         "2026-12-01_22-44-24): pass outputs/runs/<stamp>") from None
     client = mlflow.MlflowClient(tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         raise SystemExit(f"no MLflow experiment {experiment!r} at {tracking_uri}")
-    runs = [run for run in client.search_runs([found.experiment_id], max_results=500)
+    # Only runs that started near the directory's stamp: a store of many runs holds far more than one page.
+    window = (f"attributes.start_time >= {started - 120_000} AND attributes.start_time <= {started + 120_000}")
+    runs = [run for run in client.search_runs([found.experiment_id], filter_string=window, max_results=1000)
             if "mlflow.parentRunId" not in run.data.tags]
     if not runs:
         raise SystemExit(f"no parent runs in MLflow experiment {experiment!r}")

@@ -19,7 +19,7 @@ from models.text.sanitize import refuse_unsafe_characters
 LANGUAGES = ("ja", "en")
 PAD_ID = 0  # Kokoro pads every sentence with id 0 at both ends
 MAX_PHONEMES = 510  # voice packs have one style row per phoneme count up to 510 (context 512 with the pads)
-_SENTENCE_END = {"ja": re.compile(r"(?<=[。！？!?\n])"), "en": re.compile(r"(?<=[.!?])\s+")}
+_SENTENCE_END = {"ja": re.compile(r"(?<=[。｡！？!?\n])"), "en": re.compile(r"(?<=[.!?])\s+")}
 # espeak-ng writes these as two symbols; Kokoro's vocabulary (misaki) has one symbol for each.
 _ESPEAK_TO_KOKORO = (("eɪ", "A"), ("aɪ", "I"), ("oʊ", "O"), ("aʊ", "W"), ("ɔɪ", "Y"), ("dʒ", "ʤ"), ("tʃ", "ʧ"),
                      ("ɝ", "ɜɹ"), ("r", "ɹ"))

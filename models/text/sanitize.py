@@ -43,8 +43,9 @@ JOINERS = frozenset({"\u200c", "\u200d"})  # ZWNJ, ZWJ: part of emoji sequences 
 # "､" but reads its NFKC form "、" as a comma. Which forms a frontend folds is its own business
 # (GPT-SoVITS folds full-width ASCII itself), as in the official frontends, which see the text as the
 # client wrote it. The block's letters and digits still fold, so that "Ａ１" is read as the "A1" it
-# stands for (EmotiVoice would drop a full-width letter met in a run of Chinese), and so do its
-# symbols ("＋￥～"), which English frontends read as words only in their NFKC forms. The ideographic
+# stands for (EmotiVoice would drop a full-width letter met in a run of Chinese), and so do its math
+# and currency symbols ("＋￥～", categories S*). Its word-like punctuation ("％＆＠＃＊", category Po) is
+# kept with the rest of P*; frontends that read those as words (espeak) fold them themselves. The ideographic
 # space U+3000 is whitespace and becomes one space like the others: both Mandarin frontends read it
 # as a space. The ellipses "…" and "‥" are kept too: Chinese writes "……" where English writes "...",
 # and GPT-SoVITS ends a sentence at "…" but at "." only before a space, a quote or the end.

@@ -72,3 +72,10 @@ def test_a_run_that_did_not_finish_is_refused(finished_run, tmp_path, capsys):
         main(["--run-dir", str(run_dir), "--out", str(tmp_path / "published.json")])
     assert stopped.value.code == 2
     assert "results.json" in capsys.readouterr().err
+
+
+def test_a_directory_not_named_by_its_start_time_is_refused(tmp_path):
+    from compress.publish_run import parent_run_tags
+
+    with pytest.raises(SystemExit, match="not a run directory's name"):
+        parent_run_tags(f"sqlite:///{tmp_path / 'mlflow.db'}", "tts-compress", tmp_path / "0")

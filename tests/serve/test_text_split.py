@@ -24,6 +24,16 @@ def test_unspaced_chinese_stays_whole_for_its_frontend():
     assert split_text(text, max_chars=100) == [text]
 
 
+def test_an_ellipsis_and_a_full_width_stop_end_sentences():
+    assert split_text("Wait… What？ Go． Now", max_chars=100) == ["Wait…", "What？", "Go．", "Now"]
+
+
+def test_long_unspaced_chinese_is_cut_after_a_mark_not_mid_word():
+    text = "今天天气很好，我们去公园吧！你呢？"  # 17 characters, marks after the 6th, 13th and 17th
+    assert split_text(text, max_chars=14) == ["今天天气很好，我们去公园吧！", "你呢？"]
+    assert split_text(text, max_chars=8) == ["今天天气很好，", "我们去公园吧！", "你呢？"]
+
+
 def test_a_word_longer_than_the_cap_is_cut_hard():
     assert split_text("abcdefghij", max_chars=4) == ["abcd", "efgh", "ij"]
 

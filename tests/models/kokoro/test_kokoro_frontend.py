@@ -23,6 +23,12 @@ def test_japanese_sentences_become_padded_ids(vocab):
     assert list(first.phoneme_ids[1:-1]) == [vocab[p] for p in first.phonemes]
 
 
+def test_a_half_width_full_stop_ends_a_japanese_sentence(vocab):
+    """The server keeps "｡" as sent (it no longer folds it to "。"), so the splitter reads both."""
+    utterances = KokoroFrontend(vocab, "ja")("今日は良い天気ですね｡散歩に行きましょう。")
+    assert [u.text for u in utterances] == ["今日は良い天気ですね｡", "散歩に行きましょう。"]
+
+
 def test_english_uses_kokoro_symbols(vocab):
     utterances = KokoroFrontend(vocab, "en")("The quick brown fox jumps. Where did Kenji leave his lantern?")
     assert len(utterances) == 2
