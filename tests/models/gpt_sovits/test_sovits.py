@@ -74,7 +74,8 @@ def test_noise_is_never_drawn_inside(tiny, cases):
 
 def test_reference_spectrogram_of_the_stored_clip(tiny, cases):
     spectrogram = reference_spectrogram(cases["case1/sovits.ref0.wav_32k"], tiny.config)
-    torch.testing.assert_close(spectrogram, cases["case1/sovits.ref0.spec"], rtol=0, atol=1e-5)
+    # float32 FFTs differ by a few ulps between CPUs (3.1e-5 absolute, 2.4e-5 relative on an AMD EPYC).
+    torch.testing.assert_close(spectrogram, cases["case1/sovits.ref0.spec"], rtol=1e-4, atol=1e-5)
 
 
 def test_rvq_export_rewrite_gives_identical_codes(tiny, cases):
