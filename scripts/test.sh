@@ -9,7 +9,7 @@ source scripts/setup_env.sh
 # The layers of docs/architecture.md, declared in pyproject.toml: no upward imports, no circles.
 lint-imports
 # Two workers, each taking whole files, so a module's fixtures (an exported graph, a loaded voice) are
-# built once. One process took 49 min on a 2-core CI machine; two workers took 17 min on a 2-core
-# AMD EPYC (not side by side: machines vary by up to 2.5x).
+# built once. One process took 49 min on a 2-core CI machine; two workers took 18 min on a fresh
+# clone on a 2-core AMD EPYC (not side by side: these machines vary by up to 2.5x).
 # PYTEST_WORKERS=0 runs in one process, for a debugger.
 python -m pytest -q --durations=20 -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"
