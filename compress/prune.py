@@ -243,9 +243,8 @@ def _pruned_encoder(teacher: Variant, settings: PruneSettings, ctx: StageContext
     return encoder
 
 
-def build(teacher: Variant, settings: PruneSettings, ctx: StageContext, variant_name: str = "pruned") -> Variant:
-    """A new variant whose parts listed in ``settings.parts`` are pruned and fine-tuned; ``teacher`` (the
-    source variant: the teacher, or a student that kept the teacher's parts) is untouched."""
+def build(teacher: Variant, settings: PruneSettings, ctx: StageContext) -> Variant:
+    """A new variant whose parts listed in ``settings.parts`` are pruned and fine-tuned; teacher untouched."""
     hooks = prune_hooks(ctx.family, settings.parts)
     require_parts("pruning", teacher, ctx.family, [getattr(hooks, name).part_role for name in settings.parts])
     hooks.check_model(teacher.model)
@@ -288,7 +287,7 @@ def build(teacher: Variant, settings: PruneSettings, ctx: StageContext, variant_
     stage_metrics |= {"params_m_before": teacher.params_m, "size_mb_before": teacher.size_mb}
     stage_metrics |= {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return Variant(
-        name=variant_name,
+        name="pruned",
         model=voice,
         engine="torch",
         device=teacher.device,

@@ -32,9 +32,10 @@ from texts import load_sentences
 
 
 def scope_of(node_name: str, depth: int) -> str:
-    """The first ``depth`` scopes of a node name; a node outside any scope is "(top level)"."""
-    parts = [part for part in node_name.split("/") if part]
-    return "/".join(parts[:depth]) if len(parts) > depth else "(top level)"
+    """Up to ``depth`` leading scopes of a node name ("/enc_p/encoder/.../MatMul", 2 -> "enc_p/encoder");
+    a node outside any scope is "(top level)"."""
+    scopes = [part for part in node_name.split("/") if part][:-1]  # the last part names the node itself
+    return "/".join(scopes[:depth]) if scopes else "(top level)"
 
 
 def profile(session_bytes: bytes, feeds: list[dict], threads: int, repeats: int, depth: int) -> dict:
