@@ -243,8 +243,9 @@ def _pruned_encoder(teacher: Variant, settings: PruneSettings, ctx: StageContext
     return encoder
 
 
-def build(teacher: Variant, settings: PruneSettings, ctx: StageContext) -> Variant:
-    """A new variant whose parts listed in ``settings.parts`` are pruned and fine-tuned; teacher untouched."""
+def build(teacher: Variant, settings: PruneSettings, ctx: StageContext, variant_name: str = "pruned") -> Variant:
+    """A new variant whose parts listed in ``settings.parts`` are pruned and fine-tuned; ``teacher`` (the
+    source variant: the teacher, or a student that kept the teacher's parts) is untouched."""
     hooks = prune_hooks(ctx.family, settings.parts)
     require_parts("pruning", teacher, ctx.family, [getattr(hooks, name).part_role for name in settings.parts])
     hooks.check_model(teacher.model)
@@ -287,7 +288,7 @@ def build(teacher: Variant, settings: PruneSettings, ctx: StageContext) -> Varia
     stage_metrics |= {"params_m_before": teacher.params_m, "size_mb_before": teacher.size_mb}
     stage_metrics |= {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return Variant(
-        name="pruned",
+        name=variant_name,
         model=voice,
         engine="torch",
         device=teacher.device,

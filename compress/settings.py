@@ -15,9 +15,11 @@ from models.registry import FAMILIES
 
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "teacher_ort", "teacher_int8", "pruned", "int8_modelopt", "lite",
-                  "lite_ort", "lite_int8", "lite_poly_int8", "int8_dynamic")  # compress/stages.py builds these
+                  "lite_ort", "lite_int8", "lite_poly_int8", "lite_slim", "lite_slim_ort", "lite_slim_int8",
+                  "int8_dynamic")  # compress/stages.py builds these
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
-REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "teacher_ort", "teacher_int8", "lite_ort")  # run by family.reference (load, load_graph)
+# run by family.reference (load, load_graph)
+REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "teacher_ort", "teacher_int8", "lite_ort", "lite_slim_ort")
 NEVER_CALIBRATE_ON = ("eval", "eval_ja", "harvard")  # held-out sets: a variant tuned on them would flatter itself
 
 

@@ -52,6 +52,15 @@ STAGES = {
     "lite_poly_int8": StageSpec("lite_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
                                 partial(int8_onnxruntime.build, variant_name="lite_poly_int8",
                                         polyphase_conv_transpose=True)),
+    # The Lite student with the teacher's text encoder slimmed: its feed-forward layers pruned and
+    # fine-tuned against the teacher's encoder (stages.prune_lite); the encoder is a quarter of the
+    # student's CPU time, and nearly all of its arithmetic is in those layers.
+    "lite_slim": StageSpec("lite", "prune_lite", prune.PruneSettings,
+                           partial(prune.build, variant_name="lite_slim")),
+    "lite_slim_ort": StageSpec("lite_slim", None, None,
+                               partial(onnxruntime_variant.build, variant_name="lite_slim_ort")),
+    "lite_slim_int8": StageSpec("lite_slim_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
+                                partial(int8_onnxruntime.build, variant_name="lite_slim_int8")),
     # Fake quantization in PyTorch: CPU timing would measure quantize-dequantize overhead, not INT8
     # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
     "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,

@@ -39,6 +39,8 @@ def scope_of(node_name: str, depth: int) -> str:
 
 
 def profile(session_bytes: bytes, feeds: list[dict], threads: int, repeats: int, depth: int) -> dict:
+    """Run every feed once (warm-up: first-shape allocations, not counted), then ``repeats`` times
+    more in one session; node kernel times of the counted runs, by scope and by op type, per run."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
@@ -46,10 +48,8 @@ def profile(session_bytes: bytes, feeds: list[dict], threads: int, repeats: int,
     with tempfile.TemporaryDirectory() as work:
         options.profile_file_prefix = str(Path(work) / "profile")
         session = ort.InferenceSession(session_bytes, options, providers=["CPUExecutionProvider"])
-        for feed in feeds:  # warm-up, not counted below
+        for feed in feeds:
             session.run(None, feed)
-        warm_events = len(json.loads(Path(session.end_profiling()).read_text()))
-        session = ort.InferenceSession(session_bytes, options, providers=["CPUExecutionProvider"])
         wall = 0.0
         for _ in range(repeats):
             for feed in feeds:
@@ -57,6 +57,12 @@ def profile(session_bytes: bytes, feeds: list[dict], threads: int, repeats: int,
                 session.run(None, feed)
                 wall += time.perf_counter() - start
         events = json.loads(Path(session.end_profiling()).read_text())
+    # The profile holds the warm-up too: count node events from the first counted run's start on.
+    run_starts = sorted(event["ts"] for event in events if event.get("name") == "model_run")
+    if len(run_starts) != len(feeds) * (repeats + 1):
+        raise RuntimeError(f"onnxruntime's profile has {len(run_starts)} runs, expected {len(feeds) * (repeats + 1)}")
+    counted_from = run_starts[len(feeds)]
+    events = [event for event in events if event["ts"] >= counted_from]
     by_scope: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
     nodes: dict[str, set] = defaultdict(set)
@@ -76,7 +82,6 @@ def profile(session_bytes: bytes, feeds: list[dict], threads: int, repeats: int,
     return {
         "wall_ms_per_run": 1e3 * wall / runs,
         "kernel_ms_per_run": kernel_ms / runs,
-        "warm_up_events": warm_events,
         "by_scope": {scope: {"ms_per_run": ms / runs, "share": ms / kernel_ms, "nodes": len(nodes[scope]),
                              "ms_per_run_by_op_type": {op: op_ms / runs for op, op_ms in sorted(
                                  scope_ops[scope].items(), key=lambda item: -item[1])}}

@@ -144,13 +144,14 @@ def test_bad_distil_config_stops_at_start(debug_config, overrides, message):
 
 
 def test_lite_stages_in_the_pipeline(debug_config):
-    """teacher -> lite (committed checkpoint) -> exported graph in onnxruntime -> INT8, one debug run."""
+    """teacher -> lite (committed checkpoint) -> exported graph in onnxruntime -> INT8, and lite ->
+    lite_slim (its encoder's feed-forward layers pruned) -> its graph in onnxruntime, one debug run."""
     from compress.pipeline import run
 
-    resolved = debug_config("variants=[teacher,lite,lite_ort,lite_int8]", "export.enabled=true",
-                            "data.max_eval_sentences=1", "export.parity_sentences=1")
+    resolved = debug_config("variants=[teacher,lite,lite_ort,lite_int8,lite_slim,lite_slim_ort]",
+                            "export.enabled=true", "data.max_eval_sentences=1", "export.parity_sentences=1")
     rows = run(settings_from_config(resolved), resolved)
-    assert list(rows) == ["teacher", "lite", "lite_ort", "lite_int8"]
+    assert list(rows) == ["teacher", "lite", "lite_ort", "lite_int8", "lite_slim", "lite_slim_ort"]
     # The exported Lite graph matches PyTorch (fp32 budget: 1e-4 of the peak, same durations) ...
     assert rows["lite"]["parity_within_budget"] == 1.0
     assert rows["lite"]["parity_durations_equal_fraction"] == 1.0
@@ -159,3 +160,13 @@ def test_lite_stages_in_the_pipeline(debug_config):
     assert rows["lite"]["flow_params_after"] < rows["lite"]["flow_params_before"] / 5
     assert rows["lite_int8"]["quantized_nodes"] > 0
     assert Path(resolved["paths"]["output_dir"], "graphs", "piper", "lite", "lite.simplified.onnx").is_file()
+    # lite_slim: the student's encoder lost a quarter of its feed-forward channels (the debug ratio),
+    # nothing else; its graph exports within the fp32 budget and onnxruntime speaks as PyTorch.
+    slim = rows["lite_slim"]
+    assert slim["encoder_params_after"] < slim["encoder_params_before"]
+    encoder_ffn = 6 * 2 * 3 * 192 * 768  # six layers, two kernel-3 convs 192 <-> 768 (medium voice)
+    assert slim["encoder_params_before"] - slim["encoder_params_after"] >= 0.25 * encoder_ffn * 0.95
+    assert slim["params_m"] < rows["lite"]["params_m"]
+    assert slim["parity_within_budget"] == 1.0
+    assert abs(rows["lite_slim_ort"]["mcd_db"] - slim["mcd_db"]) < 0.05
+    assert Path(resolved["paths"]["output_dir"], "graphs", "piper", "lite_slim", "lite_slim.simplified.onnx").is_file()
