@@ -87,11 +87,13 @@ def stage_settings(variants: tuple[str, ...], raw: dict, family: Family) -> dict
         values = raw.get(spec.settings_key)
         if not isinstance(values, dict):
             raise ConfigError(f"variant {name!r} needs settings under stages.{spec.settings_key}")
+        # A settings class names its fields as its usual key does ("prune.ratio"); the prefix names
+        # the key this variant reads, as two stages share PruneSettings (stages.prune, stages.prune_lite).
         try:
             typed[spec.settings_key] = spec.settings_class(**values)
-        except TypeError as error:
-            raise ConfigError(f"stages.{spec.settings_key}: {error}") from error
-        check_family = getattr(typed[spec.settings_key], "check_family", None)
-        if check_family is not None:
-            check_family(family)
+            check_family = getattr(typed[spec.settings_key], "check_family", None)
+            if check_family is not None:
+                check_family(family)
+        except (TypeError, ConfigError) as error:
+            raise ConfigError(f"stages.{spec.settings_key} (variant {name!r}): {error}") from error
     return typed

@@ -143,6 +143,17 @@ def test_bad_distil_config_stops_at_start(debug_config, overrides, message):
         settings_from_config(debug_config(*lite_int8, *overrides))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["stages.prune_lite.ratio=1.5"], r"stages\.prune_lite \(variant 'lite_slim'\): prune\.ratio=1\.5"),
+    (["stages.prune_lite.parts=[flow]"], r"stages\.prune_lite .*unknown \['flow'\]"),
+    (["variants=[teacher,lite_slim]"], "built from 'lite'"),
+])
+def test_bad_lite_slim_config_stops_at_start(debug_config, overrides, message):
+    lite_slim = ["variants=[teacher,lite,lite_slim,lite_slim_ort]", "export.enabled=true"]
+    with pytest.raises(ConfigError, match=message):
+        settings_from_config(debug_config(*lite_slim, *overrides))
+
+
 def test_lite_stages_in_the_pipeline(debug_config):
     """teacher -> lite (committed checkpoint) -> exported graph in onnxruntime -> INT8, and lite ->
     lite_slim (its encoder's feed-forward layers pruned) -> its graph in onnxruntime, one debug run."""
