@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -26,9 +24,12 @@ import onnx
 import onnxruntime as ort
 
 from core.atomic_io import write_text_atomic
+from core.revision import provenance
 from models.interface import SynthesisRequest
 from models.registry import FAMILIES, get_family
 from texts import load_sentences
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def scope_of(node_name: str, depth: int) -> str:
@@ -121,26 +122,18 @@ def main(argv: list[str] | None = None) -> None:
     result = profile(graph.SerializeToString(), feeds, args.threads, args.repeats, args.depth)
     report = {
         "what": "onnxruntime kernel time by module scope, batch 1",
-        "command": "PYTHONPATH=. python scripts/profile_onnx_scopes.py " + " ".join(argv or sys.argv[1:]),
         "graph": str(args.graph or family.reference.graph_path(voice)),
-        "machine": _cpu_name(),
         "onnxruntime": ort.__version__,
         "threads": args.threads,
         "sentences": f"{args.sentences}[:{len(feeds)}]",
         "repeats": args.repeats,
         **result,
+        "provenance": provenance(REPO_ROOT),
     }
     write_text_atomic(args.out, json.dumps(report, indent=1) + "\n")
     for scope, row in list(report["by_scope"].items())[:15]:
         print(f"{scope:50s} {row['ms_per_run']:8.2f} ms  {100 * row['share']:5.1f} %  {row['nodes']} nodes")
     print(f"kernel {report['kernel_ms_per_run']:.1f} ms per run, wall {report['wall_ms_per_run']:.1f} ms")
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":

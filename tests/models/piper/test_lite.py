@@ -154,7 +154,7 @@ def test_bad_lite_slim_config_stops_at_start(debug_config, overrides, message):
         settings_from_config(debug_config(*lite_slim, *overrides))
 
 
-def test_lite_stages_in_the_pipeline(debug_config):
+def test_lite_stages_in_the_pipeline(debug_config, teacher):
     """teacher -> lite (committed checkpoint) -> exported graph in onnxruntime -> INT8, and lite ->
     lite_slim (its encoder's feed-forward layers pruned) -> its graph in onnxruntime, one debug run."""
     from compress.pipeline import run
@@ -175,7 +175,8 @@ def test_lite_stages_in_the_pipeline(debug_config):
     # nothing else; its graph exports within the fp32 budget and onnxruntime speaks as PyTorch.
     slim = rows["lite_slim"]
     assert slim["encoder_params_after"] < slim["encoder_params_before"]
-    encoder_ffn = 6 * 2 * 3 * 192 * 768  # six layers, two kernel-3 convs 192 <-> 768 (medium voice)
+    hp = teacher.model.hp  # per layer, two feed-forward convs hidden <-> filter channels (biases aside)
+    encoder_ffn = hp.n_layers * 2 * hp.encoder_kernel_size * hp.hidden_channels * hp.filter_channels
     assert slim["encoder_params_before"] - slim["encoder_params_after"] >= 0.25 * encoder_ffn * 0.95
     assert slim["params_m"] < rows["lite"]["params_m"]
     assert slim["parity_within_budget"] == 1.0
