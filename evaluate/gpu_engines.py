@@ -16,6 +16,12 @@ that backend: the backend alone (``compile``) and replayed through CUDA graphs
 (``compile_cuda_graphs``). Every engine draws the same noise on the GPU, so outputs compare with
 the variant's eager run (durations equal, SNR). Past ``--deadline-s`` no new engine starts; the
 JSON is rewritten after each engine, so a stopped call keeps what it measured.
+
+Speed is measured in ``--rounds`` rounds: the first right after each engine's build, the others
+once every engine is built, visiting the engines in an order that rotates each round, so a drift
+of the machine falls on every engine alike. Each speed figure is the median over rounds and
+``<figure>_spread`` the range (max - min) of its rounds; a difference between two engines smaller
+than their spreads is not established.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -65,6 +72,45 @@ def _measure(engine, sequences, noises, warm_runs: int, device: str) -> tuple[di
             "vram_peak_mib_b16": vram_peak_mib()}, outputs
 
 
+SPEED_FIGURES = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
+
+
+def _summarise_rounds(row: dict) -> None:
+    """Each speed figure of ``row`` becomes the median of its rounds (``<figure>_rounds``), with
+    ``<figure>_spread`` = max - min over the rounds."""
+    for figure in SPEED_FIGURES:
+        rounds = row[f"{figure}_rounds"]
+        row[figure] = statistics.median(rounds)
+        row[f"{figure}_spread"] = max(rounds) - min(rounds)
+
+
+def _later_rounds(live: dict, sequences, noises, args: argparse.Namespace, results: dict, started: float,
+                  report) -> None:
+    """Rounds 2..``args.rounds`` over every built engine, the visiting order rotated each round.
+
+    ``live`` maps a result key to (engine, graphs mode). Past the deadline no engine is measured
+    again; each row keeps the rounds it has, and its ``rounds`` says how many."""
+    keys = list(live)
+    for round_index in range(1, args.rounds):
+        shift = round_index % len(keys)
+        for key in keys[shift:] + keys[:shift]:
+            if time.perf_counter() - started > args.deadline_s:
+                return
+            engine, graphs = live[key]
+            try:
+                if hasattr(engine, "use_graphs"):
+                    engine.use_graphs(graphs)
+                figures, _ = _measure(engine, sequences, noises, args.warm_runs, args.device)
+            except Exception as error:  # a failed later round leaves the earlier rounds' figures
+                results[key].setdefault("round_errors", []).append(f"{type(error).__name__}: {error}"[:300])
+                continue
+            for figure in SPEED_FIGURES:
+                results[key][f"{figure}_rounds"].append(figures[figure])
+            results[key]["rounds"] = len(results[key]["rtf_cuda_b1_rounds"])
+            _summarise_rounds(results[key])
+        report()
+
+
 def _first_pass(engine, sequences, noises) -> float:
     """Seconds for one pass at batch 1 and one at batch 16: captures and compiles every shape once."""
     started = time.perf_counter()
@@ -99,6 +145,8 @@ def main() -> None:
                         "the student variants are left out of the plan")
     parser.add_argument("--utterances", type=int, default=100)
     parser.add_argument("--warm-runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="speed rounds per engine, interleaved across "
+                        "engines (see above): the figure is their median and its spread their range")
     parser.add_argument("--deadline-s", type=float, default=540, help="start no engine past this many seconds")
     parser.add_argument("--only", default="", help="comma-separated variant/backend pairs of the family's plan to "
                         "run, e.g. teacher/eager,teacher/compile (all if empty)")
@@ -110,6 +158,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    if args.rounds < 1 or args.warm_runs < 1:
+        parser.error(f"--rounds and --warm-runs must be >= 1, got {args.rounds} and {args.warm_runs}")
     origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)  # the tree the engines were built from
     started = time.perf_counter()
 
@@ -135,31 +185,36 @@ def main() -> None:
     plan = [(variant, backend) for variant, backend in suite.plan
             if variant in models and (not only or f"{variant}/{backend}" in only)]
 
+    # Every engine stays built for the later rounds, so torch.compile's cache must hold every
+    # variant's graphs at once (modules of one class share a code object): a generous limit, and an
+    # error rather than a silent fall-back to eager if it is still hit.
+    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     results: dict[str, dict] = {}
     eager_outputs: dict[str, list[SynthesisResult]] = {}
+    live: dict[str, tuple] = {}  # result key -> (engine, graphs mode), for the later rounds
+    report = lambda: _write_report(args, results, len(sequences), inputs["eval_set"], origin)
     for variant, backend in plan:
         if time.perf_counter() - started > args.deadline_s:
             results[f"{variant}/{backend}"] = {"error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
         else:
             _run_engines(suite, variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
-                         eager_outputs, report=lambda: _write_report(args, results, len(sequences), inputs["eval_set"],
-                                                                     origin))
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        _write_report(args, results, len(sequences), inputs["eval_set"], origin)  # after each engine: a timeout keeps the rest
+                         eager_outputs, live, report)
+        report()  # after each engine: a timeout keeps the rest
+    _later_rounds(live, sequences, noises, args, results, started, report)
+    report()
 
 
 def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
-                 args: argparse.Namespace, results: dict, eager_outputs: dict, report) -> None:
-    """Build one (variant, backend) engine; measure it in each of the family's graph modes for that backend.
+                 args: argparse.Namespace, results: dict, eager_outputs: dict, live: dict, report) -> None:
+    """Build one (variant, backend) engine; measure its first round in each of the family's graph
+    modes for that backend.
 
-    Rows go into ``results`` (an error row when a measurement fails), eager outputs into ``eager_outputs``.
+    Rows go into ``results`` (an error row when a measurement fails), eager outputs into
+    ``eager_outputs``, each measured (engine, graphs mode) into ``live`` for the later rounds.
     """
     try:
         model = make_model().to(args.device)
-        # torch.compile caches per code object: modules of one class are shared by every variant,
-        # so without a reset later variants hit the recompile limit and silently run eager.
-        torch._dynamo.reset()
         built = time.perf_counter()
         engine = suite.build_engine(model, backend, sample_rate_hz, Path(args.package_dir) / variant)
         build_s = time.perf_counter() - built
@@ -174,6 +229,9 @@ def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: 
                 engine.use_graphs(graphs)
             first_pass_s = _first_pass(engine, sequences, noises)
             row, outputs = _measure(engine, sequences, noises, args.warm_runs, args.device)
+            row.update({f"{figure}_rounds": [row[figure]] for figure in SPEED_FIGURES})
+            row["rounds"] = 1
+            _summarise_rounds(row)
             row.update({"build_s": build_s, "first_pass_s": first_pass_s,
                         "compile_s": getattr(engine, "compile_s", 0.0)})
             if backend == "eager":
@@ -187,6 +245,7 @@ def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: 
                 row["audio_file"] = audio_path.name
                 row["audio_utterances"] = save_audio(str(audio_path), key, outputs, texts, args.save_audio)
             results[key] = row
+            live[key] = (engine, graphs)
         except Exception as error:  # one engine failing must not lose the others' figures
             results[key] = {"error": f"{type(error).__name__}: {error}"[:500]}
         print(key, json.dumps(results[key]), flush=True)
@@ -203,7 +262,8 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
     report = {"machine": {"gpu": gpu, "torch": torch.__version__,
                           "compile_mode": "default (torch.compile), dynamic shapes",
                           "date": datetime.date.today().isoformat()},
-              "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "engines": results,
+              "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "rounds": args.rounds,
+              "engines": results,
               "provenance": origin}
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
 

@@ -18,8 +18,21 @@ Side by side in one process, median of warm runs:
   batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
   batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%);
 * each stage's share of the batch-1 time;
-* batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16.
+* batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
+  section runs first, in a process that has allocated nothing yet: engines measured before it left
+  blocks (captured graphs' pools, library workspaces) that counted in both peaks (session 8's run:
+  +897 MiB in each). ``baseline_mib`` is what was allocated when the model was built; the ratio is
+  taken over the peaks above it.
 The JSON is rewritten after each section, so a run cut short still leaves its figures.
+
+``--mode profile`` says where the bucketed FP16 engine's time goes: for each ``--engine-batches``
+size and batch 1, the text stage (FP32), the acoustic frame side (Gaussian upsampling, decoder, mel
+projection) and the vocoder, each replayed alone as a CUDA graph at the engine's shapes (median
+ms), and the heaviest kernels of each part from torch.profiler (eager, same kernels without the
+launch gaps). On a CPU the parts run eagerly in FP32 and the profiler lists operators (a smoke test):
+
+    PYTHONPATH=. python scripts/bench_emotivoice.py --mode profile --device cuda --engine-batches 64 \
+        --out $OUT/emotivoice_profile.json
 
 ``--mode end-to-end`` times what a request costs from text to audio instead, through the whole
 voice (front end, SimBERT style encoder with its prompt cache, acoustic model, vocoder; full-size
@@ -42,7 +55,9 @@ random weights), batch 1, each stage alone and its share of the total:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import platform
 import statistics
 import time
@@ -54,7 +69,8 @@ import torch
 
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
-from models.emotivoice.engines import BucketedEngine
+from models.cuda_graphs import GraphCache, as_tuple
+from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, bucket_of
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.prompts import EMOTION_PROMPTS
 from models.interface import SynthesisRequest, VoiceCondition
@@ -137,9 +153,12 @@ def build(device: str, dtype: torch.dtype, fold_weight_norm: bool, seed: int) ->
 
 def batch_section(args, dtype: torch.dtype) -> dict:
     """Sentences/s and peak VRAM of a masked batch, the model built fresh in ``dtype``."""
+    baseline_mib = 0.0
     if args.device.startswith("cuda"):
+        gc.collect()  # the previous dtype's model, if a reference cycle still holds it
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        baseline_mib = torch.cuda.memory_allocated() / 2 ** 20
     generator = build(args.device, dtype, True, args.seed)
     lengths = batch_lengths(args, args.batch)
     inputs = cast_inputs(make_inputs(generator, lengths, args.device, args.seed), dtype)
@@ -148,6 +167,8 @@ def batch_section(args, dtype: torch.dtype) -> dict:
     section = {"batch": args.batch, "median_ms": batch_ms, "sentences_per_s": args.batch / (batch_ms / 1000.0)}
     if args.device.startswith("cuda"):
         section["peak_vram_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        section["baseline_mib"] = baseline_mib
+        section["peak_vram_over_baseline_mib"] = section["peak_vram_mib"] - baseline_mib
     return section  # the model is freed with this frame, before the next dtype's is built
 
 
@@ -180,6 +201,85 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
         section[f"b{batch}_sentences_per_s"] = batch / (batch_ms / 1000.0)
     if args.device.startswith("cuda"):
         section["graphs_captured"] = len(engine.cache.captured) if graphs else 0
+    torch.backends.cudnn.benchmark = False
+    return section
+
+
+class MelPart(torch.nn.Module):
+    """The frame stage's acoustic side: (hidden, used durations, lengths) -> mel (B, n_mels, F)."""
+
+    def __init__(self, am: torch.nn.Module, frames: int, dtype: torch.dtype):
+        super().__init__()
+        self.am, self.frames, self.dtype = am, frames, dtype
+
+    def forward(self, hidden, used_durations, phoneme_lengths):
+        mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames, masked=True)
+        return mel.transpose(1, 2)
+
+
+class VocoderPart(torch.nn.Module):
+    def __init__(self, vocoder: torch.nn.Module):
+        super().__init__()
+        self.vocoder = vocoder
+
+    def forward(self, mel, frame_lengths):  # (B, n_mels, F), (B,) -> (B, F * hop)
+        return self.vocoder(mel, frame_lengths)[:, 0]
+
+
+def top_kernels(run: Callable[[], object], cuda: bool, count: int = 12) -> list[dict]:
+    """The ``count`` kernels (CPU: operators) with the most device time over one call of ``run``
+    (already warm)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as trace:
+        run()
+        if cuda:
+            torch.cuda.synchronize()
+    time_of = (lambda event: event.device_time_total) if cuda else (lambda event: event.self_cpu_time_total)
+    events = [event for event in trace.key_averages() if time_of(event) > 0]
+    total_us = sum(time_of(event) for event in events)
+    events.sort(key=time_of, reverse=True)
+    return [{"kernel": event.key[:120], "calls": event.count, "ms": time_of(event) / 1000.0,
+             "share": time_of(event) / total_us} for event in events[:count]]
+
+
+def profile_section(args, batch: int) -> dict:
+    """The FP16 engine's three parts at ``batch`` mixed-length rows (module docstring)."""
+    cuda = args.device.startswith("cuda")
+    generator = build(args.device, torch.float32, True, args.seed)
+    engine = BucketedEngine(generator, graphs=cuda, frame_dtype=torch.float16 if cuda else torch.float32)
+    lengths = [args.text_tokens] if batch == 1 else batch_lengths(args, batch)
+    engine_inputs = make_inputs(generator, lengths, args.device, args.seed)
+    ids, phoneme_lengths, speakers, style, content = engine_inputs
+    text = bucket_of(ids.shape[1], TEXT_BUCKETS, "text length")
+    ids = torch.nn.functional.pad(ids, (0, text - ids.shape[1]))
+    # On a CPU (a smoke test of this code) the parts run eagerly: graphs are CUDA's.
+    cache = GraphCache() if cuda else None
+    run_part = cache.run if cuda else (lambda key, module, inputs: as_tuple(module(*inputs)))
+    torch.backends.cudnn.benchmark = True
+    with torch.inference_mode():
+        text_inputs = (ids, phoneme_lengths, speakers, style, content)
+        hidden, used_durations, _ = run_part(("text_stage",), engine.text_stage, text_inputs)
+        frame_lengths = used_durations.sum(dim=-1)
+        frames = math.ceil(int(frame_lengths.max()) / FRAME_BUCKET) * FRAME_BUCKET
+        mel_part = MelPart(engine.frame_model.am, frames, next(engine.frame_model.parameters()).dtype).eval()
+        vocoder_part = VocoderPart(engine.frame_model.generator).eval()
+        mel, = run_part(("acoustic_frames",), mel_part, (hidden, used_durations, phoneme_lengths))
+        parts = {"text_stage": (engine.text_stage, text_inputs),
+                 "acoustic_frames": (mel_part, (hidden, used_durations, phoneme_lengths)),
+                 "vocoder": (vocoder_part, (mel, frame_lengths))}
+        section = {"rows": batch, "text_bucket": text, "frame_bucket": frames,
+                   "mean_frames": float(frame_lengths.float().mean())}
+        for name, (module, inputs) in parts.items():
+            section[f"{name}_ms"] = median_ms(lambda m=module, i=inputs, n=name: run_part((n,), m, i),
+                                              args.device, args.repeats, args.warmup)
+        # The whole engine on the same rows: the parts plus padding, the host sync and the copy to the host.
+        section["engine_ms"] = median_ms(lambda: engine.synthesize(*engine_inputs), args.device, args.repeats,
+                                         args.warmup)
+        total = sum(section[f"{name}_ms"] for name in parts)
+        section["shares"] = {name: section[f"{name}_ms"] / total for name in parts}
+        section["kernels"] = {name: top_kernels(lambda m=module, i=inputs: m(*i), cuda)
+                              for name, (module, inputs) in parts.items()}
     torch.backends.cudnn.benchmark = False
     return section
 
@@ -281,8 +381,9 @@ def end_to_end(args, report: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", default="components", choices=("components", "end-to-end"),
-                        help="components: the acoustic model and vocoder variants; end-to-end: text to audio")
+    parser.add_argument("--mode", default="components", choices=("components", "end-to-end", "profile"),
+                        help="components: the acoustic model and vocoder variants; end-to-end: text to audio; "
+                             "profile: the FP16 engine's parts, timed apart, and their heaviest kernels")
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--out", type=Path, required=True, help="the JSON report's path")
     parser.add_argument("--text-tokens", type=int, default=SENTENCE_SYMBOLS, help="symbols of the batch-1 sentence")
@@ -313,6 +414,20 @@ def main() -> None:
         del report["batch1"], report["text_tokens"]
         end_to_end(args, report)
         return
+    if args.mode == "profile":
+        del report["batch1"]
+        report["profile"] = {}
+        for batch in [1, *args.engine_batches]:
+            report["profile"][f"b{batch}"] = profile_section(args, batch)
+            write(args.out, report)
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return
+    # First, before any engine leaves memory behind (module docstring).
+    report["batched"] = {"fp32": batch_section(args, torch.float32), "fp16": batch_section(args, half)}
+    if cuda:
+        report["fp16_peak_vram_of_fp32"] = (report["batched"]["fp16"]["peak_vram_over_baseline_mib"]
+                                            / report["batched"]["fp32"]["peak_vram_over_baseline_mib"])
+    write(args.out, report)
     single = [args.text_tokens]
     variants = [("eager_fp32", torch.float32, False), ("eager_fp32_folded", torch.float32, True),
                 ("eager_fp16_folded", half, True)]
@@ -361,12 +476,6 @@ def main() -> None:
     report["stage_share"] = {name: {"acoustic": f["acoustic_ms"] / (f["acoustic_ms"] + f["vocoder_ms"]),
                                     "vocoder": f["vocoder_ms"] / (f["acoustic_ms"] + f["vocoder_ms"])}
                              for name, f in report["batch1"].items() if "acoustic_ms" in f}
-    write(args.out, report)
-
-    report["batched"] = {"fp32": batch_section(args, torch.float32), "fp16": batch_section(args, half)}
-    if cuda:
-        report["fp16_peak_vram_of_fp32"] = (report["batched"]["fp16"]["peak_vram_mib"]
-                                            / report["batched"]["fp32"]["peak_vram_mib"])
     write(args.out, report)
     print(json.dumps(report, indent=2, ensure_ascii=False))
 

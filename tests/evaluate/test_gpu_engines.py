@@ -39,7 +39,7 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
     assert get_family(FAMILY_NAME).gpu_engines.plan == gpu_bundle.ENGINE_PLAN  # the registry carries the suite
     out = tmp_path / "engines.json"
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1",
+                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1", "--rounds", "3",
                                       "--device", "cpu", "--save-audio", "2", "--out", str(out)])
     threads = torch.get_num_threads()
     try:
@@ -50,11 +50,26 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
     assert set(engines) == {"teacher/eager", "fp16/eager"}
     assert engines["teacher/eager"]["speedup_b1_vs_teacher_eager"] == 1.0
     assert "error" not in engines["fp16/eager"]
+    # Three rounds per engine; each figure is their median and its spread their range.
+    for row in engines.values():
+        rounds = row["rtf_cuda_b1_rounds"]
+        assert row["rounds"] == len(rounds) == len(row["rtf_cuda_b16_rounds"]) == 3
+        assert row["rtf_cuda_b1"] == sorted(rounds)[1]
+        assert row["rtf_cuda_b1_spread"] == max(rounds) - min(rounds) > 0
     # Each engine's own audio is kept for scoring, in the format evaluate.score_gpu_audio reads.
     variant, sample_rate_hz, texts, waveforms = load_audio(str(tmp_path / engines["fp16/eager"]["audio_file"]))
     assert (variant, sample_rate_hz, texts, len(waveforms)) == ("fp16/eager", 22050, ["a", "b"], 2)
     # No student weights: the student variants are not in the run at all.
     assert not any(key.startswith("lite") for key in engines)
+
+
+def test_rounds_must_be_positive(bundle_and_inputs, tmp_path, monkeypatch, capsys):
+    bundle_dir, inputs = bundle_and_inputs
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--rounds", "0", "--device", "cpu", "--out", str(tmp_path / "engines.json")])
+    with pytest.raises(SystemExit):
+        gpu_engines.main()
+    assert "--rounds and --warm-runs must be >= 1" in capsys.readouterr().err
 
 
 def test_bundle_without_a_family_is_refused(bundle_and_inputs, tmp_path, monkeypatch):
