@@ -16,7 +16,8 @@ Side by side in one process, median of warm runs:
 * the bucketed engine (models/emotivoice/engines.py: FP32 text stage per text bucket, frame stage
   per frame bucket in FP32, FP16 or BF16, each a CUDA graph; eager FP16 buckets on any device):
   batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
-  batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%);
+  batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%); with
+  ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
   section runs first, in a process that has allocated nothing yet: engines measured before it left
@@ -184,13 +185,14 @@ def batch_lengths(args, batch: int) -> list[int]:
 
 
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
-                   reference: torch.Tensor, conv_layout: str | None = None) -> dict:
+                   reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False) -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches."""
     # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
-    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout)
+    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout,
+                            compile_frames=compile_frames)
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -392,7 +394,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant of eager batch 1")
+    parser.add_argument("--compiled-engine", action="store_true", help="also the FP16 engine with its frame stage "
+                        "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
@@ -442,14 +446,20 @@ def main() -> None:
     with torch.inference_mode():
         reference = fp32(*make_inputs(fp32, single, args.device, args.seed), masked=True)["audio"][0].float().cpu()
     # Engines on CUDA convolve channels-last (models/conv_layout.py); the _ncw rows keep the model's layout.
-    engines = [("engine_eager_fp16", False, half, None)]
+    # _compiled: the frame stage through torch.compile before capture (models/emotivoice/engines.py).
+    engines = [("engine_eager_fp16", False, half, None, False)]
     if cuda:
-        engines += [("engine_graphs_fp32", True, torch.float32, None), ("engine_graphs_fp16", True, half, None),
-                    ("engine_graphs_bf16", True, torch.bfloat16, None), ("engine_graphs_fp16_ncw", True, half, "ncw")]
+        engines += [("engine_graphs_fp32", True, torch.float32, None, False),
+                    ("engine_graphs_fp16", True, half, None, False),
+                    ("engine_graphs_bf16", True, torch.bfloat16, None, False),
+                    ("engine_graphs_fp16_ncw", True, half, "ncw", False)]
+        if args.compiled_engine:
+            engines += [("engine_graphs_fp16_compiled", True, half, None, True)]
     report["engines"] = {}
-    for name, graphs, frame_dtype, conv_layout in engines:
+    for name, graphs, frame_dtype, conv_layout, compile_frames in engines:
         try:
-            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference, conv_layout)
+            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference, conv_layout,
+                                                     compile_frames)
         except (RuntimeError, ValueError) as error:
             report["errors"][name] = f"{type(error).__name__}: {error}"
         write(args.out, report)

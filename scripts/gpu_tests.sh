@@ -2,7 +2,10 @@
 # The tests marked `gpu`, on the GPU machine. That machine has torch and pytest but not Hydra, which
 # tests/conftest.py imports, so its dependencies travel in .device/testdeps (git-ignored, 6 MB):
 #   here:   bash scripts/gpu_tests.sh --prepare
-#   there:  (carry .device/testdeps)  bash scripts/gpu_tests.sh [pytest arguments, e.g. a test file]
+#   there:  (carry .device/testdeps, and what scripts/device_deps.sh installs)
+#           bash scripts/gpu_tests.sh [pytest arguments, e.g. a test file]
+# Without a path among the arguments it runs the files that hold `gpu` tests: collecting the whole
+# suite there would import what the GPU machine lacks (mlflow, the voice packages) and stop at collection.
 set -euo pipefail
 deps=.device/testdeps
 if [[ "${1:-}" == "--prepare" ]]; then
@@ -19,4 +22,12 @@ if [[ "${1:-}" == "--prepare" ]]; then
     exit 0
 fi
 test -d "$deps/hydra" || { echo "no $deps: run 'bash scripts/gpu_tests.sh --prepare' here and carry it" >&2; exit 3; }
-PYTHONPATH="$deps:.${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@"
+paths=()
+for argument in "$@"; do
+    [[ -e "${argument%%::*}" ]] && paths+=("$argument")
+done
+files=()
+if [[ ${#paths[@]} -eq 0 ]]; then
+    mapfile -t files < <(grep -rlE 'pytest\.mark\.gpu' tests | sort)
+fi
+PYTHONPATH="$deps:.${PYTHONPATH:+:$PYTHONPATH}" python3 -m pytest -q -m gpu -p no:cacheprovider "$@" "${files[@]}"

@@ -19,6 +19,12 @@ sample (tests/models/emotivoice/test_emotivoice_engines.py). The text stage stay
 precision cannot move a rounded duration; the frame stage, the bulk of the time, runs in
 ``frame_dtype``: FP16 by default (on the H200, docs/results/h200_7_emotivoice_engines.json:
 4.8 ms at batch 1 against 5.4 ms in FP32, 52.9 dB SNR against eager FP32; BF16 is as fast at 35 dB).
+
+``compile_frames`` runs each frame bucket's stage through torch.compile before it is captured.
+Why: at batch 64 the vocoder is 91 % of the engine's time, and most of that is not convolution but
+the elementwise passes between them (LeakyReLU, the padding mask, residual sums: 78 calls each of
+two strided kernels, 55 % of the vocoder's kernel time on the H200,
+docs/results/h200_13_emotivoice_profile.json); the compiler fuses each chain into one pass.
 """
 from __future__ import annotations
 
@@ -89,10 +95,13 @@ class BucketedEngine:
 
     def __init__(self, generator: EmotiVoiceGenerator, graphs: bool = True, frame_dtype: torch.dtype = torch.float16,
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
-                 frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None):
+                 frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
+                 compile_frames: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
-        batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere."""
+        batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
+        ``compile_frames``: each frame bucket's stage through torch.compile (module docstring); the
+        first batch of a new bucket pays the compile."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -103,7 +112,8 @@ class BucketedEngine:
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
             convert_convs(self.frame_model, conv_layout)
-        self.frame_stages: dict[int, FrameStage] = {}  # frame bucket -> stage (they share frame_model)
+        self.compile_frames = compile_frames
+        self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
 
@@ -138,7 +148,9 @@ class BucketedEngine:
             frames = int(frame_lengths[:batch].max())  # the one host sync
             bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
             if bucket not in self.frame_stages:
-                self.frame_stages[bucket] = FrameStage(self.frame_model, bucket).eval()
+                stage = FrameStage(self.frame_model, bucket).eval()
+                # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
+                self.frame_stages[bucket] = torch.compile(stage, dynamic=False) if self.compile_frames else stage
             # A filler row longer than the bucket would only be cut short: its durations are not read back.
             audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],
                                (hidden, used_durations, lengths))
