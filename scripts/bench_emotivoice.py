@@ -185,9 +185,12 @@ def batch_lengths(args, batch: int) -> list[int]:
 
 
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
-                   reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False) -> dict:
+                   reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False,
+                   sorted_chunks: tuple[int, ...] = ()) -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
-    audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches."""
+    audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches.
+    ``sorted_chunks``: also the largest batch's sentences sorted by length and sent in batches of
+    each chunk size, as a batcher that groups its queue by length would send them."""
     # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
@@ -201,6 +204,13 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
         inputs = make_inputs(generator, batch_lengths(args, batch), args.device, args.seed)
         batch_ms = median_ms(lambda batch_inputs=inputs: engine.synthesize(*batch_inputs), args.device, max(3, args.repeats // 4), 1)
         section[f"b{batch}_sentences_per_s"] = batch / (batch_ms / 1000.0)
+    pool = sorted(batch_lengths(args, max(args.engine_batches)))
+    for chunk in sorted_chunks:
+        batches = [make_inputs(generator, pool[start:start + chunk], args.device, args.seed + start)
+                   for start in range(0, len(pool), chunk)]
+        pool_ms = median_ms(lambda: [engine.synthesize(*rows) for rows in batches], args.device,
+                            max(3, args.repeats // 4), 1)
+        section[f"sorted{len(pool)}_by{chunk}_sentences_per_s"] = len(pool) / (pool_ms / 1000.0)
     if args.device.startswith("cuda"):
         section["graphs_captured"] = len(engine.cache.captured) if graphs else 0
     torch.backends.cudnn.benchmark = False
@@ -286,6 +296,7 @@ def profile_section(args, batch: int) -> dict:
     return section
 
 
+SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled")
 E2E_SENTENCES = ("今天天气很好，我们一起去公园散步。", "The train to the coast leaves at a quarter past nine.")
 E2E_EMOTION = "开心"
 
@@ -395,6 +406,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variant of eager batch 1")
+    parser.add_argument("--sorted-chunks", type=int, nargs="*", default=[],
+                        help="for the FP16 engines: the largest --engine-batches batch sorted by length and sent "
+                             "in batches of these sizes (sentences/s of a batcher that groups by length)")
     parser.add_argument("--compiled-engine", action="store_true", help="also the FP16 engine with its frame stage "
                         "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
@@ -458,8 +472,9 @@ def main() -> None:
     report["engines"] = {}
     for name, graphs, frame_dtype, conv_layout, compile_frames in engines:
         try:
-            report["engines"][name] = engine_section(args, fp32, graphs, frame_dtype, reference, conv_layout,
-                                                     compile_frames)
+            report["engines"][name] = engine_section(
+                args, fp32, graphs, frame_dtype, reference, conv_layout, compile_frames,
+                tuple(args.sorted_chunks) if name in SORTED_CHUNK_ENGINES else ())
         except (RuntimeError, ValueError) as error:
             report["errors"][name] = f"{type(error).__name__}: {error}"
         write(args.out, report)

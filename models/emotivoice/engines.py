@@ -42,6 +42,7 @@ from models.emotivoice.generator import EmotiVoiceGenerator
 
 TEXT_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # symbols; a batch pads to the next one
 FRAME_BUCKET = 32  # frames round up to a multiple of this (0.51 s at hop 256, 16 kHz)
+COMPILED_SHAPES = 256  # compiled frame-stage shapes kept before torch.compile would fall back to eager
 
 
 def bucket_of(length: int, buckets: tuple[int, ...], what: str) -> int:
@@ -113,6 +114,11 @@ class BucketedEngine:
         if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
             convert_convs(self.frame_model, conv_layout)
         self.compile_frames = compile_frames
+        if compile_frames:
+            # Every bucket's stage shares FrameStage.forward's code object, whose compiled graphs
+            # torch.compile caps at 8 before it silently runs eager: a server meets more (frame
+            # bucket x batch) shapes than that, each compiled once and then replayed as a graph.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
