@@ -22,6 +22,7 @@ from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from core.atomic_io import write_text_atomic
 from evaluate.asr import build_recognizer
+from evaluate.gpu_results import PIPELINE_NAMES
 from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from models.registry import get_family
@@ -29,6 +30,7 @@ from texts import load_sentences
 
 TABLE_COLUMNS = (
     "params_m", "size_mb", "rtf_cpu_b1", "rtf_cpu_b1_spread", "latency_first_audio_ms", "rss_peak_mib", "rtf_cuda_b1",
+    "rtf_cuda_b1_spread",
     "rtf_cuda_b16", "vram_peak_mib", "dnsmos_p808", "dnsmos_ovrl", "wer", "cer", "mcd_db", "spk_sim",
 )
 
@@ -214,8 +216,6 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
     engine's speed, and the quality the same weights scored in this run (an engine runs the
     variant's weights; its output SNR against eager is logged beside, ``snr_db_vs_eager``).
     """
-    from evaluate.gpu_results import PIPELINE_NAMES
-
     for pair, figures in gpu.get("engines", {}).items():
         engine_variant, engine = pair.split("/")
         variant = PIPELINE_NAMES.get(engine_variant)

@@ -12,7 +12,9 @@ own call measured against that call's eager teacher.
 
 Speeds come from the engines call (every engine side by side in one call): a variant's
 ``rtf_cuda_b1``/``rtf_cuda_b16`` are its eager figures, ``rtf_cuda_b1_<engine>`` the others'; a
-variant that call did not run (bf16) keeps the benchmark call's speeds.
+variant that call did not run (bf16) keeps the benchmark call's speeds. An engines call measured
+in rounds (``gpu_engines --rounds``) gives each speed its ``_spread`` too, under the same name plus
+``_spread`` (``rtf_cuda_b1_spread``, ``rtf_cuda_b1_compile_spread``), which the selection rule reads.
 VRAM comes from the benchmark call, which measures each variant alone on the device (the
 engines call keeps earlier models and graph pools resident, so its peaks are not per variant).
 """
@@ -67,9 +69,12 @@ def merge(benchmark: dict, engines: dict) -> dict:
         target = variants.setdefault(PIPELINE_NAMES[engine_variant], {})
         precision = "_fp16" if engine_variant == "lite_fp16" else ""
         for key in SPEED_KEYS:
-            if engine == "eager" and not precision:
-                target[key] = row[key]
-            target[f"{key}_{engine}{precision}"] = row[key]
+            for suffix in ("", "_spread"):
+                if f"{key}{suffix}" not in row:  # calls measured once have no spread
+                    continue
+                if engine == "eager" and not precision:
+                    target[f"{key}{suffix}"] = row[f"{key}{suffix}"]
+                target[f"{key}_{engine}{precision}{suffix}"] = row[f"{key}{suffix}"]
     return {"machine": engines["machine"] | {"vram_from": benchmark.get("date", "benchmark call")},
             "variants": variants, "engines": engines["engines"], "utterances": engines["utterances"],
             "eval_set": engines["eval_set"]}

@@ -29,6 +29,15 @@ def test_later_calls_win_and_drops_apply_per_call():
     assert "rtf_cuda_b1_aoti" not in merged["variants"]["lite"]  # error rows carry no figures
 
 
+def test_spreads_of_a_call_in_rounds_travel_with_their_figures():
+    timed_in_rounds = {**_row(0.008), "rtf_cuda_b1_spread": 0.002}
+    merged = merge({"variants": {}}, _call({"teacher/eager": timed_in_rounds, "lite_fp16/compile": timed_in_rounds}))
+    assert merged["variants"]["teacher"]["rtf_cuda_b1_spread"] == 0.002
+    assert merged["variants"]["teacher"]["rtf_cuda_b1_eager_spread"] == 0.002
+    assert merged["variants"]["lite"]["rtf_cuda_b1_compile_fp16_spread"] == 0.002
+    assert "rtf_cuda_b16_spread" not in merged["variants"]["teacher"]  # none measured, none invented
+
+
 def test_bad_merges_are_refused():
     with pytest.raises(ValueError, match="no call has"):
         combine_engine_calls([_call({"teacher/eager": {}})], drop=("3:teacher/eager",))
