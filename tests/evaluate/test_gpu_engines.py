@@ -39,7 +39,7 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
     assert get_family(FAMILY_NAME).gpu_engines.plan == gpu_bundle.ENGINE_PLAN  # the registry carries the suite
     out = tmp_path / "engines.json"
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1", "--rounds", "3",
+                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1", "--rounds", "3", "--warmup-s", "0.1",
                                       "--device", "cpu", "--save-audio", "2", "--out", str(out)])
     threads = torch.get_num_threads()
     try:
