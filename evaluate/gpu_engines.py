@@ -21,7 +21,9 @@ Speed is measured in ``--rounds`` rounds: the first right after each engine's bu
 once every engine is built, visiting the engines in an order that rotates each round, so a drift
 of the machine falls on every engine alike. Each speed figure is the median over rounds and
 ``<figure>_spread`` the range (max - min) of its rounds; a difference between two engines smaller
-than their spreads is not established.
+than their spreads is not established. The engines stay resident for the later rounds, so a row's
+VRAM peaks include the engines built before it: per-variant VRAM comes from
+``python -m evaluate.gpu_benchmark`` (evaluate/gpu_results.py merges the two).
 """
 from __future__ import annotations
 
