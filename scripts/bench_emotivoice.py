@@ -270,7 +270,7 @@ def profile_section(args, batch: int) -> dict:
     run_part = cache.run if cuda else (lambda key, module, inputs: as_tuple(module(*inputs)))
     torch.backends.cudnn.benchmark = True
     with torch.inference_mode():
-        text_inputs = (ids, phoneme_lengths, speakers, style, content)
+        text_inputs = (ids, phoneme_lengths, speakers, style, content, torch.ones(batch, 1, device=args.device))
         hidden, used_durations, _ = run_part(("text_stage",), engine.text_stage, text_inputs)
         frame_lengths = used_durations.sum(dim=-1)
         frames = math.ceil(int(frame_lengths.max()) / FRAME_BUCKET) * FRAME_BUCKET

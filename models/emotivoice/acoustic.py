@@ -233,7 +233,7 @@ class AcousticModel(nn.Module):
         return out
 
     def predict_variance(self, phoneme_ids, phoneme_lengths, speaker_ids, style_embedding, content_embedding,
-                         masked: bool = True, length_scale: float = 1.0) -> dict:
+                         masked: bool = True, length_scale: float | torch.Tensor = 1.0) -> dict:
         """The text side, up to the frame count (fixed shapes: one CUDA graph per text length):
         ``hidden`` (B, T_text, h) with pitch and energy embedded, the durations, ``frame_lengths``."""
         batch, text_steps = phoneme_ids.shape
@@ -252,7 +252,12 @@ class AcousticModel(nn.Module):
         durations = durations * text_valid
         x = x + self.pitch_embed(pitch.unsqueeze(1)).transpose(1, 2) + self.energy_embed(energy.unsqueeze(1)).transpose(1, 2)
 
-        paced = durations if length_scale == 1.0 else torch.round(durations * length_scale).long()
+        # A tensor scale (B, 1) always paces (round(d * 1.0) == d): the engine's captured text stage
+        # then serves every speed with one graph.
+        if isinstance(length_scale, torch.Tensor) or length_scale != 1.0:
+            paced = torch.round(durations * length_scale).long()
+        else:
+            paced = durations
         # A row predicted silent throughout speaks one frame per phoneme instead (as upstream at B=1).
         silent = (paced.sum(dim=-1, keepdim=True) == 0) & text_valid
         used_durations = torch.where(silent, torch.ones_like(paced), paced)

@@ -53,15 +53,16 @@ def bucket_of(length: int, buckets: tuple[int, ...], what: str) -> int:
 
 
 class TextStage(nn.Module):
-    """(ids, lengths, speakers, style, content) -> hidden (B, T, h), used durations (B, T) int64."""
+    """(ids, lengths, speakers, style, content, length scales (B, 1)) -> hidden (B, T, h), used
+    durations (B, T) int64, durations (B, T) int64. The pace is an input, so one graph serves every speed."""
 
-    def __init__(self, generator: EmotiVoiceGenerator, length_scale: float):
+    def __init__(self, generator: EmotiVoiceGenerator):
         super().__init__()
-        self.am, self.length_scale = generator.am, length_scale
+        self.am = generator.am
 
-    def forward(self, phoneme_ids, phoneme_lengths, speaker_ids, style_embedding, content_embedding):
+    def forward(self, phoneme_ids, phoneme_lengths, speaker_ids, style_embedding, content_embedding, length_scales):
         out = self.am.predict_variance(phoneme_ids, phoneme_lengths, speaker_ids, style_embedding, content_embedding,
-                                       masked=True, length_scale=self.length_scale)
+                                       masked=True, length_scale=length_scales)
         return out["hidden"], out["used_durations"], out["durations"]
 
 
@@ -108,7 +109,8 @@ class BucketedEngine:
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
         self.graphs, self.batch_buckets, self.text_buckets = graphs, batch_buckets, text_buckets
         self.frame_bucket, self.hop = frame_bucket, generator.config.upsample_factor
-        self.text_stage = TextStage(folded_copy(generator).float(), length_scale).eval()
+        self.length_scale = length_scale  # the pace of a call that names none
+        self.text_stage = TextStage(folded_copy(generator).float()).eval()
         self.frame_model = folded_copy(generator).to(frame_dtype).eval()
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
@@ -131,9 +133,11 @@ class BucketedEngine:
 
     @torch.inference_mode()
     def synthesize(self, phoneme_ids: torch.Tensor, phoneme_lengths: torch.Tensor, speaker_ids: torch.Tensor,
-                   style_embedding: torch.Tensor, content_embedding: torch.Tensor) -> dict[str, torch.Tensor]:
+                   style_embedding: torch.Tensor, content_embedding: torch.Tensor,
+                   length_scale: float | None = None) -> dict[str, torch.Tensor]:
         """phoneme_ids (B, T), phoneme_lengths (B,), speaker_ids (B,), style/content (B, 768) ->
-        ``audio`` (B, max frames * hop) float32 on the host, ``audio_lengths`` and ``durations``."""
+        ``audio`` (B, max frames * hop) float32 on the host, ``audio_lengths``, ``durations`` (as
+        predicted) and ``used_durations`` (paced by ``length_scale``, the engine's own if None)."""
         batch, length = phoneme_ids.shape
         rows, text = self._rows(batch), bucket_of(length, self.text_buckets, "text length")
         # Rows past ``batch`` are one-symbol fillers: cheap, and never read back.
@@ -147,9 +151,11 @@ class BucketedEngine:
         style[:batch] = style_embedding
         content = torch.zeros(rows, content_embedding.shape[-1], device=self.device)
         content[:batch] = content_embedding
+        scale = self.length_scale if length_scale is None else length_scale
+        length_scales = torch.full((rows, 1), float(scale), device=self.device)  # (B_bucket, 1)
         with self.device_lock:
             hidden, used_durations, durations = self._run(("text", rows, text), self.text_stage,
-                                                          (ids, lengths, speakers, style, content))
+                                                          (ids, lengths, speakers, style, content, length_scales))
             frame_lengths = used_durations.sum(dim=-1)  # (B_bucket,)
             frames = int(frame_lengths[:batch].max())  # the one host sync
             bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
@@ -162,4 +168,5 @@ class BucketedEngine:
                                (hidden, used_durations, lengths))
             return {"audio": audio[:batch, : frames * self.hop].float().cpu(),
                     "audio_lengths": (frame_lengths[:batch] * self.hop).cpu(),
-                    "durations": durations[:batch, :length].cpu()}
+                    "durations": durations[:batch, :length].cpu(),
+                    "used_durations": used_durations[:batch, :length].cpu()}

@@ -133,7 +133,8 @@ class EmotiVoiceVoice(nn.Module):
             prompt = voice.prompt
         return self.prompts.embed([prompt]).expand(batch, -1)
 
-    def _speaker_ids(self, request: SynthesisRequest) -> torch.Tensor:
+    def speaker_ids(self, request: SynthesisRequest) -> torch.Tensor:
+        """(B,) speaker table rows: the request's speaker_id, row 0 without one."""
         batch = request.phoneme_ids.shape[0]
         if request.voice is None or request.voice.speaker_id is None:
             return torch.zeros(batch, dtype=torch.long)
@@ -150,7 +151,7 @@ class EmotiVoiceVoice(nn.Module):
         style = self.style_embeddings(request)
         content = self.prompts.embed(self.sentence_texts(request))
         out = self.generator(request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
-                             self._speaker_ids(request).to(device), style.to(device), content.to(device),
+                             self.speaker_ids(request).to(device), style.to(device), content.to(device),
                              masked=True, length_scale=sampling.length_scale)
         return SynthesisResult(out["audio"].float().cpu(), out["audio_lengths"].cpu(), self.sample_rate_hz,
                                durations=out["used_durations"].cpu())

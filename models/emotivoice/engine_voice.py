@@ -1,0 +1,70 @@
+"""An EmotiVoice voice whose acoustic model and vocoder run on the bucketed engine
+(models/emotivoice/engines.py): what `python -m serve model=emotivoice serve.device=cuda
+serve.torch_engine=cuda_graphs|compile` serves. The front end and the style encoder with its prompt
+cache stay the voice's own; the same TTSModel calls as the voice, the same outputs row for row
+(the engine's buckets change no sample; tests/models/emotivoice/test_emotivoice_engine_voice.py).
+
+    served, replays_graphs, text_buckets = bucketed_engine(voice, "compile", graphs=True,
+                                                           package_dir=None, batch_buckets=(1, 8, 32))
+"""
+from __future__ import annotations
+
+import torch
+
+from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME
+from models.emotivoice.engines import TEXT_BUCKETS, BucketedEngine
+from models.emotivoice.voice import EmotiVoiceVoice
+from models.interface import SynthesisRequest, SynthesisResult
+from models.sampling import Sampling
+
+# serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
+BACKENDS = ("eager", "compile")
+
+
+class EngineVoice:
+    """``voice`` with its generator on ``engine``; every other call goes to the voice."""
+
+    family = FAMILY_NAME
+    capabilities = CAPABILITIES
+    sampling_type = Sampling
+
+    def __init__(self, voice: EmotiVoiceVoice, engine: BucketedEngine):
+        self.voice, self.engine = voice, engine
+        self.sample_rate_hz, self.hop_length = voice.sample_rate_hz, voice.hop_length
+        self.speakers = voice.speakers  # the server's voice names (Family.speaker_names)
+        self.device = engine.device
+
+    def parts(self):
+        return self.voice.parts()
+
+    def replace_part(self, role: str, module) -> None:
+        raise ValueError("parts of a voice on a bucketed engine are fixed when the engine is built: replace them "
+                         "on the voice first")
+
+    def text_to_utterances(self, text: str):
+        return self.voice.text_to_utterances(text)
+
+    @torch.inference_mode()
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        self.capabilities.check(request.voice, self.family)
+        sampling = Sampling.of(request.sampling)
+        device = self.engine.device
+        style = self.voice.style_embeddings(request)  # (B, 768), through the prompt cache
+        content = self.voice.prompts.embed(self.voice.sentence_texts(request))  # (B, 768)
+        out = self.engine.synthesize(request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
+                                     self.voice.speaker_ids(request).to(device), style.to(device), content.to(device),
+                                     length_scale=sampling.length_scale)
+        return SynthesisResult(out["audio"], out["audio_lengths"], self.sample_rate_hz,
+                               durations=out["used_durations"])
+
+
+def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_dir: str | None,
+                    batch_buckets: tuple[int, ...] | None) -> tuple[EngineVoice, bool, tuple[int, ...]]:
+    """The family's ``torch_engine`` hook (models/family.py): (``voice`` on a BucketedEngine, whether it
+    replays CUDA graphs, its text buckets). ``compile``: each frame bucket's stage through torch.compile."""
+    if backend not in BACKENDS:
+        raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
+                         "(it has no AOTInductor packages)")
+    engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
+                            compile_frames=backend == "compile")
+    return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

@@ -1,0 +1,56 @@
+"""The EmotiVoice voice on its bucketed engine (models/emotivoice/engine_voice.py), as the server
+runs it: same requests, same outputs as the voice itself, row for row, at any pace. Eager buckets
+on the CPU; the CUDA-graph replay of the same stages is tested in test_emotivoice_engines.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.emotivoice.engine_voice import EngineVoice, bucketed_engine
+from models.emotivoice.engines import TEXT_BUCKETS, BucketedEngine
+from models.emotivoice.family import FAMILY
+from models.emotivoice.tiny import tiny_voice
+from models.interface import SynthesisRequest, TTSModel, VoiceCondition
+
+
+@pytest.fixture(scope="module")
+def voice():
+    return tiny_voice(0)
+
+
+@pytest.fixture(scope="module")
+def engine_voice(voice):
+    return EngineVoice(voice, BucketedEngine(voice.generator, graphs=False, frame_dtype=torch.float32,
+                                             batch_buckets=(4,), frame_bucket=32))
+
+
+@pytest.mark.parametrize("length_scale", [1.0, 1.4])
+def test_engine_voice_speaks_as_the_voice(voice, engine_voice, length_scale):
+    utterances = voice.text_to_utterances("Hello there. The train leaves at nine.")
+    assert len(utterances) == 2
+    request = SynthesisRequest.from_utterances(utterances, voice=VoiceCondition(emotion="开心"),
+                                               sampling=FAMILY.sampling(length_scale=length_scale))
+    expected, out = voice.synthesize(request), engine_voice.synthesize(request)
+    assert torch.equal(out.durations, expected.durations)  # paced durations, the frames each phoneme gets
+    assert torch.equal(out.audio_lengths, expected.audio_lengths)
+    for row, samples in enumerate(out.audio_lengths.tolist()):
+        torch.testing.assert_close(out.audio[row, :samples], expected.audio[row, :samples], rtol=1e-4, atol=1e-5)
+
+
+def test_the_pace_is_an_input_of_the_text_stage(voice, engine_voice):
+    request = SynthesisRequest.from_utterances(voice.text_to_utterances("Hello there."))
+    slow = SynthesisRequest.from_utterances(voice.text_to_utterances("Hello there."),
+                                            sampling=FAMILY.sampling(length_scale=2.0))
+    normal, slowed = engine_voice.synthesize(request), engine_voice.synthesize(slow)
+    assert slowed.audio_lengths[0] == 2 * normal.audio_lengths[0]
+
+
+def test_the_family_hook_builds_it_and_refuses_what_it_cannot_run(voice):
+    served, replays_graphs, text_buckets = FAMILY.torch_engine(voice, "eager", False, None, ())
+    assert isinstance(served, TTSModel) and isinstance(served, EngineVoice)
+    assert (replays_graphs, text_buckets) == (False, TEXT_BUCKETS)
+    assert served.speakers == voice.speakers and served.sample_rate_hz == voice.sample_rate_hz
+    with pytest.raises(ValueError, match="no AOTInductor"):
+        bucketed_engine(voice, "aoti", False, "/tmp/packages", ())
+    with pytest.raises(ValueError, match="fixed when the engine is built"):
+        served.replace_part("vocoder", voice.generator.generator)
