@@ -16,33 +16,22 @@ from models.emotivoice.engines import TEXT_BUCKETS, BucketedEngine
 from models.emotivoice.voice import EmotiVoiceVoice
 from models.interface import SynthesisRequest, SynthesisResult
 from models.sampling import Sampling
+from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
 
 
-class EngineVoice:
-    """``voice`` with its generator on ``engine``; every other call goes to the voice."""
+class EngineVoice(VoiceOnEngine):
+    """``voice`` with its generator on ``engine``; the front end and the style encoder stay the voice's."""
 
     family = FAMILY_NAME
     capabilities = CAPABILITIES
     sampling_type = Sampling
 
     def __init__(self, voice: EmotiVoiceVoice, engine: BucketedEngine):
-        self.voice, self.engine = voice, engine
-        self.sample_rate_hz, self.hop_length = voice.sample_rate_hz, voice.hop_length
+        super().__init__(voice, engine)
         self.speakers = voice.speakers  # the server's voice names (Family.speaker_names)
-        self.device = engine.device
-
-    def parts(self):
-        return self.voice.parts()
-
-    def replace_part(self, role: str, module) -> None:
-        raise ValueError("parts of a voice on a bucketed engine are fixed when the engine is built: replace them "
-                         "on the voice first")
-
-    def text_to_utterances(self, text: str):
-        return self.voice.text_to_utterances(text)
 
     @torch.inference_mode()
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:

@@ -43,6 +43,7 @@ from torch import nn
 from models.interface import SynthesisRequest, SynthesisResult
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME
 from models.sampling import VitsSampling
+from models.voice_on_engine import VoiceOnEngine
 from models.piper.vits import PiperVits, durations_to_alignment, sequence_mask
 
 TEXT_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)  # phonemes; a batch pads to the next one
@@ -324,7 +325,7 @@ class BucketedEngine:
                                self.sample_rate_hz, durations=durations[:batch, :length].long().cpu())
 
 
-class EngineVoice:
+class EngineVoice(VoiceOnEngine):
     """A Piper voice (frontend, sample rate) whose synthesis runs on a BucketedEngine: what
     ``python -m serve serve.torch_engine=cuda_graphs|compile|aoti`` serves. Same TTSModel calls as the voice."""
 
@@ -333,21 +334,8 @@ class EngineVoice:
     sampling_type = VitsSampling
 
     def __init__(self, voice, engine: BucketedEngine):
-        self.voice, self.engine = voice, engine
-        self.sample_rate_hz = voice.sample_rate_hz
-        self.hop_length = voice.hop_length
+        super().__init__(voice, engine)
         self.latent_channels = voice.latent_channels
-        self.device = engine.device
-
-    def parts(self):
-        return self.voice.parts()
-
-    def replace_part(self, role: str, module) -> None:
-        raise ValueError("parts of a voice on a bucketed engine are fixed at capture: replace them on the voice "
-                         "before building the engine")
-
-    def text_to_utterances(self, text: str):
-        return self.voice.text_to_utterances(text)
 
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         return self.engine.synthesize(request)
