@@ -67,11 +67,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 from models.cuda_graphs import GraphCache, as_tuple
-from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, bucket_of
+from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, FrameStage, bucket_of
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.prompts import EMOTION_PROMPTS
 from models.interface import SynthesisRequest, VoiceCondition
@@ -217,32 +218,9 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
     return section
 
 
-class MelPart(torch.nn.Module):
-    """The frame stage's acoustic side: (hidden, used durations, lengths) -> mel (B, n_mels, F)."""
-
-    def __init__(self, am: torch.nn.Module, frames: int, dtype: torch.dtype):
-        super().__init__()
-        self.am, self.frames, self.dtype = am, frames, dtype
-
-    def forward(self, hidden, used_durations, phoneme_lengths):
-        mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames, masked=True)
-        return mel.transpose(1, 2)
-
-
-class VocoderPart(torch.nn.Module):
-    def __init__(self, vocoder: torch.nn.Module):
-        super().__init__()
-        self.vocoder = vocoder
-
-    def forward(self, mel, frame_lengths):  # (B, n_mels, F), (B,) -> (B, F * hop)
-        return self.vocoder(mel, frame_lengths)[:, 0]
-
-
 def top_kernels(run: Callable[[], object], cuda: bool, count: int = 12) -> list[dict]:
     """The ``count`` kernels (CPU: operators) with the most device time over one call of ``run``
     (already warm)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as trace:
         run()
         if cuda:
@@ -274,12 +252,11 @@ def profile_section(args, batch: int) -> dict:
         hidden, used_durations, _ = run_part(("text_stage",), engine.text_stage, text_inputs)
         frame_lengths = used_durations.sum(dim=-1)
         frames = math.ceil(int(frame_lengths.max()) / FRAME_BUCKET) * FRAME_BUCKET
-        mel_part = MelPart(engine.frame_model.am, frames, next(engine.frame_model.parameters()).dtype).eval()
-        vocoder_part = VocoderPart(engine.frame_model.generator).eval()
-        mel, = run_part(("acoustic_frames",), mel_part, (hidden, used_durations, phoneme_lengths))
+        stage = FrameStage(engine.frame_model, frames).eval()  # the engine's frame stage, in its two halves
+        mel, = run_part(("acoustic_frames",), stage.mel, (hidden, used_durations, phoneme_lengths))
         parts = {"text_stage": (engine.text_stage, text_inputs),
-                 "acoustic_frames": (mel_part, (hidden, used_durations, phoneme_lengths)),
-                 "vocoder": (vocoder_part, (mel, frame_lengths))}
+                 "acoustic_frames": (stage.mel, (hidden, used_durations, phoneme_lengths)),
+                 "vocoder": (stage.vocode, (mel, frame_lengths))}
         section = {"rows": batch, "text_bucket": text, "frame_bucket": frames,
                    "mean_frames": float(frame_lengths.float().mean())}
         for name, (module, inputs) in parts.items():

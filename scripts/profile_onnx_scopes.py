@@ -24,12 +24,11 @@ import onnx
 import onnxruntime as ort
 
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
 from core.revision import provenance
 from models.interface import SynthesisRequest
 from models.registry import FAMILIES, get_family
 from texts import load_sentences
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def scope_of(node_name: str, depth: int) -> str:

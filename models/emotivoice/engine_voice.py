@@ -35,13 +35,8 @@ class EngineVoice(VoiceOnEngine):
 
     @torch.inference_mode()
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
-        self.capabilities.check(request.voice, self.family)
         sampling = Sampling.of(request.sampling)
-        device = self.engine.device
-        style = self.voice.style_embeddings(request)  # (B, 768), through the prompt cache
-        content = self.voice.prompts.embed(self.voice.sentence_texts(request))  # (B, 768)
-        out = self.engine.synthesize(request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
-                                     self.voice.speaker_ids(request).to(device), style.to(device), content.to(device),
+        out = self.engine.synthesize(*self.voice.generator_inputs(request, self.engine.device),
                                      length_scale=sampling.length_scale)
         return SynthesisResult(out["audio"], out["audio_lengths"], self.sample_rate_hz,
                                durations=out["used_durations"])

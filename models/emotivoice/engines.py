@@ -74,10 +74,15 @@ class FrameStage(nn.Module):
         self.am, self.vocoder, self.frames = generator.am, generator.generator, frames
         self.dtype = next(generator.parameters()).dtype
 
+    def mel(self, hidden, used_durations, phoneme_lengths):  # -> (B, n_mels, F_bucket)
+        return self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames,
+                                     masked=True).transpose(1, 2)
+
+    def vocode(self, mel, frame_lengths):  # (B, n_mels, F_bucket), (B,) -> (B, F_bucket * hop)
+        return self.vocoder(mel, frame_lengths)[:, 0]
+
     def forward(self, hidden, used_durations, phoneme_lengths):
-        mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames,
-                                    masked=True)  # (B, F_bucket, n_mels)
-        return self.vocoder(mel.transpose(1, 2), used_durations.sum(dim=-1))[:, 0]  # (B, F_bucket * hop)
+        return self.vocode(self.mel(hidden, used_durations, phoneme_lengths), used_durations.sum(dim=-1))
 
 
 def folded_copy(generator: EmotiVoiceGenerator) -> EmotiVoiceGenerator:

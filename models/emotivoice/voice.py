@@ -133,8 +133,7 @@ class EmotiVoiceVoice(nn.Module):
             prompt = voice.prompt
         return self.prompts.embed([prompt]).expand(batch, -1)
 
-    def speaker_ids(self, request: SynthesisRequest) -> torch.Tensor:
-        """(B,) speaker table rows: the request's speaker_id, row 0 without one."""
+    def _speaker_ids(self, request: SynthesisRequest) -> torch.Tensor:
         batch = request.phoneme_ids.shape[0]
         if request.voice is None or request.voice.speaker_id is None:
             return torch.zeros(batch, dtype=torch.long)
@@ -143,15 +142,19 @@ class EmotiVoiceVoice(nn.Module):
             raise ValueError(f"speaker_id {speaker_ids.tolist()} outside this voice's {len(self.speakers)} speakers")
         return speaker_ids
 
-    @torch.inference_mode()
-    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+    def generator_inputs(self, request: SynthesisRequest, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """What the generator reads for ``request`` (its voice condition checked), on ``device``: ids (B, T),
+        lengths (B,), speaker rows (B,), style and content embeddings (B, H) through the prompt cache."""
         self.capabilities.check(request.voice, self.family)
-        sampling = Sampling.of(request.sampling)
-        device = self.device
         style = self.style_embeddings(request)
         content = self.prompts.embed(self.sentence_texts(request))
-        out = self.generator(request.phoneme_ids.to(device), request.phoneme_lengths.to(device),
-                             self.speaker_ids(request).to(device), style.to(device), content.to(device),
-                             masked=True, length_scale=sampling.length_scale)
+        return tuple(t.to(device) for t in (request.phoneme_ids, request.phoneme_lengths, self._speaker_ids(request),
+                                            style, content))
+
+    @torch.inference_mode()
+    def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
+        sampling = Sampling.of(request.sampling)
+        out = self.generator(*self.generator_inputs(request, self.device), masked=True,
+                             length_scale=sampling.length_scale)
         return SynthesisResult(out["audio"].float().cpu(), out["audio_lengths"].cpu(), self.sample_rate_hz,
                                durations=out["used_durations"].cpu())

@@ -42,9 +42,9 @@ from torch import nn
 
 from models.interface import SynthesisRequest, SynthesisResult
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME
+from models.piper.vits import PiperVits, durations_to_alignment, sequence_mask
 from models.sampling import VitsSampling
 from models.voice_on_engine import VoiceOnEngine
-from models.piper.vits import PiperVits, durations_to_alignment, sequence_mask
 
 TEXT_BUCKETS = (32, 64, 96, 128, 192, 256, 384, 512)  # phonemes; a batch pads to the next one
 FRAME_BUCKET = 64  # frames round up to a multiple of this (0.74 s of audio at hop 256)
