@@ -49,7 +49,7 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"conv layout {layout!r}: use one of {list(CONV_LAYOUTS)}")
 
 
-def _folded_weight(conv: nn.Module, name: str) -> torch.Tensor:
+def folded_weight(conv: nn.Module, name: str) -> torch.Tensor:
     """The ``weight`` a convolution computes with: a parametrization (weight norm included)
     evaluated, the legacy ``torch.nn.utils.weight_norm`` hook's weight recomputed from its g and v
     (the stored ``weight`` attribute is stale until the next forward), the plain tensor otherwise.
@@ -100,8 +100,8 @@ class LayoutConv(nn.Module):
         else:  # reflect / replicate / circular: pad as nn.Conv1d does, then convolve unpadded
             self.padding, self.pre_padding = (0,), _explicit_padding(conv)
         with torch.no_grad():
-            weight = _folded_weight(conv, "weight")  # (C_out, C_in / g, K); transposed: (C_in, C_out / g, K)
-            bias = None if conv.bias is None else _folded_weight(conv, "bias")
+            weight = folded_weight(conv, "weight")  # (C_out, C_in / g, K); transposed: (C_in, C_out / g, K)
+            bias = None if conv.bias is None else folded_weight(conv, "bias")
         if layout != "ncw":
             weight = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (.., .., 1, K) NHWC
         self.weight = nn.Parameter(weight)

@@ -18,6 +18,8 @@ Side by side in one process, median of warm runs:
   batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
   batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%); with
   ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``);
+  with ``--fused-engine`` the FP16 engine with its vocoder as fused Triton convolutions and its mel
+  half compiled (``engine_graphs_fp16_fused``); ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
   section runs first, in a process that has allocated nothing yet: engines measured before it left
@@ -187,7 +189,7 @@ def batch_lengths(args, batch: int) -> list[int]:
 
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
                    reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False,
-                   sorted_chunks: tuple[int, ...] = ()) -> dict:
+                   sorted_chunks: tuple[int, ...] = (), vocoder_kernels: str = "torch") -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches.
     ``sorted_chunks``: also the largest batch's sentences sorted by length and sent in batches of
@@ -196,7 +198,7 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
     engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout,
-                            compile_frames=compile_frames)
+                            compile_frames=compile_frames, vocoder_kernels=vocoder_kernels)
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -273,7 +275,8 @@ def profile_section(args, batch: int) -> dict:
     return section
 
 
-SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled")
+SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
+                        "engine_graphs_fp16_fused")
 E2E_SENTENCES = ("今天天气很好，我们一起去公园散步。", "The train to the coast leaves at a quarter past nine.")
 E2E_EMOTION = "开心"
 
@@ -388,6 +391,10 @@ def main() -> None:
                              "in batches of these sizes (sentences/s of a batcher that groups by length)")
     parser.add_argument("--compiled-engine", action="store_true", help="also the FP16 engine with its frame stage "
                         "compiled (CUDA only; a compile per frame bucket)")
+    parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
+                        "Triton convolutions and its mel half compiled (CUDA and Triton only)")
+    parser.add_argument("--only-engines", nargs="*", default=None,
+                        help="measure only these engines (names as in the report), e.g. for a side-by-side A/B")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
@@ -438,20 +445,28 @@ def main() -> None:
         reference = fp32(*make_inputs(fp32, single, args.device, args.seed), masked=True)["audio"][0].float().cpu()
     # Engines on CUDA convolve channels-last (models/conv_layout.py); the _ncw rows keep the model's layout.
     # _compiled: the frame stage through torch.compile before capture (models/emotivoice/engines.py).
-    engines = [("engine_eager_fp16", False, half, None, False)]
+    # _fused: the vocoder as fused Triton convolutions (models/fused_hifigan.py), the mel half compiled.
+    engines = [("engine_eager_fp16", False, half, None, False, "torch")]
     if cuda:
-        engines += [("engine_graphs_fp32", True, torch.float32, None, False),
-                    ("engine_graphs_fp16", True, half, None, False),
-                    ("engine_graphs_bf16", True, torch.bfloat16, None, False),
-                    ("engine_graphs_fp16_ncw", True, half, "ncw", False)]
+        engines += [("engine_graphs_fp32", True, torch.float32, None, False, "torch"),
+                    ("engine_graphs_fp16", True, half, None, False, "torch"),
+                    ("engine_graphs_bf16", True, torch.bfloat16, None, False, "torch"),
+                    ("engine_graphs_fp16_ncw", True, half, "ncw", False, "torch")]
         if args.compiled_engine:
-            engines += [("engine_graphs_fp16_compiled", True, half, None, True)]
+            engines += [("engine_graphs_fp16_compiled", True, half, None, True, "torch")]
+        if args.fused_engine:
+            engines += [("engine_graphs_fp16_fused", True, half, None, True, "triton")]
+    if args.only_engines is not None:
+        unknown = set(args.only_engines) - {engine[0] for engine in engines}
+        if unknown:
+            parser.error(f"--only-engines: no engine named {sorted(unknown)} with these flags")
+        engines = [engine for engine in engines if engine[0] in args.only_engines]
     report["engines"] = {}
-    for name, graphs, frame_dtype, conv_layout, compile_frames in engines:
+    for name, graphs, frame_dtype, conv_layout, compile_frames, vocoder_kernels in engines:
         try:
             report["engines"][name] = engine_section(
                 args, fp32, graphs, frame_dtype, reference, conv_layout, compile_frames,
-                tuple(args.sorted_chunks) if name in SORTED_CHUNK_ENGINES else ())
+                tuple(args.sorted_chunks) if name in SORTED_CHUNK_ENGINES else (), vocoder_kernels)
         except (RuntimeError, ValueError) as error:
             report["errors"][name] = f"{type(error).__name__}: {error}"
         write(args.out, report)

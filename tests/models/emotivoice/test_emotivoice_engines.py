@@ -62,6 +62,8 @@ def test_buckets_reject_what_they_cannot_hold(generator):
         bucket_of(40, (16, 32), "text length")
     with pytest.raises(ValueError, match="graphs=False"):
         BucketedEngine(generator, graphs=True)
+    with pytest.raises(ValueError, match="vocoder_kernels 'cudnn'"):
+        BucketedEngine(generator, graphs=False, vocoder_kernels="cudnn")
 
 
 @pytest.mark.gpu
