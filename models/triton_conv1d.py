@@ -111,7 +111,9 @@ def _epilogue(acc, out_ptr, res_ptr, accum_ptr, bias_ptr, rows, row_ok, co, out_
     tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit
+# Lengths and dilations stay runtime values: specialising on them (Triton's default for ints equal to
+# 1 or divisible by 16) would compile each layer again for every bucket length.
+@triton.jit(do_not_specialize=["T", "length_factor", "dilation"])
 def _conv1d_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, accum_ptr, out_ptr, len_ptr,
                    T, length_factor, slope, out_scale, dilation,
                    C_IN: tl.constexpr, C_OUT: tl.constexpr, C_OUT_PAD: tl.constexpr, K: tl.constexpr,
@@ -130,7 +132,7 @@ def _conv1d_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, accum_ptr, out_ptr, len_ptr,
     for k in tl.static_range(K):
         src = t + (k - (K - 1) // 2) * dilation
         src_ok = (src >= 0) & (src < valid)
-        for c0 in tl.static_range(0, C_IN, BLOCK_CI):
+        for c0 in range(0, C_IN, BLOCK_CI):  # a loop, not unrolled: compile time grows with unrolled dots
             ci = c0 + tl.arange(0, BLOCK_CI)
             a = _activated(x_row, src, src_ok, ci, C_IN, PRO_LRELU, slope)
             w = tl.load(w_ptr + (k * C_IN + ci)[:, None] * C_OUT_PAD + co[None, :])
@@ -140,7 +142,7 @@ def _conv1d_kernel(x_ptr, w_ptr, bias_ptr, res_ptr, accum_ptr, out_ptr, len_ptr,
               out_scale, C_OUT, HAS_RES, HAS_ACCUM, TANH)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T_IN", "length_factor"])
 def _conv_transpose1d_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, len_ptr,
                              T_IN, length_factor, slope,
                              C_IN: tl.constexpr, C_OUT: tl.constexpr, C_OUT_PAD: tl.constexpr,
@@ -161,7 +163,7 @@ def _conv_transpose1d_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, len_ptr,
     for tap in tl.static_range(2):
         src = q - tap
         src_ok = (src >= 0) & (src < valid)
-        for c0 in tl.static_range(0, C_IN, BLOCK_CI):
+        for c0 in range(0, C_IN, BLOCK_CI):  # a loop, not unrolled: compile time grows with unrolled dots
             ci = c0 + tl.arange(0, BLOCK_CI)
             a = _activated(x_row, src, src_ok, ci, C_IN, PRO_LRELU, slope)
             w = tl.load(w_ptr + ((phase + tap * STRIDE) * C_IN + ci)[:, None] * C_OUT_PAD + co[None, :])

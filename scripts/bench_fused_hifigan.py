@@ -12,7 +12,8 @@ CUDA graph, side by side in one process:
 Each batch holds mel lengths within +-30 % of ``--frames`` (172 frames: 2.75 s at 16 kHz), padded to
 the longest and masked. Rounds run every variant once in an order that rotates each round; each
 figure is the median over rounds of the median of ``--repeats`` replays, with the range as
-``spread``. ``snr_db``: each variant's audio (valid samples only) against the FP32 module's.
+``spread``. ``snr_db``: each variant's audio (valid samples only) against the FP32 module's;
+``first_call_s``: the first call of each batch size (kernel compiles and the graph capture).
 Light on purpose (torch, numpy, Triton): it runs on a bare GPU machine.
 """
 from __future__ import annotations
@@ -103,10 +104,15 @@ def main() -> None:
             reference = hifigan(mel, lengths)
             names = list(variants)
             rounds: dict[str, list[float]] = {name: [] for name in names}
-            section = {"frames_max": int(lengths.max()), "audio_s": float(lengths.sum()) * hop / 16000, "snr_db": {}}
+            section = {"frames_max": int(lengths.max()), "audio_s": float(lengths.sum()) * hop / 16000, "snr_db": {},
+                       "first_call_s": {}}
             for name in names:
+                start = time.perf_counter()
                 audio, = cache.run((name, batch), variants[name], (mel.half(), lengths))
+                torch.cuda.synchronize()
+                section["first_call_s"][name] = time.perf_counter() - start  # compiles and the graph capture
                 section["snr_db"][name] = snr_db(reference, audio.float(), lengths, hop)
+                print(f"b{batch} {name}: first call {section['first_call_s'][name]:.1f} s", flush=True)
             for round_index in range(args.rounds):
                 order = names[round_index % len(names):] + names[:round_index % len(names)]
                 for name in order:
