@@ -11,6 +11,7 @@
 #   OUT=$OUT bash serve/gpu_loadtest.sh
 #   OUT=$OUT ENGINE=eager bash serve/gpu_loadtest.sh           # the eager PyTorch teacher, for comparison
 #   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
+#   OUT=$OUT MODEL=emotivoice ENGINE=cuda_graphs bash serve/gpu_loadtest.sh  # another family (random weights without its files)
 # It writes a dozen files; to bring them back as one, write elsewhere and pack them:
 #   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
 # Settings (environment, defaults after ':-'; the defaults are the configuration of the measured run in
@@ -21,7 +22,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to the folder the reports go to}
 WHEELS=${WHEELS:-.whl312}
 SITE=${SITE:-/tmp/serve_site}
-VOICE=${VOICE:-.device/voice16/en_US-joe-medium.safetensors}  # or the voice's .onnx, or bundled:joe where installed
+MODEL=${MODEL:-}                     # a conf/model group other than the default (e.g. emotivoice); it brings its own voice
+VOICE=${VOICE:-$([ -z "$MODEL" ] && echo .device/voice16/en_US-joe-medium.safetensors)}  # or the voice's .onnx, or bundled:joe where installed
 SOURCE=${SOURCE:-teacher}            # teacher: the PyTorch port (CUDA); fp16/bf16: it in half precision; original_onnx: onnxruntime on the host CPU
 DEVICE=${DEVICE:-cuda}
 ENGINE=${ENGINE:-compile}            # the teacher's engine: eager | cuda_graphs | compile | aoti (models/<family>/engines.py)
@@ -56,7 +58,7 @@ if ! python -c "import serve.__main__, serve.app, serve.loadtest, httpx" 2>"$OUT
 fi
 rm -f "$OUT/import_error.txt"
 
-python -m serve serve.source="$SOURCE" serve.voice="$VOICE" serve.device="$DEVICE" serve.port="$PORT" \
+python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.source="$SOURCE" serve.device="$DEVICE" serve.port="$PORT" \
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
