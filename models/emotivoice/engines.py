@@ -130,7 +130,10 @@ class BucketedEngine:
         ``compile_frames``: each frame bucket's stage through torch.compile (module docstring); the
         first batch of a new bucket pays the compile. ``vocoder_kernels``: "torch" (the HiFi-GAN module,
         in ``conv_layout``), or "triton": one fused Triton kernel per convolution (models/fused_hifigan.py;
-        needs Triton, so a GPU or ``TRITON_INTERPRET=1``), with only the mel half compiled."""
+        needs Triton, so a GPU or ``TRITON_INTERPRET=1``), with only the mel half compiled. On the H200
+        the fused vocoder is the slower one as its kernels stand: 922-965 against 1,398-1,444 sentences/s
+        at batches of 32-64, plus a 101 s first call compiling its kernels
+        (docs/results/h200_15_emotivoice_fused.json); "torch" stays the default."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
