@@ -12,12 +12,19 @@ of EmotiVoice's engine time and bound by those passes, not by arithmetic
     multiplies by the weights tap by tap (tensor-core dot products, FP32 accumulation),
     adds bias, residual, a scale and an accumulator, optionally tanh, and stores once.
 
-    out = conv1d(x, weight, bias, dilation=d, slope=0.1, lengths=frame_lengths, length_factor=64,
-                 residual=x)                        # x + conv(mask * lrelu(x))
-    up = conv_transpose1d(x, weight, bias, stride=8, slope=0.1, lengths=frame_lengths, length_factor=8)
+    packed = pack_conv1d(conv.weight, conv.bias, torch.float16)        # once
+    out = conv1d(x, packed, dilation=3, slope=0.1, lengths=frame_lengths, length_factor=64,
+                 residual=x)                                          # x + conv(mask * lrelu(x))
+    up = conv_transpose1d(x, pack_conv_transpose1d(up_conv.weight, up_conv.bias, torch.float16),
+                          stride=8, slope=0.1, lengths=frame_lengths, length_factor=8)
 
 Weights come in torch's own layouts (Conv1d (C_out, C_in, K), ConvTranspose1d (C_in, C_out, K)) and
 are packed once by ``pack_conv1d`` / ``pack_conv_transpose1d`` into (K, C_in, C_out_pad) tiles.
+
+Measured on the H200, these kernels lose to cuDNN's convolutions with torch.compile's fusions around
+them (922-965 against 1,398-1,444 EmotiVoice sentences/s at batches of 32-64,
+docs/results/h200_15_emotivoice_fused.json): the fusion pays less than the convolution itself costs
+in these tiles. The engines keep them as an opt-in (``vocoder_kernels="triton"``) for tuning.
 
 Triton runs on the GPU machine; on a CPU the kernels run (slowly) under ``TRITON_INTERPRET=1``,
 which is how the tests check them against torch.
