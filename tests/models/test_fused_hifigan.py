@@ -128,7 +128,7 @@ def test_fp16_kernels_on_the_gpu_match_the_fp16_module_and_replay_in_a_graph(hif
 
 @pytest.mark.skipif(RUNS_KERNELS, reason="the kernels already run in this process")
 def test_in_the_interpreter():
-    """This file's kernel tests, in a child process with TRITON_INTERPRET=1 (a few seconds)."""
+    """This file's kernel tests, in a child process with TRITON_INTERPRET=1 (about 40 s on 2 cores)."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
