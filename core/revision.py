@@ -5,7 +5,7 @@
     provenance(".")     # {"commit", "dirty", "diff_sha256", "machine", "command", "date_utc"}
 
 A tree that differs from HEAD is recorded as such, with the sha256 of ``git diff HEAD`` (and the
-names of untracked files), and ``save_diff`` keeps that diff beside the results, so a figure from
+names and content hashes of untracked files), and ``save_diff`` keeps that diff beside the results, so a figure from
 uncommitted code still names exactly the code that ran.
 """
 from __future__ import annotations
@@ -37,10 +37,20 @@ def git_revision(root: str | Path) -> str:
 
 
 def working_tree_diff(root: str | Path) -> str:
-    """``git diff HEAD`` plus the list of untracked, unignored files: what HEAD alone does not hold."""
+    """``git diff HEAD`` plus each untracked, unignored file with the sha256 of its bytes: what HEAD
+    alone does not hold. The content hash matters: two trees whose new files differ only inside
+    would otherwise record the same diff."""
     diff = _git(root, "diff", "HEAD", "--binary")
-    untracked = _git(root, "ls-files", "--others", "--exclude-standard")
-    return diff + ("".join(f"untracked: {name}\n" for name in untracked.splitlines()) if untracked else "")
+    untracked = _git(root, "ls-files", "--others", "--exclude-standard").splitlines()
+    lines = [f"untracked: {name} sha256={_file_sha256(Path(root) / name)}\n" for name in untracked]
+    return diff + "".join(lines)
+
+
+def _file_sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:  # removed between the listing and the read
+        return "unreadable"
 
 
 def _cpu_model() -> str:

@@ -37,7 +37,7 @@ from models.triton_conv1d import (
 def _packed(conv: nn.Module, dtype: torch.dtype, transposed: bool = False) -> PackedConv:
     expected = nn.ConvTranspose1d if transposed else nn.Conv1d
     if not isinstance(conv, expected):
-        raise TypeError(f"expected an {expected.__name__}, got {type(conv).__name__} (convert layouts after, not before)")
+        raise TypeError(f"expected a {expected.__name__}, got {type(conv).__name__} (convert layouts after, not before)")
     if conv.groups != 1:
         raise ValueError("grouped convolutions are not fused")
     bias = None if conv.bias is None else folded_weight(conv, "bias")
@@ -69,16 +69,18 @@ class FusedHifigan(nn.Module):
         self.ups = []
         for up, rate in zip(generator.ups, self.upsample_rates):
             packed = _packed(up, dtype, transposed=True)
-            if (up.kernel_size[0], up.stride[0], up.padding[0]) != (2 * rate, rate, rate // 2) or up.output_padding[0]:
-                raise ValueError(f"{up}: only kernel 2 x stride, padding stride / 2 upsampling is fused")
+            if ((up.kernel_size[0], up.stride[0], up.padding[0], up.dilation[0]) != (2 * rate, rate, rate // 2, 1)
+                    or up.output_padding[0] or rate % 2):
+                raise ValueError(f"{up}: only kernel 2 x stride, padding stride / 2, even-stride upsampling is fused")
             self.ups.append(packed)
-        self.blocks = []  # per stage: per block: [(conv1, dilation, conv2)]
+        self.blocks = []  # per stage: per block: [(conv1, its dilation, conv2, its dilation)]
         for stage in range(len(self.upsample_rates)):
             stage_blocks = []
             for block in generator.resblocks[stage * self.num_kernels:(stage + 1) * self.num_kernels]:
                 pairs = []
                 for conv1, conv2 in zip(block.convs1, block.convs2):
-                    pairs.append((_packed_same(conv1, dtype), conv1.dilation[0], _packed_same(conv2, dtype)))
+                    pairs.append((_packed_same(conv1, dtype), conv1.dilation[0],
+                                  _packed_same(conv2, dtype), conv2.dilation[0]))
                 stage_blocks.append(pairs)
             self.blocks.append(stage_blocks)
 
@@ -93,10 +95,10 @@ class FusedHifigan(nn.Module):
             total = None  # the running mean of the stage's blocks
             for pairs in stage_blocks:
                 y = x
-                for index, (conv1, dilation, conv2) in enumerate(pairs):
-                    inner = conv1d(y, conv1, dilation, self.slope, frame_lengths, factor, **self.launch)
+                for index, (conv1, dilation1, conv2, dilation2) in enumerate(pairs):
+                    inner = conv1d(y, conv1, dilation1, self.slope, frame_lengths, factor, **self.launch)
                     last = index == len(pairs) - 1
-                    y = conv1d(inner, conv2, 1, self.slope, frame_lengths, factor, residual=y,
+                    y = conv1d(inner, conv2, dilation2, self.slope, frame_lengths, factor, residual=y,
                                scale=1.0 / self.num_kernels if last else 1.0, accumulate=total if last else None,
                                **self.launch)
                 total = y

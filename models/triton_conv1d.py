@@ -21,10 +21,9 @@ of EmotiVoice's engine time and bound by those passes, not by arithmetic
 Weights come in torch's own layouts (Conv1d (C_out, C_in, K), ConvTranspose1d (C_in, C_out, K)) and
 are packed once by ``pack_conv1d`` / ``pack_conv_transpose1d`` into (K, C_in, C_out_pad) tiles.
 
-Measured on the H200, these kernels lose to cuDNN's convolutions with torch.compile's fusions around
-them (922-965 against 1,398-1,444 EmotiVoice sentences/s at batches of 32-64,
-docs/results/h200_15_emotivoice_fused.json): the fusion pays less than the convolution itself costs
-in these tiles. The engines keep them as an opt-in (``vocoder_kernels="triton"``) for tuning.
+Measured on the H200 (docs/benchmarks.md, EmotiVoice rows), these kernels lose to cuDNN's
+convolutions with torch.compile's fusions around them: the fusion saves less than the convolution
+itself costs in these tiles. The engines keep them as an opt-in (``vocoder_kernels="triton"``).
 
 Triton runs on the GPU machine; on a CPU the kernels run (slowly) under ``TRITON_INTERPRET=1``,
 which is how the tests check them against torch.
@@ -182,7 +181,8 @@ def _conv_transpose1d_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, len_ptr,
 
 
 def _blocks(packed: PackedConv) -> tuple[int, int]:
-    """(BLOCK_CI, BLOCK_CO): the largest power-of-two tiles (16-64) that divide the channels."""
+    """(BLOCK_CI, BLOCK_CO): the largest power-of-two input tile (16-64) that divides the input
+    channels, and an output tile of the padded output channels, at most 64."""
     block_ci = MAX_BLOCK_CI
     while packed.in_channels % block_ci:
         block_ci //= 2
@@ -192,6 +192,17 @@ def _blocks(packed: PackedConv) -> tuple[int, int]:
 def _check_input(x: torch.Tensor, packed: PackedConv) -> None:
     if x.dim() != 3 or x.shape[-1] != packed.in_channels or not x.is_contiguous():
         raise ValueError(f"input must be contiguous (B, T, {packed.in_channels}), got {tuple(x.shape)}")
+
+
+def _check_operands(x: torch.Tensor, out_shape: tuple[int, ...], lengths: torch.Tensor | None,
+                    **addends: torch.Tensor | None) -> None:
+    """The kernels index raw pointers: a mis-shaped or strided operand would read the wrong memory."""
+    if lengths is not None and (lengths.shape != (x.shape[0],) or lengths.device != x.device):
+        raise ValueError(f"lengths must be ({x.shape[0]},) on {x.device}, got {tuple(lengths.shape)} on {lengths.device}")
+    for name, tensor in addends.items():
+        if tensor is not None and (tuple(tensor.shape) != out_shape or not tensor.is_contiguous()
+                                   or tensor.device != x.device):
+            raise ValueError(f"{name} must be contiguous {out_shape} on {x.device}, got {tuple(tensor.shape)}")
 
 
 def conv1d(x: torch.Tensor, packed: PackedConv, dilation: int = 1, slope: float | None = None,
@@ -206,6 +217,7 @@ def conv1d(x: torch.Tensor, packed: PackedConv, dilation: int = 1, slope: float 
     if packed.kernel_size % 2 == 0:
         raise ValueError(f"kernel {packed.kernel_size}: same padding needs an odd kernel")
     batch, steps, _ = x.shape
+    _check_operands(x, (batch, steps, packed.out_channels), lengths, residual=residual, accumulate=accumulate)
     out = torch.empty(batch, steps, packed.out_channels, dtype=x.dtype, device=x.device)
     block_ci, block_co = _blocks(packed)
     grid = (triton.cdiv(steps, block_t), packed.weight.shape[-1] // block_co, batch)
@@ -229,6 +241,7 @@ def conv_transpose1d(x: torch.Tensor, packed: PackedConv, stride: int, slope: fl
     if packed.kernel_size != 2 * stride or stride % 2:
         raise ValueError(f"kernel {packed.kernel_size}, stride {stride}: the kernel handles kernel = 2 * an even stride")
     batch, steps, _ = x.shape
+    _check_operands(x, (batch, steps * stride, packed.out_channels), lengths)
     out = torch.empty(batch, steps * stride, packed.out_channels, dtype=x.dtype, device=x.device)
     block_ci, block_co = _blocks(packed)
     grid = (triton.cdiv(steps + 1, block_t), stride * (packed.weight.shape[-1] // block_co), batch)

@@ -393,7 +393,7 @@ def main() -> None:
                         "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
-    parser.add_argument("--only-engines", nargs="*", default=None,
+    parser.add_argument("--only-engines", nargs="+", default=None,
                         help="measure only these engines (names as in the report), e.g. for a side-by-side A/B")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
                         help="batch sizes of mixed-length sentences through the bucketed engine")

@@ -9,7 +9,7 @@ as a CUDA graph, in one process:
   what the bucketed engine runs by default;
 * ``module_compiled``: the same through torch.compile (what ``compile_frames`` runs);
 * ``fused_t{block}_w{warps}``: the Triton kernels at each launch shape of ``--launch`` (each shape
-  compiles its own kernels on first use: 101 s for 128x4 on the H200's host).
+  compiles its own kernels on first use, which takes minutes: ``first_call_s``).
 
 Each batch holds mel lengths within +-30 % of ``--frames`` (172 frames: 2.75 s at 16 kHz), padded to
 the longest and masked. Rounds run every variant once in an order that rotates each round; each
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--launch", nargs="+", default=["128x4"],
                         help="fused kernels' launch shapes, BLOCK_TxWARPS; each compiles its own kernels "
-                             "(about 100 s on the H200's host)")
+                             "(minutes on first use)")
     parser.add_argument("--seed", type=int, default=0)
     add_allow_dirty_argument(parser)
     args = parser.parse_args()

@@ -79,7 +79,7 @@ for _ in $(seq 300); do  # the model loads and warms up before /readyz answers 2
     2>/dev/null && break
   sleep 1
 done
-LABEL="$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"
+LABEL="${MODEL:+$MODEL-}$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"  # the family too: reports of two families must not share names
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"

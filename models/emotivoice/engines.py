@@ -130,10 +130,9 @@ class BucketedEngine:
         ``compile_frames``: each frame bucket's stage through torch.compile (module docstring); the
         first batch of a new bucket pays the compile. ``vocoder_kernels``: "torch" (the HiFi-GAN module,
         in ``conv_layout``), or "triton": one fused Triton kernel per convolution (models/fused_hifigan.py;
-        needs Triton, so a GPU or ``TRITON_INTERPRET=1``), with only the mel half compiled. On the H200
-        the fused vocoder is the slower one as its kernels stand: 922-965 against 1,398-1,444 sentences/s
-        at batches of 32-64, plus a 101 s first call compiling its kernels
-        (docs/results/h200_15_emotivoice_fused.json); "torch" stays the default."""
+        needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with ``compile_frames`` only the mel half is
+        then compiled. "torch" is the default: on the H200 the fused vocoder is the slower one as its
+        kernels stand, and compiling them takes minutes (docs/benchmarks.md, EmotiVoice rows)."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -144,9 +143,9 @@ class BucketedEngine:
         self.frame_model = folded_copy(generator).to(frame_dtype).eval()
         if vocoder_kernels not in VOCODER_KERNELS:
             raise ValueError(f"vocoder_kernels {vocoder_kernels!r}: use one of {list(VOCODER_KERNELS)}")
-        self.fused_vocoder = None
+        self.triton_vocoder = None
         if vocoder_kernels == "triton":  # built before the layout conversion: it packs plain Conv1d weights
-            self.fused_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
+            self.triton_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
             convert_convs(self.frame_model, conv_layout)
@@ -195,10 +194,10 @@ class BucketedEngine:
             frames = int(frame_lengths[:batch].max())  # the one host sync
             bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
             if bucket not in self.frame_stages:
-                stage = FrameStage(self.frame_model, bucket, self.fused_vocoder).eval()
+                stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
                 # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
                 if self.compile_frames:
-                    stage = stage.with_compiled_mel() if self.fused_vocoder is not None else torch.compile(stage, dynamic=False)
+                    stage = stage.with_compiled_mel() if self.triton_vocoder is not None else torch.compile(stage, dynamic=False)
                 self.frame_stages[bucket] = stage
             # A filler row longer than the bucket would only be cut short: its durations are not read back.
             audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],

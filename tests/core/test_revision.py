@@ -44,3 +44,5 @@ def test_provenance_records_the_diff_it_ran_with_and_keeps_it(tmp_path):
     text = kept.read_text()
     assert "+two" in text and "untracked: new.py" in text
     assert dirty["diff_sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    (tmp_path / "new.py").write_text("x = 2\n")  # a new file's contents, not only its name, make the hash
+    assert provenance(tmp_path)["diff_sha256"] != dirty["diff_sha256"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,8 @@ def test_fp16_kernels_on_the_gpu_match_the_fp16_module_and_replay_in_a_graph(hif
 
 @pytest.mark.skipif(RUNS_KERNELS, reason="the kernels already run in this process")
 def test_in_the_interpreter():
-    """This file's kernel tests, in a child process with TRITON_INTERPRET=1 (about 40 s on 2 cores)."""
+    """This file's kernel tests, in a child process with TRITON_INTERPRET=1 ."""
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "4 passed" in result.stdout, result.stdout[-2000:]  # all but this test and the GPU one
+    assert re.search(r"\b4 passed", result.stdout), result.stdout[-2000:]  # all but this test and the GPU one
