@@ -189,14 +189,13 @@ def _blocks(packed: PackedConv) -> tuple[int, int]:
     return block_ci, min(packed.weight.shape[-1], MAX_BLOCK_CO)
 
 
-def _check_input(x: torch.Tensor, packed: PackedConv) -> None:
+def _check_operands(x: torch.Tensor, packed: PackedConv, lengths: torch.Tensor | None, stride: int = 1,
+                    **addends: torch.Tensor | None) -> None:
+    """The kernels index raw pointers: a mis-shaped or strided operand would read the wrong memory.
+    ``addends`` must have the output's shape, (B, T * stride, C_out)."""
     if x.dim() != 3 or x.shape[-1] != packed.in_channels or not x.is_contiguous():
         raise ValueError(f"input must be contiguous (B, T, {packed.in_channels}), got {tuple(x.shape)}")
-
-
-def _check_operands(x: torch.Tensor, out_shape: tuple[int, ...], lengths: torch.Tensor | None,
-                    **addends: torch.Tensor | None) -> None:
-    """The kernels index raw pointers: a mis-shaped or strided operand would read the wrong memory."""
+    out_shape = (x.shape[0], x.shape[1] * stride, packed.out_channels)
     if lengths is not None and (lengths.shape != (x.shape[0],) or lengths.device != x.device):
         raise ValueError(f"lengths must be ({x.shape[0]},) on {x.device}, got {tuple(lengths.shape)} on {lengths.device}")
     for name, tensor in addends.items():
@@ -213,11 +212,10 @@ def conv1d(x: torch.Tensor, packed: PackedConv, dilation: int = 1, slope: float 
     ``slope`` None: no LeakyReLU; ``lengths`` (B,) int: rows at or past lengths * length_factor read
     as zeros (None: all T rows are valid). Odd kernels only (same padding). ``block_t`` output rows
     and ``num_warps`` warps per program: launch tuning, same results."""
-    _check_input(x, packed)
     if packed.kernel_size % 2 == 0:
         raise ValueError(f"kernel {packed.kernel_size}: same padding needs an odd kernel")
+    _check_operands(x, packed, lengths, residual=residual, accumulate=accumulate)
     batch, steps, _ = x.shape
-    _check_operands(x, (batch, steps, packed.out_channels), lengths, residual=residual, accumulate=accumulate)
     out = torch.empty(batch, steps, packed.out_channels, dtype=x.dtype, device=x.device)
     block_ci, block_co = _blocks(packed)
     grid = (triton.cdiv(steps, block_t), packed.weight.shape[-1] // block_co, batch)
@@ -237,11 +235,10 @@ def conv_transpose1d(x: torch.Tensor, packed: PackedConv, stride: int, slope: fl
                      num_warps: int = NUM_WARPS) -> torch.Tensor:
     """x (B, T, C_in) -> (B, T * stride, C_out) for kernel 2 * stride and padding stride // 2 (the
     HiFi-GAN upsampling layers); input rows masked and activated as in ``conv1d``."""
-    _check_input(x, packed)
     if packed.kernel_size != 2 * stride or stride % 2:
         raise ValueError(f"kernel {packed.kernel_size}, stride {stride}: the kernel handles kernel = 2 * an even stride")
+    _check_operands(x, packed, lengths, stride)
     batch, steps, _ = x.shape
-    _check_operands(x, (batch, steps * stride, packed.out_channels), lengths)
     out = torch.empty(batch, steps * stride, packed.out_channels, dtype=x.dtype, device=x.device)
     block_ci, block_co = _blocks(packed)
     grid = (triton.cdiv(steps + 1, block_t), stride * (packed.weight.shape[-1] // block_co), batch)

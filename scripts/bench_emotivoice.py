@@ -66,6 +66,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -275,6 +276,16 @@ def profile_section(args, batch: int) -> dict:
     return section
 
 
+class EngineSpec(NamedTuple):
+    """One bucketed-engine configuration the report measures (``BucketedEngine``'s arguments)."""
+    name: str
+    graphs: bool
+    frame_dtype: torch.dtype
+    conv_layout: str | None = None
+    compile_frames: bool = False
+    vocoder_kernels: str = "torch"
+
+
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
                         "engine_graphs_fp16_fused")
 E2E_SENTENCES = ("今天天气很好，我们一起去公园散步。", "The train to the coast leaves at a quarter past nine.")
@@ -446,29 +457,29 @@ def main() -> None:
     # Engines on CUDA convolve channels-last (models/conv_layout.py); the _ncw rows keep the model's layout.
     # _compiled: the frame stage through torch.compile before capture (models/emotivoice/engines.py).
     # _fused: the vocoder as fused Triton convolutions (models/fused_hifigan.py), the mel half compiled.
-    engines = [("engine_eager_fp16", False, half, None, False, "torch")]
+    engines = [EngineSpec("engine_eager_fp16", False, half)]
     if cuda:
-        engines += [("engine_graphs_fp32", True, torch.float32, None, False, "torch"),
-                    ("engine_graphs_fp16", True, half, None, False, "torch"),
-                    ("engine_graphs_bf16", True, torch.bfloat16, None, False, "torch"),
-                    ("engine_graphs_fp16_ncw", True, half, "ncw", False, "torch")]
+        engines += [EngineSpec("engine_graphs_fp32", True, torch.float32),
+                    EngineSpec("engine_graphs_fp16", True, half),
+                    EngineSpec("engine_graphs_bf16", True, torch.bfloat16),
+                    EngineSpec("engine_graphs_fp16_ncw", True, half, conv_layout="ncw")]
         if args.compiled_engine:
-            engines += [("engine_graphs_fp16_compiled", True, half, None, True, "torch")]
+            engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True)]
         if args.fused_engine:
-            engines += [("engine_graphs_fp16_fused", True, half, None, True, "triton")]
+            engines += [EngineSpec("engine_graphs_fp16_fused", True, half, compile_frames=True, vocoder_kernels="triton")]
     if args.only_engines is not None:
-        unknown = set(args.only_engines) - {engine[0] for engine in engines}
+        unknown = set(args.only_engines) - {engine.name for engine in engines}
         if unknown:
             parser.error(f"--only-engines: no engine named {sorted(unknown)} with these flags")
-        engines = [engine for engine in engines if engine[0] in args.only_engines]
+        engines = [engine for engine in engines if engine.name in args.only_engines]
     report["engines"] = {}
-    for name, graphs, frame_dtype, conv_layout, compile_frames, vocoder_kernels in engines:
+    for engine in engines:
         try:
-            report["engines"][name] = engine_section(
-                args, fp32, graphs, frame_dtype, reference, conv_layout, compile_frames,
-                tuple(args.sorted_chunks) if name in SORTED_CHUNK_ENGINES else (), vocoder_kernels)
+            report["engines"][engine.name] = engine_section(
+                args, fp32, engine.graphs, engine.frame_dtype, reference, engine.conv_layout, engine.compile_frames,
+                tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels)
         except (RuntimeError, ValueError) as error:
-            report["errors"][name] = f"{type(error).__name__}: {error}"
+            report["errors"][engine.name] = f"{type(error).__name__}: {error}"
         write(args.out, report)
     del fp32
     report["engine_speedup_vs_eager_fp32"] = {name: report["batch1"]["eager_fp32"]["total_ms"] / figures["total_ms"]

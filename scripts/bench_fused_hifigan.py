@@ -30,11 +30,13 @@ import numpy as np
 import torch
 
 from core.publishing import add_allow_dirty_argument, publication_or_exit
+from evaluate.rtf import timed_median
 from models.conv_layout import converted_copy
 from models.cuda_graphs import GraphCache
 from models.emotivoice.checkpoints import random_generator
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 from models.fused_hifigan import FusedHifigan
+from models.precision import waveform_snr_db
 
 LENGTH_SPREAD = 0.3
 
@@ -51,24 +53,14 @@ def batch_inputs(batch: int, frames: int, n_mels: int, seed: int) -> tuple[torch
 
 
 def replay_ms(cache: GraphCache, key: tuple, module, inputs: tuple, repeats: int) -> float:
-    cache.run(key, module, inputs)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        cache.run(key, module, inputs)
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1000.0)
-    return statistics.median(times)
+    """Median of ``repeats`` graph replays after one untimed replay."""
+    seconds, _ = timed_median(lambda: cache.run(key, module, inputs), repeats, 1, "cuda")
+    return seconds * 1000.0
 
 
-def snr_db(reference: torch.Tensor, estimate: torch.Tensor, lengths: torch.Tensor, hop: int) -> float:
-    signal = noise = 0.0
-    for row, frames in enumerate(lengths.tolist()):
-        ref, est = reference[row, 0, :frames * hop].double(), estimate[row, 0, :frames * hop].double()
-        signal += float(ref.pow(2).sum())
-        noise += float((est - ref).pow(2).sum())
-    return 10 * float(np.log10(signal / max(noise, 1e-30)))
+def valid_samples(audio: torch.Tensor, lengths: torch.Tensor, hop: int) -> torch.Tensor:
+    """(B, 1, T_audio) -> every row's samples within its length, end to end (padding is not compared)."""
+    return torch.cat([audio[row, 0, :frames * hop] for row, frames in enumerate(lengths.tolist())])
 
 
 def main() -> None:
@@ -114,7 +106,8 @@ def main() -> None:
                 audio, = cache.run((name, batch), variants[name], (mel.half(), lengths))
                 torch.cuda.synchronize()
                 section["first_call_s"][name] = time.perf_counter() - start  # compiles and the graph capture
-                section["snr_db"][name] = snr_db(reference, audio.float(), lengths, hop)
+                section["snr_db"][name] = waveform_snr_db(valid_samples(audio.float(), lengths, hop),
+                                                          valid_samples(reference, lengths, hop))
                 print(f"b{batch} {name}: first call {section['first_call_s'][name]:.1f} s", flush=True)
             for round_index in range(args.rounds):
                 order = names[round_index % len(names):] + names[:round_index % len(names)]

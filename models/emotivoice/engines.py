@@ -147,8 +147,8 @@ class BucketedEngine:
         if vocoder_kernels == "triton":  # built before the layout conversion: it packs plain Conv1d weights
             self.triton_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
-        if conv_layout != "ncw":  # the whole frame stage: the acoustic decoder's convolutions and the vocoder's
-            convert_convs(self.frame_model, conv_layout)
+        if conv_layout != "ncw":  # the acoustic decoder's convolutions, and the vocoder's unless fused kernels replace it
+            convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout)
         self.compile_frames = compile_frames
         if compile_frames:
             # Every bucket's stage shares FrameStage.forward's code object, whose compiled graphs
@@ -196,8 +196,10 @@ class BucketedEngine:
             if bucket not in self.frame_stages:
                 stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
                 # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
-                if self.compile_frames:
-                    stage = stage.with_compiled_mel() if self.triton_vocoder is not None else torch.compile(stage, dynamic=False)
+                if self.compile_frames and self.triton_vocoder is not None:
+                    stage = stage.with_compiled_mel()
+                elif self.compile_frames:
+                    stage = torch.compile(stage, dynamic=False)
                 self.frame_stages[bucket] = stage
             # A filler row longer than the bucket would only be cut short: its durations are not read back.
             audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],

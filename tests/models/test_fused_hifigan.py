@@ -23,6 +23,7 @@ from models.emotivoice.generator import EmotiVoiceGenerator  # noqa: E402
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator  # noqa: E402
 from models.emotivoice.tiny import tiny_config  # noqa: E402
 from models.fused_hifigan import FusedHifigan  # noqa: E402
+from models.triton_conv1d import conv1d, pack_conv1d  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 RUNS_KERNELS = INTERPRETED or torch.cuda.is_available()
@@ -104,6 +105,19 @@ def test_layers_the_kernels_do_not_cover_are_refused(hifigan):
         FusedHifigan(odd, LRELU_SLOPE, FINAL_LRELU_SLOPE, torch.float32)
 
 
+def test_operands_that_would_be_read_out_of_bounds_are_refused_before_launch():
+    packed = pack_conv1d(torch.randn(32, 16, 3), None, torch.float32)  # 16 -> 32 channels
+    x = torch.randn(2, 10, 16)
+    with pytest.raises(ValueError, match=r"input must be contiguous \(B, T, 16\)"):
+        conv1d(x.transpose(0, 1), packed)
+    with pytest.raises(ValueError, match="lengths must be"):
+        conv1d(x, packed, lengths=torch.tensor([10, 9, 8]))
+    with pytest.raises(ValueError, match=r"residual must be contiguous \(2, 10, 32\)"):
+        conv1d(x, packed, residual=torch.randn(2, 10, 16))
+    with pytest.raises(ValueError, match="accumulate must be contiguous"):
+        conv1d(x, packed, accumulate=torch.randn(2, 32, 10).transpose(1, 2))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
@@ -133,4 +147,4 @@ def test_in_the_interpreter():
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
                             env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert re.search(r"\b4 passed", result.stdout), result.stdout[-2000:]  # all but this test and the GPU one
+    assert re.search(r"\b5 passed", result.stdout), result.stdout[-2000:]  # all but this test and the GPU one
