@@ -5,8 +5,8 @@ teacher's 3.94 on 12 eval sentences after 9,300 steps); a short adversarial fine
 standard cure. The teacher's audio is the "real" side, so the student learns the teacher's sound.
 
     discriminator = HifiGanDiscriminator()
-    d_loss = discriminator_loss(discriminator(real.detach()), discriminator(fake.detach()))
-    adv, fm = generator_losses(discriminator(real), discriminator(fake))
+    d_loss = discriminator_loss(*discriminate_pair(discriminator, real, fake.detach()))
+    adv, fm = generator_losses(*generator_side_outputs(discriminator, real, fake))
 
 Shapes follow HiFi-GAN (periods 2, 3, 5, 7, 11; three scales) with half its channel counts:
 the student is small. ``HifiGanDiscriminator.compact()`` narrows them further (1.4 M parameters
@@ -16,9 +16,13 @@ the 64 MiB a call returns.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.utils import parametrize
 
 SLOPE = 0.1
 
@@ -96,6 +100,54 @@ class HifiGanDiscriminator(nn.Module):
         for i, d in enumerate(self.scale_discriminators):
             outputs.append(d(x if i == 0 else F.avg_pool1d(x, 4 * i, 2 * i, padding=2 * i)))
         return outputs
+
+
+Outputs = list[tuple[torch.Tensor, list[torch.Tensor]]]  # per sub-discriminator: (scores, feature maps)
+
+
+def _rows(outputs: Outputs, rows: slice) -> Outputs:
+    return [(scores[rows], [features[rows] for features in maps]) for scores, maps in outputs]
+
+
+def discriminate_pair(discriminator: HifiGanDiscriminator, real: torch.Tensor,
+                      fake: torch.Tensor) -> tuple[Outputs, Outputs]:
+    """(real outputs, fake outputs) from one call on the two (B, T) batches stacked.
+
+    Every layer acts on each sample alone (no batch statistics), so the outputs equal two calls'.
+    One call launches half the kernels, and the adversarial step on the H200 is bound by the host
+    launching them (docs/results/lite_gan/h200_profile_gan_step.json).
+    """
+    if real.shape != fake.shape:
+        raise ValueError(f"discriminate_pair: real {tuple(real.shape)} and fake {tuple(fake.shape)} differ")
+    outputs = discriminator(torch.cat([real, fake]))  # (2B, T) in
+    rows = real.shape[0]
+    return _rows(outputs, slice(None, rows)), _rows(outputs, slice(rows, None))
+
+
+@contextmanager
+def _frozen(module: nn.Module) -> Iterator[None]:
+    flags = [parameter.requires_grad for parameter in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter, flag in zip(module.parameters(), flags):
+            parameter.requires_grad_(flag)
+
+
+def generator_side_outputs(discriminator: HifiGanDiscriminator, real: torch.Tensor,
+                           fake: torch.Tensor) -> tuple[Outputs, Outputs]:
+    """(real outputs without gradient, fake outputs) for the generator's losses.
+
+    Only the discriminator's own loss updates it, so gradients of the generator's losses with
+    respect to its weights would be thrown away: the weights are frozen while these outputs are
+    recorded, and the backward pass skips every weight gradient. Each weight-normed weight is
+    computed once for both calls. ``fake`` keeps its graph: the generator learns through it.
+    """
+    with _frozen(discriminator), parametrize.cached():
+        with torch.no_grad():
+            real_outputs = discriminator(real)
+        return real_outputs, discriminator(fake)
 
 
 def discriminator_loss(real: list, fake: list) -> torch.Tensor:

@@ -51,7 +51,8 @@ from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts, 
 from models.piper.training.decoder_student import DISTILLATION_NOISE
 from models.piper.vits import PiperVits, hyperparams_from_dict
 from models.sampling import VitsSampling
-from models.training.discriminators import HifiGanDiscriminator, discriminator_loss, generator_losses
+from models.training.discriminators import (HifiGanDiscriminator, discriminate_pair, discriminator_loss,
+                                             generator_losses, generator_side_outputs)
 from models.training.losses import DistillationLoss, LossWeights
 from models.training.schedule import learning_rate
 from models.training.sharded_state import has_state, load_state, save_state
@@ -278,14 +279,13 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
             loss = parts["loss"] + latent_weight * parts["latent"]
             if discriminator is not None:
                 real = batch["audio"]  # (B, S * hop) the teacher's
-                parts["disc"] = discriminator_loss(discriminator(real), discriminator(audio.detach().float()))
+                parts["disc"] = discriminator_loss(*discriminate_pair(discriminator, real, audio.detach().float()))
                 d_optimizer.zero_grad(set_to_none=True)
                 parts["disc"].backward()
                 d_optimizer.step()
                 if step >= adversarial.discriminator_warmup_steps:
-                    with torch.no_grad():
-                        real_scores = discriminator(real)
-                    parts["adv"], parts["fm"] = generator_losses(real_scores, discriminator(audio.float()))
+                    parts["adv"], parts["fm"] = generator_losses(
+                        *generator_side_outputs(discriminator, real, audio.float()))
                     loss = (loss + adversarial.adversarial * parts["adv"]
                             + adversarial.feature_matching * parts["fm"])
             optimizer.zero_grad(set_to_none=True)
