@@ -26,6 +26,7 @@ from models.gpt_sovits.onnx_contract import (
     graph_contracts,
     refuse_dynamic_ops,
 )
+from models.gpt_sovits.onnx_decode import OnnxT2SDecoder
 from models.gpt_sovits.t2s_decode import choose_next_tokens, decode, step_candidates
 from models.gpt_sovits.tiny import tiny_voice
 
@@ -60,6 +61,7 @@ def sessions(contracts, tmp_path_factory):
             path = export_graph(contracts[name], folder / f"{name}.onnx")
             cache[name] = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), onnx.load(str(path)))
         return cache[name]
+    session.folder = folder  # where sessions(name) wrote {name}.onnx
     return session
 
 
@@ -168,6 +170,33 @@ def test_greedy_onnx_decode_gives_the_eager_decoders_tokens(voice, sessions):
         expected = decode(voice.t2s, row_ids, row_bert, prompt, sampling).tokens
         assert len(expected) > 11, "the check needs more than the EOS-blocked steps"
         assert torch.equal(got[row], expected), f"row {row}: {got[row].tolist()} != {expected.tolist()}"
+
+
+@pytest.fixture(scope="module")
+def onnx_decoder(voice, sessions):
+    for name in (PREFILL, DECODE_STEP):
+        sessions(name)
+    return OnnxT2SDecoder(sessions.folder / f"{PREFILL}.onnx", sessions.folder / f"{DECODE_STEP}.onnx", threads=1,
+                          eos_id=voice.t2s.config.eos_id)
+
+
+def test_onnx_decoder_gives_the_eager_decoders_tokens(voice, onnx_decoder):
+    """The CPU decoder the T2S benchmark times: greedy with repetition penalty, EOS rules included,
+    and with EOS suppressed as the benchmark decodes."""
+    (ids,), (bert,), prompt = _texts(voice, (11,), seed=8)
+    for sampling, eos_from_step in ((GptSovitsSampling.deterministic(max_tokens=STEPS), 11),
+                                    (GptSovitsSampling.deterministic(max_tokens=STEPS), STEPS)):
+        expected = decode(voice.t2s, ids, bert, prompt, sampling, eos_from_step=eos_from_step).tokens
+        got = onnx_decoder.decode(ids, bert, prompt, sampling, eos_from_step=eos_from_step)
+        assert len(expected) > 11, "the check needs more than the EOS-blocked steps"
+        assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
+    assert len(got) == STEPS
+
+
+def test_onnx_decoder_refuses_a_decode_longer_than_its_cache(voice, onnx_decoder):
+    (ids,), (bert,), prompt = _texts(voice, (11,), seed=8)
+    with pytest.raises(ValueError, match=r"need 520 cache positions; the prefill graph was exported with 256"):
+        onnx_decoder.decode(ids, bert, prompt, GptSovitsSampling.deterministic(max_tokens=500))
 
 
 def test_decode_step_never_reads_past_the_valid_length(contracts, sessions):
