@@ -1,8 +1,8 @@
 """T2S decode speed of GPT-SoVITS v2 at full size (random weights from the official manifest).
 
     PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --out $OUT/gpt_sovits_t2s_h200.json
-    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cpu --threads 2 --tokens 60 \\
-        --out docs/results/cpu_7_gpt_sovits_t2s.json
+    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cpu --threads 2 --tokens 60 --repeats 3 \\
+        --out docs/results/cpu_16_gpt_sovits_t2s.json
 
 Light on purpose (torch and numpy only): it runs on a bare GPU machine. Every request is a ~60
 position prefill (30 phonemes + 30 prompt tokens) and a fixed-length greedy decode with EOS
@@ -20,7 +20,8 @@ each section, so a run cut short still leaves what it measured.
 CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj, the
 packed q/k/v projection, out_proj, the feed-forward pair and the output head), the engine in FP32
 without graphs, and onnxruntime (the prefill and decode-step graphs exported from the eager port,
-decoded by models/gpt_sovits/onnx_decode.py), same run.
+decoded by models/gpt_sovits/onnx_decode.py), same run; each row the median of ``--repeats`` warm
+runs, one row after the other.
 """
 from __future__ import annotations
 
@@ -362,27 +363,32 @@ def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: d
     config, tokens = eager.config, args.tokens
     request = make_request(config, tokens, seed=1)
     rows = result["batch1"] = {}
-    time_eager(eager, make_request(config, 5, seed=99), "cpu")
-    eager_s, eager_tokens = time_eager(eager, request, "cpu")
-    rows["eager_fp32"] = {"end_to_end_tokens_per_s": round(tokens / eager_s, 2)}
+
+    def eager_row(model: Text2SemanticModel) -> tuple[dict, torch.Tensor]:
+        time_eager(model, make_request(config, 5, seed=99), "cpu")  # warm
+        runs = [time_eager(model, request, "cpu") for _ in range(args.repeats)]
+        seconds = [run[0] for run in runs]
+        return {"end_to_end_tokens_per_s": round(tokens / statistics.median(seconds), 2),
+                "runs_s": [round(s, 3) for s in seconds]}, runs[-1][1]
+
+    rows["eager_fp32"], eager_tokens = eager_row(eager)
     write(result, args.out)
     int8 = torch.ao.quantization.quantize_dynamic(eager, {torch.nn.Linear}, dtype=torch.qint8)
-    time_eager(int8, make_request(config, 5, seed=99), "cpu")
-    int8_s, int8_tokens = time_eager(int8, request, "cpu")
-    rows["eager_dynamic_int8"] = {"end_to_end_tokens_per_s": round(tokens / int8_s, 2),
-                                  "greedy_agreement_with_eager_fp32": agreement(int8_tokens, eager_tokens)}
+    rows["eager_dynamic_int8"], int8_tokens = eager_row(int8)
+    rows["eager_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(int8_tokens, eager_tokens)
     write(result, args.out)
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
     engine = T2SEngine(weights, max_batch=1, max_len=((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16)
-    row = bench_engine(engine, request, "cpu", repeats=1)
+    row = bench_engine(engine, request, "cpu", repeats=args.repeats)
     row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), eager_tokens)
     rows["engine_fp32_eager_steps"] = row
     write(result, args.out)
-    rows["onnxruntime_fp32"] = onnxruntime_row(eager, request, eager_tokens, args.threads)
+    rows["onnxruntime_fp32"] = onnxruntime_row(eager, request, eager_tokens, args.threads, args.repeats)
     write(result, args.out)
 
 
-def onnxruntime_row(eager: Text2SemanticModel, request: T2SRequest, eager_tokens: torch.Tensor, threads: int) -> dict:
+def onnxruntime_row(eager: Text2SemanticModel, request: T2SRequest, eager_tokens: torch.Tensor, threads: int,
+                    repeats: int) -> dict:
     """The prefill and decode-step graphs exported from ``eager`` and decoded in onnxruntime (CPU)."""
     # Imported here, not at the top: the exporter's packages are absent on the bare GPU machine,
     # whose sections never reach this row.
@@ -407,9 +413,11 @@ def onnxruntime_row(eager: Text2SemanticModel, request: T2SRequest, eager_tokens
         return time.perf_counter() - started, tokens
 
     run(5)  # warm: onnxruntime plans its buffers on the first runs
-    seconds, tokens = run(request.max_steps)
-    return {"end_to_end_tokens_per_s": round(request.max_steps / seconds, 2), "export_s": round(export_s, 1),
-            "max_len": max_len, "greedy_agreement_with_eager_fp32": agreement(tokens, eager_tokens)}
+    runs = [run(request.max_steps) for _ in range(repeats)]
+    seconds = [run[0] for run in runs]
+    return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
+            "runs_s": [round(s, 3) for s in seconds], "export_s": round(export_s, 1), "max_len": max_len,
+            "greedy_agreement_with_eager_fp32": agreement(runs[-1][1], eager_tokens)}
 
 
 def main() -> None:
