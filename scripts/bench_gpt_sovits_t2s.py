@@ -20,7 +20,7 @@ each section, so a run cut short still leaves what it measured.
 CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj, the
 packed q/k/v projection, out_proj, the feed-forward pair and the output head), the engine in FP32
 without graphs, and onnxruntime (the prefill and decode-step graphs exported from the eager port,
-decoded by models/gpt_sovits/onnx_decode.py), same run; each row the median of ``--repeats`` warm
+decoded by models/gpt_sovits/onnx_decode.py) as exported and with onnxruntime's dynamic INT8, same run; each row the median of ``--repeats`` warm
 runs, one row after the other.
 """
 from __future__ import annotations
@@ -383,41 +383,55 @@ def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: d
     row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), eager_tokens)
     rows["engine_fp32_eager_steps"] = row
     write(result, args.out)
-    rows["onnxruntime_fp32"] = onnxruntime_row(eager, request, eager_tokens, args.threads, args.repeats)
+    rows.update(onnxruntime_rows(eager, request, eager_tokens, args.threads, args.repeats))
     write(result, args.out)
 
 
-def onnxruntime_row(eager: Text2SemanticModel, request: T2SRequest, eager_tokens: torch.Tensor, threads: int,
-                    repeats: int) -> dict:
-    """The prefill and decode-step graphs exported from ``eager`` and decoded in onnxruntime (CPU)."""
-    # Imported here, not at the top: the exporter's packages are absent on the bare GPU machine,
-    # whose sections never reach this row.
+def onnxruntime_rows(eager: Text2SemanticModel, request: T2SRequest, eager_tokens: torch.Tensor, threads: int,
+                     repeats: int) -> dict:
+    """The prefill and decode-step graphs exported from ``eager`` and decoded in onnxruntime (CPU), as
+    exported (FP32) and with onnxruntime's dynamic INT8 on their MatMul weights."""
+    # Imported here, not at the top: the exporter's and quantizer's packages are absent on the bare
+    # GPU machine, whose sections never reach these rows.
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
     from export.onnx_export import export_graph
     from models.gpt_sovits.onnx_contract import DECODE_STEP, PREFILL, t2s_contracts
     from models.gpt_sovits.onnx_decode import CACHE_BUCKET, OnnxT2SDecoder
 
     max_len = -(-(PHONEMES + PROMPT_TOKENS + request.max_steps) // CACHE_BUCKET) * CACHE_BUCKET
-    with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
-        contracts = t2s_contracts(eager, max_len=max_len)
-        paths = {name: export_graph(contracts[name], Path(folder) / f"{name}.onnx") for name in (PREFILL, DECODE_STEP)}
-        export_s = time.perf_counter() - started
-        decoder = OnnxT2SDecoder(paths[PREFILL], paths[DECODE_STEP], threads, eager.config.eos_id)
     sampling = AutoregressiveSampling(top_k=request.top_k, top_p=request.top_p, temperature=request.temperature,
                                       repetition_penalty=request.repetition_penalty, max_tokens=request.max_steps)
 
-    def run(max_tokens: int) -> tuple[float, torch.Tensor]:
-        started = time.perf_counter()
-        tokens = decoder.decode(request.phoneme_ids, request.bert_features, request.prompt_tokens,
-                                dataclasses.replace(sampling, max_tokens=max_tokens), eos_from_step=max_tokens)
-        return time.perf_counter() - started, tokens
+    def measured(decoder: OnnxT2SDecoder) -> dict:
+        def run(max_tokens: int) -> tuple[float, torch.Tensor]:
+            started = time.perf_counter()
+            tokens = decoder.decode(request.phoneme_ids, request.bert_features, request.prompt_tokens,
+                                    dataclasses.replace(sampling, max_tokens=max_tokens), eos_from_step=max_tokens)
+            return time.perf_counter() - started, tokens
 
-    run(5)  # warm: onnxruntime plans its buffers on the first runs
-    runs = [run(request.max_steps) for _ in range(repeats)]
-    seconds = [run[0] for run in runs]
-    return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
-            "runs_s": [round(s, 3) for s in seconds], "export_s": round(export_s, 1), "max_len": max_len,
-            "greedy_agreement_with_eager_fp32": agreement(runs[-1][1], eager_tokens)}
+        run(5)  # warm: onnxruntime plans its buffers on the first runs
+        runs = [run(request.max_steps) for _ in range(repeats)]
+        seconds = [run[0] for run in runs]
+        return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
+                "runs_s": [round(s, 3) for s in seconds],
+                "greedy_agreement_with_eager_fp32": agreement(runs[-1][1], eager_tokens)}
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:
+        started = time.perf_counter()
+        contracts = t2s_contracts(eager, max_len=max_len)
+        fp32 = {name: export_graph(contracts[name], Path(folder) / f"{name}.onnx") for name in (PREFILL, DECODE_STEP)}
+        export_s = time.perf_counter() - started
+        int8 = {name: Path(folder) / f"{name}_int8.onnx" for name in fp32}
+        for name, path in fp32.items():
+            quantize_dynamic(path, int8[name], weight_type=QuantType.QInt8)
+        for row, paths in (("onnxruntime_fp32", fp32), ("onnxruntime_dynamic_int8", int8)):
+            decoder = OnnxT2SDecoder(paths[PREFILL], paths[DECODE_STEP], threads, eager.config.eos_id)
+            rows[row] = {**measured(decoder), "max_len": max_len,
+                         "graph_mib": round(sum(p.stat().st_size for p in paths.values()) / 2**20, 1)}
+    rows["onnxruntime_fp32"]["export_s"] = round(export_s, 1)
+    return rows
 
 
 def main() -> None:
