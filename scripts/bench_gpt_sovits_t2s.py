@@ -20,8 +20,8 @@ each section, so a run cut short still leaves what it measured.
 CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj, the
 packed q/k/v projection, out_proj, the feed-forward pair and the output head), the engine in FP32
 without graphs, and onnxruntime (the prefill and decode-step graphs exported from the eager port,
-decoded by models/gpt_sovits/onnx_decode.py) as exported and with onnxruntime's dynamic INT8, same run; each row the median of ``--repeats`` warm
-runs, one row after the other.
+decoded by models/gpt_sovits/onnx_decode.py) as exported and with onnxruntime's dynamic INT8, same
+run; each row the median of ``--repeats`` warm runs, one row after the other.
 """
 from __future__ import annotations
 
