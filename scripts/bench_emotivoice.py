@@ -19,7 +19,10 @@ Side by side in one process, median of warm runs:
   batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%); with
   ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``);
   with ``--fused-engine`` the FP16 engine with its vocoder as fused Triton convolutions and its mel
-  half compiled (``engine_graphs_fp16_fused``); ``--only-engines`` keeps the named ones (an A/B);
+  half compiled (``engine_graphs_fp16_fused``); with ``--lite-vocoder-engine`` the compiled FP16
+  engine with a HiFi-GAN of the Lite student's width, randomly initialised
+  (``engine_graphs_fp16_compiled_lite_vocoder``: what the distilled student costs, no SNR);
+  ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
   section runs first, in a process that has allocated nothing yet: engines measured before it left
@@ -58,6 +61,7 @@ random weights), batch 1, each stage alone and its share of the total:
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import math
@@ -78,6 +82,7 @@ from models.cuda_graphs import GraphCache, as_tuple
 from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, FrameStage, bucket_of
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.prompts import EMOTION_PROMPTS
+from models.emotivoice.vocoder_student import build_lite_vocoder
 from models.interface import SynthesisRequest, VoiceCondition
 
 SENTENCE_SYMBOLS = 43  # "今天天气很好，我们一起去公园散步。" through models/emotivoice/frontend.py
@@ -154,6 +159,15 @@ def build(device: str, dtype: torch.dtype, fold_weight_norm: bool, seed: int) ->
     if fold_weight_norm:
         generator = generator.inference_copy()
     return generator.to(device=device, dtype=dtype).eval()
+
+
+def with_lite_vocoder(generator: EmotiVoiceGenerator, seed: int) -> EmotiVoiceGenerator:
+    """A copy of ``generator`` whose HiFi-GAN is the Lite student's width (models/emotivoice/vocoder_student.py),
+    randomly initialised: what the distillation stage's student costs, not how it sounds."""
+    torch.manual_seed(seed)
+    lite = copy.deepcopy(generator)
+    lite.generator = build_lite_vocoder(generator.generator, {}).to(next(generator.parameters()).device).eval()
+    return lite
 
 
 def batch_section(args, dtype: torch.dtype) -> dict:
@@ -284,10 +298,11 @@ class EngineSpec(NamedTuple):
     conv_layout: str | None = None
     compile_frames: bool = False
     vocoder_kernels: str = "torch"
+    lite_vocoder: bool = False  # the Lite student's width (random weights: speed only, no SNR to report)
 
 
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
-                        "engine_graphs_fp16_fused")
+                        "engine_graphs_fp16_fused", "engine_graphs_fp16_compiled_lite_vocoder")
 E2E_SENTENCES = ("今天天气很好，我们一起去公园散步。", "The train to the coast leaves at a quarter past nine.")
 E2E_EMOTION = "开心"
 
@@ -402,6 +417,8 @@ def main() -> None:
                              "in batches of these sizes (sentences/s of a batcher that groups by length)")
     parser.add_argument("--compiled-engine", action="store_true", help="also the FP16 engine with its frame stage "
                         "compiled (CUDA only; a compile per frame bucket)")
+    parser.add_argument("--lite-vocoder-engine", action="store_true",
+                        help="also the compiled FP16 engine with the Lite student's vocoder width (random weights)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
     parser.add_argument("--only-engines", nargs="+", default=None,
@@ -467,6 +484,9 @@ def main() -> None:
             engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True)]
         if args.fused_engine:
             engines += [EngineSpec("engine_graphs_fp16_fused", True, half, compile_frames=True, vocoder_kernels="triton")]
+        if args.lite_vocoder_engine:
+            engines += [EngineSpec("engine_graphs_fp16_compiled_lite_vocoder", True, half, compile_frames=True,
+                                   lite_vocoder=True)]
     if args.only_engines is not None:
         unknown = set(args.only_engines) - {engine.name for engine in engines}
         if unknown:
@@ -475,9 +495,16 @@ def main() -> None:
     report["engines"] = {}
     for engine in engines:
         try:
-            report["engines"][engine.name] = engine_section(
-                args, fp32, engine.graphs, engine.frame_dtype, reference, engine.conv_layout, engine.compile_frames,
+            generator = with_lite_vocoder(fp32, args.seed) if engine.lite_vocoder else fp32
+            section = engine_section(
+                args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout, engine.compile_frames,
                 tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels)
+            if engine.lite_vocoder:  # another vocoder, randomly initialised: its audio has nothing to match
+                section["snr_vs_eager_fp32_db"] = None
+                section["vocoder"] = {"kind": "Lite student width (LiteVocoderConfig defaults), random weights",
+                                      "parameters": sum(p.numel() for p in generator.generator.parameters()),
+                                      "teacher_parameters": sum(p.numel() for p in fp32.generator.parameters())}
+            report["engines"][engine.name] = section
         except (RuntimeError, ValueError) as error:
             report["errors"][engine.name] = f"{type(error).__name__}: {error}"
         write(args.out, report)
