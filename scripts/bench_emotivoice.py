@@ -61,7 +61,6 @@ random weights), batch 1, each stage alone and its share of the total:
 from __future__ import annotations
 
 import argparse
-import copy
 import gc
 import json
 import math
@@ -164,10 +163,13 @@ def build(device: str, dtype: torch.dtype, fold_weight_norm: bool, seed: int) ->
 def with_lite_vocoder(generator: EmotiVoiceGenerator, seed: int) -> EmotiVoiceGenerator:
     """A copy of ``generator`` whose HiFi-GAN is the Lite student's width (models/emotivoice/vocoder_student.py),
     randomly initialised: what the distillation stage's student costs, not how it sounds."""
-    torch.manual_seed(seed)
-    lite = copy.deepcopy(generator)
-    lite.generator = build_lite_vocoder(generator.generator, {}).to(next(generator.parameters()).device).eval()
-    return lite
+    reference = next(generator.parameters())
+    with torch.random.fork_rng(devices=[]):  # the Lite vocoder's initial weights, the caller's RNG untouched
+        torch.manual_seed(seed)
+        lite = EmotiVoiceGenerator(generator.config)
+        lite.am.load_state_dict(generator.am.state_dict())
+        lite.generator = build_lite_vocoder(generator.generator, {})
+    return lite.to(device=reference.device, dtype=reference.dtype).eval()
 
 
 def batch_section(args, dtype: torch.dtype) -> dict:
@@ -497,7 +499,8 @@ def main() -> None:
         try:
             generator = with_lite_vocoder(fp32, args.seed) if engine.lite_vocoder else fp32
             section = engine_section(
-                args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout, engine.compile_frames,
+                args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout,
+                engine.compile_frames,
                 tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels)
             if engine.lite_vocoder:  # another vocoder, randomly initialised: its audio has nothing to match
                 section["snr_vs_eager_fp32_db"] = None

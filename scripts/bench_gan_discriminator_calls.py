@@ -7,8 +7,8 @@ the discriminator's update (its loss on the teacher's and the student's audio, b
 the generator's adversarial and feature-matching losses backward to the student's audio.
 ``separate``: four discriminator calls, the generator's losses collecting weight gradients that are
 thrown away. ``stacked``: the update's two calls as one (``discriminate_pair``) and the generator's
-side with the weights frozen (``generator_side_outputs``). The forms alternate round by round;
-each figure is a median over rounds, and on CUDA the kernel launches of one step are counted.
+side with the weights frozen (``generator_side_outputs``). Each round runs both forms, in
+alternating order; each figure is a median over rounds, and on CUDA the kernel launches of one step are counted.
 """
 from __future__ import annotations
 
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32, help="lite_training's GAN runs use 32")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=20, help="steps per round")
+    parser.add_argument("--warmup-steps", type=int, default=5, help="untimed steps of each form first")
     parser.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
@@ -93,10 +94,10 @@ def main() -> None:
         return (time.perf_counter() - started) / steps
 
     for name in FORMS:  # warm-up: cuDNN's algorithm choices, the allocator's pools
-        run(name, 3)
+        run(name, args.warmup_steps)
     seconds = {name: [] for name in FORMS}
-    for _ in range(args.rounds):
-        for name in FORMS:
+    for round_index in range(args.rounds):  # the order alternates, so neither form always runs first
+        for name in (FORMS if round_index % 2 == 0 else reversed(FORMS)):
             seconds[name].append(run(name, args.steps))
     launches = {}
     if device.type == "cuda":
@@ -110,7 +111,7 @@ def main() -> None:
                 "weights on the generator's side (scripts/bench_gan_discriminator_calls.py)",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else args.device,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "batch_size": args.batch_size,
-        "segment_samples": SEGMENT_SAMPLES, "rounds": args.rounds, "steps_per_round": args.steps,
+        "segment_samples": SEGMENT_SAMPLES, "rounds": args.rounds, "steps_per_round": args.steps, "warmup_steps": args.warmup_steps,
         "step_s_median": median, "step_s_rounds": seconds,
         "stacked_speedup": median["separate"] / median["stacked"],
         "kernel_launches_per_step": launches or None, "provenance": provenance(Path(__file__).resolve().parent.parent),

@@ -411,11 +411,11 @@ def onnxruntime_rows(eager: Text2SemanticModel, request: T2SRequest, eager_token
             return time.perf_counter() - started, tokens
 
         run(5)  # warm: onnxruntime plans its buffers on the first runs
-        runs = [run(request.max_steps) for _ in range(repeats)]
-        seconds = [run[0] for run in runs]
+        timed = [run(request.max_steps) for _ in range(repeats)]
+        seconds = [seconds for seconds, _ in timed]
         return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
                 "runs_s": [round(s, 3) for s in seconds],
-                "greedy_agreement_with_eager_fp32": agreement(runs[-1][1], eager_tokens)}
+                "greedy_agreement_with_eager_fp32": agreement(timed[-1][1], eager_tokens)}
 
     rows = {}
     with tempfile.TemporaryDirectory() as folder:

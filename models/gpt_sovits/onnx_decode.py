@@ -1,14 +1,15 @@
 """Text-to-semantic decoding of one utterance in onnxruntime, over the prefill and decode-step graphs
 of models/gpt_sovits/onnx_contract.py: the CPU path that needs no PyTorch model.
 
-    decoder = OnnxT2SDecoder("t2s_prefill.onnx", "t2s_decode_step.onnx", threads=2)
+    decoder = OnnxT2SDecoder("t2s_prefill.onnx", "t2s_decode_step.onnx", threads=2, eos_id=1024)
     tokens = decoder.decode(phoneme_ids, bert_features, prompt_tokens, sampling)   # as t2s_decode.decode
 
 The prefill's static cache (max_len positions) is cut once per utterance to the positions this
-decode can reach (text + prompt + max_tokens, rounded up to ``CACHE_BUCKET``), so a step attends
+decode can write (text + prompt + max_tokens - 1, rounded up to ``CACHE_BUCKET``), so a step attends
 those and not the whole static cache. Each step's new keys and values are written into it by
-index. Choosing a token uses the eager decoder's rules (``choose_next_tokens``, the EOS rules of
-``decode``), so greedy decoding gives the eager decoder's tokens (tests/models/gpt_sovits).
+index. Choosing a token uses the eager decoder's rules (``choose_next_tokens`` with the generator
+``sampling.seed`` gives, the EOS rules of ``decode``), so the tokens are the eager decoder's
+(tests/models/gpt_sovits/test_gpt_sovits_onnx.py).
 """
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ import onnxruntime as ort
 import torch
 
 from models.gpt_sovits.t2s_decode import (MIN_STEPS_BEFORE_EOS, check_max_tokens, check_prompt, choose_next_tokens,
-                                          step_candidates)
+                                          make_generator, step_candidates)
 from models.sampling import AutoregressiveSampling
 
-CACHE_BUCKET = 64  # cache positions are allocated in multiples of this
+CACHE_BUCKET = 64  # cache positions are kept in multiples of this
 
 
 def _session(path: str | Path, threads: int) -> ort.InferenceSession:
@@ -33,30 +34,38 @@ def _session(path: str | Path, threads: int) -> ort.InferenceSession:
 
 
 class OnnxT2SDecoder:
+    """The two T2S graphs in onnxruntime sessions on ``threads`` CPU threads; ``decode`` runs one utterance."""
+
     def __init__(self, prefill_path: str | Path, decode_step_path: str | Path, threads: int, eos_id: int):
         self.prefill = _session(prefill_path, threads)
         self.step = _session(decode_step_path, threads)
         self.eos_id = eos_id
 
-    def decode(self, phoneme_ids: torch.Tensor, bert_features: torch.Tensor, prompt_tokens: torch.Tensor,
-               sampling: AutoregressiveSampling, eos_from_step: int = MIN_STEPS_BEFORE_EOS,
-               generator: torch.Generator | None = None) -> torch.Tensor:
-        """Tokens (N,) for phoneme_ids (T,), bert_features (1024, T), prompt_tokens (T_prompt,)."""
+    def decode(self, phoneme_ids: torch.Tensor, bert_features: torch.Tensor, prompt_tokens: torch.Tensor | None,
+               sampling: AutoregressiveSampling, eos_from_step: int = MIN_STEPS_BEFORE_EOS) -> torch.Tensor:
+        """Tokens (N,) for phoneme_ids (T,), bert_features (1024, T), prompt_tokens (T_prompt,) or None
+        (reference-free)."""
         check_max_tokens(sampling)
         phoneme_ids = phoneme_ids.reshape(1, -1).long()  # (1, T)
-        prompt = prompt_tokens.reshape(1, -1).long()  # (1, T_prompt)
-        check_prompt(prompt, self.eos_id)
+        if prompt_tokens is None:
+            prompt = torch.zeros(1, 0, dtype=torch.long)
+        else:
+            prompt = prompt_tokens.reshape(1, -1).long()  # (1, T_prompt)
+            check_prompt(prompt, self.eos_id)
         logits, keys, values, lengths = self.prefill.run(None, {
             "phoneme_ids": phoneme_ids.numpy(),
             "bert_features": bert_features.reshape(1, bert_features.shape[-2], -1).float().numpy(),
             "text_lengths": np.array([phoneme_ids.shape[1]], np.int64),
             "prompt_tokens": prompt.numpy()})
-        reach = -(-(int(lengths[0]) + sampling.max_tokens) // CACHE_BUCKET) * CACHE_BUCKET
-        if reach > keys.shape[3]:
-            raise ValueError(f"text + prompt + max_tokens need {int(lengths[0]) + sampling.max_tokens} cache "
-                             f"positions; the prefill graph was exported with {keys.shape[3]}")
-        keys = np.ascontiguousarray(keys[:, :, :, :reach])  # (layers, 1, heads, positions, head_dim)
-        values = np.ascontiguousarray(values[:, :, :, :reach])
+        # Step s (from 0) writes position lengths + s; the last step that runs is max_tokens - 2.
+        written = int(lengths[0]) + sampling.max_tokens - 1
+        if written > keys.shape[3]:
+            raise ValueError(f"text + prompt + max_tokens - 1 = {written} cache positions; the prefill graph was "
+                             f"exported with {keys.shape[3]}")
+        cache_positions = min(-(-written // CACHE_BUCKET) * CACHE_BUCKET, keys.shape[3])
+        keys = np.ascontiguousarray(keys[:, :, :, :cache_positions])  # (layers, 1, heads, positions, head_dim)
+        values = np.ascontiguousarray(values[:, :, :, :cache_positions])
+        generator = make_generator(sampling, torch.device("cpu"))
         history = prompt
         for step in range(sampling.max_tokens):
             token, penalised = choose_next_tokens(step_candidates(torch.from_numpy(logits), step, eos_from_step),

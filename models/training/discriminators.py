@@ -113,9 +113,11 @@ def discriminate_pair(discriminator: HifiGanDiscriminator, real: torch.Tensor,
                       fake: torch.Tensor) -> tuple[Outputs, Outputs]:
     """(real outputs, fake outputs) from one call on the two (B, T) batches stacked.
 
-    Every layer acts on each sample alone (no batch statistics), so the outputs equal two calls'.
-    One call launches half the kernels, and the adversarial step on the H200 is bound by the host
-    launching them (docs/results/lite_gan/h200_profile_gan_step.json).
+    Every layer acts on each sample alone (weight-normed convolutions, padding, pooling, leaky ReLU:
+    no batch statistics), so the outputs equal two calls'. A layer with state updated per call
+    (spectral norm's power iteration) would break that. One call launches about half the kernels
+    (not counted yet), and the adversarial step on the H200 is bound by the host launching them
+    (docs/results/lite_gan/h200_profile_gan_step.json).
     """
     if real.shape != fake.shape:
         raise ValueError(f"discriminate_pair: real {tuple(real.shape)} and fake {tuple(fake.shape)} differ")
@@ -142,7 +144,8 @@ def generator_side_outputs(discriminator: HifiGanDiscriminator, real: torch.Tens
     Only the discriminator's own loss updates it, so gradients of the generator's losses with
     respect to its weights would be thrown away: the weights are frozen while these outputs are
     recorded, and the backward pass skips every weight gradient. Each weight-normed weight is
-    computed once for both calls. ``fake`` keeps its graph: the generator learns through it.
+    computed once for both calls: the cache is filled in the real call, under no_grad, which is right
+    only because the weights are frozen. ``fake`` keeps its graph: the generator learns through it.
     """
     with _frozen(discriminator), parametrize.cached():
         with torch.no_grad():

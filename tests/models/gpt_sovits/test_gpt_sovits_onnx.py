@@ -5,6 +5,8 @@ onnxruntime, against the eager model (models/gpt_sovits/onnx_contract.py).
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -25,6 +27,7 @@ from models.gpt_sovits.onnx_contract import (
     SOVITS_DECODER,
     graph_contracts,
     refuse_dynamic_ops,
+    t2s_contracts,
 )
 from models.gpt_sovits.onnx_decode import OnnxT2SDecoder
 from models.gpt_sovits.t2s_decode import choose_next_tokens, decode, step_candidates
@@ -32,7 +35,7 @@ from models.gpt_sovits.tiny import tiny_voice
 
 MAX_LEN = 256  # the prefill's static cache: room for the texts, prompt and steps below
 STEPS = 30
-CACHE_BUCKET = 96  # the decode step reads a length bucket of the static cache, not all of it
+DECODE_BUCKET = 96  # the batch decode below reads a length bucket of the static cache, not all of it
 
 
 def _peak_error(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -51,9 +54,14 @@ def contracts(voice):
 
 
 @pytest.fixture(scope="module")
-def sessions(contracts, tmp_path_factory):
-    """Exported lazily, once per graph: the SoVITS decoder alone takes most of a minute."""
-    folder = tmp_path_factory.mktemp("gpt_sovits_onnx")
+def onnx_folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("gpt_sovits_onnx")
+
+
+@pytest.fixture(scope="module")
+def sessions(contracts, onnx_folder):
+    """Exported lazily, once per graph, into ``onnx_folder``: the SoVITS decoder alone takes most of a minute."""
+    folder = onnx_folder
     cache = {}
 
     def session(name: str) -> tuple[ort.InferenceSession, onnx.ModelProto]:
@@ -61,7 +69,6 @@ def sessions(contracts, tmp_path_factory):
             path = export_graph(contracts[name], folder / f"{name}.onnx")
             cache[name] = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), onnx.load(str(path)))
         return cache[name]
-    session.folder = folder  # where sessions(name) wrote {name}.onnx
     return session
 
 
@@ -132,7 +139,7 @@ def _greedy_onnx(voice, sessions, ids, bert, prompt, sampling):
     prefill, _ = sessions(PREFILL)
     step, _ = sessions(DECODE_STEP)
     logits, keys, values, lengths = prefill.run(None, _prefill_feeds(ids, bert, prompt))
-    keys, values = np.ascontiguousarray(keys[:, :, :, :CACHE_BUCKET]), np.ascontiguousarray(values[:, :, :, :CACHE_BUCKET])
+    keys, values = np.ascontiguousarray(keys[:, :, :, :DECODE_BUCKET]), np.ascontiguousarray(values[:, :, :, :DECODE_BUCKET])
     batch, eos_id = len(ids), voice.t2s.config.eos_id
     history = [prompt.clone() for _ in range(batch)]
     finished = [False] * batch
@@ -173,30 +180,53 @@ def test_greedy_onnx_decode_gives_the_eager_decoders_tokens(voice, sessions):
 
 
 @pytest.fixture(scope="module")
-def onnx_decoder(voice, sessions):
+def onnx_decoder(voice, sessions, onnx_folder):
     for name in (PREFILL, DECODE_STEP):
         sessions(name)
-    return OnnxT2SDecoder(sessions.folder / f"{PREFILL}.onnx", sessions.folder / f"{DECODE_STEP}.onnx", threads=1,
+    return OnnxT2SDecoder(onnx_folder / f"{PREFILL}.onnx", onnx_folder / f"{DECODE_STEP}.onnx", threads=1,
                           eos_id=voice.t2s.config.eos_id)
 
 
-def test_onnx_decoder_gives_the_eager_decoders_tokens(voice, onnx_decoder):
-    """The CPU decoder the T2S benchmark times: greedy with repetition penalty, EOS rules included,
-    and with EOS suppressed as the benchmark decodes."""
+@pytest.mark.parametrize("sampling, eos_from_step", [
+    (GptSovitsSampling.deterministic(max_tokens=STEPS), STEPS),  # EOS suppressed, as the benchmark decodes
+    (GptSovitsSampling(top_k=15, seed=7, max_tokens=STEPS), 11),  # sampled from the request's seed
+], ids=["greedy", "top_k_seeded"])
+def test_onnx_decoder_gives_the_eager_decoders_tokens(voice, onnx_decoder, sampling, eos_from_step):
     (ids,), (bert,), prompt = _texts(voice, (11,), seed=8)
-    for sampling, eos_from_step in ((GptSovitsSampling.deterministic(max_tokens=STEPS), 11),
-                                    (GptSovitsSampling.deterministic(max_tokens=STEPS), STEPS)):
-        expected = decode(voice.t2s, ids, bert, prompt, sampling, eos_from_step=eos_from_step).tokens
-        got = onnx_decoder.decode(ids, bert, prompt, sampling, eos_from_step=eos_from_step)
-        assert len(expected) > 11, "the check needs more than the EOS-blocked steps"
+    for row_prompt in (prompt, None):  # with a reference prompt, and reference-free
+        expected = decode(voice.t2s, ids, bert, row_prompt, sampling, eos_from_step=eos_from_step).tokens
+        got = onnx_decoder.decode(ids, bert, row_prompt, sampling, eos_from_step=eos_from_step)
+        assert len(expected) == STEPS
         assert torch.equal(got, expected), f"{got.tolist()} != {expected.tolist()}"
-    assert len(got) == STEPS
+
+
+def test_onnx_decoder_stops_where_the_eager_decoder_chooses_eos(voice, tmp_path):
+    """A copy of the model whose head favours EOS: both decoders stop at the first step EOS is allowed."""
+    t2s = copy.deepcopy(voice.t2s)
+    weight = t2s.ar_predict_layer.weight
+    t2s.ar_predict_layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True)
+    with torch.no_grad():
+        t2s.ar_predict_layer.weight.copy_(weight)
+        t2s.ar_predict_layer.bias.zero_()
+        t2s.ar_predict_layer.bias[t2s.config.eos_id] = 1e3
+    contracts = t2s_contracts(t2s, max_len=MAX_LEN)
+    paths = [export_graph(contracts[name], tmp_path / f"{name}.onnx") for name in (PREFILL, DECODE_STEP)]
+    decoder = OnnxT2SDecoder(*paths, threads=1, eos_id=t2s.config.eos_id)
+    (ids,), (bert,), prompt = _texts(voice, (11,), seed=8)
+    sampling = GptSovitsSampling.deterministic(max_tokens=STEPS)
+    expected = decode(t2s, ids, bert, prompt, sampling)
+    assert expected.stopped_by == "eos" and len(expected.tokens) == 11
+    assert torch.equal(decoder.decode(ids, bert, prompt, sampling), expected.tokens)
 
 
 def test_onnx_decoder_refuses_a_decode_longer_than_its_cache(voice, onnx_decoder):
+    """20 text + prompt positions and 236 tokens fill the 256 exported positions; one more token does not fit."""
     (ids,), (bert,), prompt = _texts(voice, (11,), seed=8)
-    with pytest.raises(ValueError, match=r"need 520 cache positions; the prefill graph was exported with 256"):
-        onnx_decoder.decode(ids, bert, prompt, GptSovitsSampling.deterministic(max_tokens=500))
+    assert len(ids) + len(prompt) == 20
+    fits = onnx_decoder.decode(ids, bert, prompt, GptSovitsSampling.deterministic(max_tokens=237), eos_from_step=237)
+    assert len(fits) == 237
+    with pytest.raises(ValueError, match=r"= 257 cache positions; the prefill graph was exported with 256"):
+        onnx_decoder.decode(ids, bert, prompt, GptSovitsSampling.deterministic(max_tokens=238))
 
 
 def test_decode_step_never_reads_past_the_valid_length(contracts, sessions):
