@@ -23,7 +23,8 @@ How a caller runs the T2S graphs (batch B, rows right-padded to T_text):
    (length buckets up to the prefill's max_len).
 
 Choosing tokens (repetition penalty, top-k/top-p, EOS rules) stays with the caller
-(``models.gpt_sovits.t2s_decode.choose_next_tokens``), as in the eager decoder and the engine.
+(``models.gpt_sovits.t2s_decode.choose_next_tokens``), as in the eager decoder and the engine;
+models/gpt_sovits/onnx_decode.py is such a caller for one utterance in onnxruntime.
 
 ``sovits_decoder`` takes the reference embedding ``ge`` (B, 512, 1), not the spectrogram: ge is a
 property of the voice, computed once per reference clip (``sovits_reference_encoder``) and cached
