@@ -7,8 +7,8 @@ of models/gpt_sovits/onnx_contract.py: the CPU path that needs no PyTorch model.
 The prefill's static cache (max_len positions) is cut once per utterance to the positions this
 decode can write (text + prompt + max_tokens - 1, rounded up to ``CACHE_BUCKET``), so a step attends
 those and not the whole static cache. Each step's new keys and values are written into it by
-index. Choosing a token uses the eager decoder's rules (``choose_next_tokens`` with the generator
-``sampling.seed`` gives, the EOS rules of ``decode``), so the tokens are the eager decoder's
+index. Choosing tokens and stopping is the eager decoder's own loop (``t2s_decode.decode_steps``,
+with the generator ``sampling.seed`` gives), so the tokens are the eager decoder's
 (tests/models/gpt_sovits/test_gpt_sovits_onnx.py).
 """
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from models.gpt_sovits.t2s_decode import (MIN_STEPS_BEFORE_EOS, check_max_tokens, check_prompt, choose_next_tokens,
-                                          make_generator, step_candidates)
+from models.gpt_sovits.t2s_decode import (MIN_STEPS_BEFORE_EOS, check_max_tokens, check_prompt, decode_steps,
+                                          make_generator)
 from models.sampling import AutoregressiveSampling
 
 CACHE_BUCKET = 64  # cache positions are kept in multiples of this
@@ -65,21 +65,16 @@ class OnnxT2SDecoder:
         cache_positions = min(-(-written // CACHE_BUCKET) * CACHE_BUCKET, keys.shape[3])
         keys = np.ascontiguousarray(keys[:, :, :, :cache_positions])  # (layers, 1, heads, positions, head_dim)
         values = np.ascontiguousarray(values[:, :, :, :cache_positions])
-        generator = make_generator(sampling, torch.device("cpu"))
-        history = prompt
-        for step in range(sampling.max_tokens):
-            token, penalised = choose_next_tokens(step_candidates(torch.from_numpy(logits), step, eos_from_step),
-                                                  history, sampling, generator)
-            if int(token) == self.eos_id or int(penalised.argmax(dim=-1)) == self.eos_id:
-                break
-            history = torch.cat([history, token.view(1, 1)], dim=1)
-            if step + 1 == sampling.max_tokens:
-                break
-            position = int(lengths[0])
+
+        def next_logits(token: torch.Tensor, step: int) -> torch.Tensor:
             logits, new_keys, new_values = self.step.run(None, {
                 "token": token.view(1, 1).numpy(), "audio_position": np.array([prompt.shape[1] + step], np.int64),
                 "key_cache": keys, "value_cache": values, "cache_lengths": lengths})
-            keys[:, :, :, position] = new_keys[:, :, :, 0]  # (layers, 1, heads, head_dim)
-            values[:, :, :, position] = new_values[:, :, :, 0]
-            lengths = lengths + 1
+            keys[:, :, :, lengths[0]] = new_keys[:, :, :, 0]  # (layers, 1, heads, head_dim) at the next position
+            values[:, :, :, lengths[0]] = new_values[:, :, :, 0]
+            lengths[0] += 1
+            return torch.from_numpy(logits)
+
+        history, _, _ = decode_steps(torch.from_numpy(logits), next_logits, prompt, sampling, self.eos_id,
+                                     eos_from_step, make_generator(sampling, torch.device("cpu")))
         return history[0, prompt.shape[1]:]

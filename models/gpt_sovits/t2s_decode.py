@@ -17,7 +17,7 @@ Rules (the official ``infer_panel`` and ``infer_panel_batch_infer``):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -134,25 +134,41 @@ def decode(model: Text2SemanticModel, phoneme_ids: torch.Tensor, bert_features: 
         check_prompt(prompt, eos_id)
     logits, cache = model.prefill(model.embed_text(phoneme_ids, bert_features),
                                   None if prompt_tokens is None else model.embed_audio(prompt, 0))
-    generator = make_generator(sampling, device)
+
+    def next_logits(token: torch.Tensor, step: int) -> torch.Tensor:
+        nonlocal cache
+        logits, cache = model.decode_step(model.embed_audio(token.view(1, 1), prompt.shape[1] + step), cache)
+        return logits
+
+    recorded = [] if record_logits else None
+    history, stopped_by, step = decode_steps(logits, next_logits, prompt, sampling, eos_id, eos_from_step,
+                                             make_generator(sampling, device), recorded)
+    return T2SDecoded(prompt=prompt[0].cpu(), tokens=history[0, prompt.shape[1]:].cpu(),
+                      idx=0 if prompt_tokens is None else step, stopped_by=stopped_by,
+                      step_logits=torch.stack(recorded) if record_logits else None)
+
+
+def decode_steps(logits: torch.Tensor, next_logits: Callable[[torch.Tensor, int], torch.Tensor],
+                 prompt: torch.Tensor, sampling: AutoregressiveSampling, eos_id: int, eos_from_step: int,
+                 generator: torch.Generator | None,
+                 recorded: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, str, int]:
+    """The module docstring's choice and stop rules for one utterance, whatever runs the model:
+    ``logits`` (1, V) of the first step; ``next_logits(token (1,), step)`` runs step ``step``'s token
+    through the model and returns the next logits. Returns (history (1, T_prompt + n), stopped_by,
+    the step at the stop); ``recorded`` collects each step's raw logits when given."""
     history = prompt  # (1, T_prompt + tokens so far)
-    recorded = []
-    stopped_by = "max_tokens"
     for step in range(sampling.max_tokens):
-        if record_logits:
+        if recorded is not None:
             recorded.append(logits[0].float().cpu())
         token, penalised = choose_next_tokens(step_candidates(logits, step, eos_from_step), history, sampling,
                                               generator)
         history = torch.cat([history, token.view(1, 1)], dim=1)
         if int(token) == eos_id or int(penalised.argmax(dim=-1)) == eos_id:
-            history, stopped_by = history[:, :-1], "eos"
-            break
+            return history[:, :-1], "eos", step
         if step + 1 == sampling.max_tokens:
             break
-        logits, cache = model.decode_step(model.embed_audio(token.view(1, 1), prompt.shape[1] + step), cache)
-    return T2SDecoded(prompt=prompt[0].cpu(), tokens=history[0, prompt.shape[1]:].cpu(),
-                      idx=0 if prompt_tokens is None else step, stopped_by=stopped_by,
-                      step_logits=torch.stack(recorded) if record_logits else None)
+        logits = next_logits(token, step)
+    return history, "max_tokens", step
 
 
 @torch.inference_mode()
