@@ -26,7 +26,6 @@ run; each row the median of ``--repeats`` warm runs, one row after the other.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -34,6 +33,7 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -81,16 +81,39 @@ def agreement(tokens: torch.Tensor, reference: torch.Tensor) -> dict:
             "identical": first is None}
 
 
+def request_sampling(request: T2SRequest) -> AutoregressiveSampling:
+    """The engine request's decoding settings, for the decoders that take a Sampling."""
+    return AutoregressiveSampling(top_k=request.top_k, top_p=request.top_p, temperature=request.temperature,
+                                  repetition_penalty=request.repetition_penalty, max_tokens=request.max_steps)
+
+
+def decode_eager(model: Text2SemanticModel, request: T2SRequest) -> torch.Tensor:
+    """One whole eager decode of ``request`` (prefill included): its tokens."""
+    return decode(model, request.phoneme_ids, request.bert_features, request.prompt_tokens, request_sampling(request),
+                  eos_from_step=request.eos_from_step).tokens
+
+
 def time_eager(model: Text2SemanticModel, request: T2SRequest, device: str) -> tuple[float, torch.Tensor]:
     """Seconds for one whole eager decode (prefill included) of ``request`` and its tokens."""
-    sampling = AutoregressiveSampling(top_k=request.top_k, top_p=request.top_p, temperature=request.temperature,
-                                      repetition_penalty=request.repetition_penalty, max_tokens=request.max_steps)
     synchronize(device)
     start = time.perf_counter()
-    result = decode(model, request.phoneme_ids, request.bert_features, request.prompt_tokens, sampling,
-                    eos_from_step=request.eos_from_step)
+    tokens = decode_eager(model, request)
     synchronize(device)
-    return time.perf_counter() - start, result.tokens
+    return time.perf_counter() - start, tokens
+
+
+def cpu_row(decode_request: Callable[[T2SRequest], torch.Tensor], request: T2SRequest, warm_request: T2SRequest,
+            repeats: int) -> tuple[dict, torch.Tensor]:
+    """(end-to-end tokens/s of ``decode_request`` on ``request``: the median of ``repeats`` runs after one
+    decode of ``warm_request``, and the last run's tokens)."""
+    decode_request(warm_request)
+    seconds, tokens = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = decode_request(request)
+        seconds.append(time.perf_counter() - start)
+    return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
+            "runs_s": [round(s, 3) for s in seconds]}, tokens
 
 
 def engine_run(engine: T2SEngine, request: T2SRequest, device: str) -> tuple[float, float, torch.Tensor]:
@@ -362,33 +385,27 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
 def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: dict, result: dict) -> None:
     config, tokens = eager.config, args.tokens
     request = make_request(config, tokens, seed=1)
+    warm_request = make_request(config, 5, seed=99)
     rows = result["batch1"] = {}
-
-    def eager_row(model: Text2SemanticModel) -> tuple[dict, torch.Tensor]:
-        time_eager(model, make_request(config, 5, seed=99), "cpu")  # warm
-        runs = [time_eager(model, request, "cpu") for _ in range(args.repeats)]
-        seconds = [run[0] for run in runs]
-        return {"end_to_end_tokens_per_s": round(tokens / statistics.median(seconds), 2),
-                "runs_s": [round(s, 3) for s in seconds]}, runs[-1][1]
-
-    rows["eager_fp32"], eager_tokens = eager_row(eager)
+    rows["eager_fp32"], fp32_tokens = cpu_row(lambda r: decode_eager(eager, r), request, warm_request, args.repeats)
     write(result, args.out)
     int8 = torch.ao.quantization.quantize_dynamic(eager, {torch.nn.Linear}, dtype=torch.qint8)
-    rows["eager_dynamic_int8"], int8_tokens = eager_row(int8)
-    rows["eager_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(int8_tokens, eager_tokens)
+    rows["eager_dynamic_int8"], int8_tokens = cpu_row(lambda r: decode_eager(int8, r), request, warm_request,
+                                                      args.repeats)
+    rows["eager_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(int8_tokens, fp32_tokens)
     write(result, args.out)
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
     engine = T2SEngine(weights, max_batch=1, max_len=((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16)
     row = bench_engine(engine, request, "cpu", repeats=args.repeats)
-    row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), eager_tokens)
+    row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), fp32_tokens)
     rows["engine_fp32_eager_steps"] = row
     write(result, args.out)
-    rows.update(onnxruntime_rows(eager, request, eager_tokens, args.threads, args.repeats))
+    rows.update(onnxruntime_rows(eager, request, warm_request, fp32_tokens, args.threads, args.repeats))
     write(result, args.out)
 
 
-def onnxruntime_rows(eager: Text2SemanticModel, request: T2SRequest, eager_tokens: torch.Tensor, threads: int,
-                     repeats: int) -> dict:
+def onnxruntime_rows(eager: Text2SemanticModel, request: T2SRequest, warm_request: T2SRequest,
+                     fp32_tokens: torch.Tensor, threads: int, repeats: int) -> dict:
     """The prefill and decode-step graphs exported from ``eager`` and decoded in onnxruntime (CPU), as
     exported (FP32) and with onnxruntime's dynamic INT8 on their MatMul weights."""
     # Imported here, not at the top: the exporter's and quantizer's packages are absent on the bare
@@ -400,22 +417,12 @@ def onnxruntime_rows(eager: Text2SemanticModel, request: T2SRequest, eager_token
     from models.gpt_sovits.onnx_decode import CACHE_BUCKET, OnnxT2SDecoder
 
     max_len = -(-(PHONEMES + PROMPT_TOKENS + request.max_steps) // CACHE_BUCKET) * CACHE_BUCKET
-    sampling = AutoregressiveSampling(top_k=request.top_k, top_p=request.top_p, temperature=request.temperature,
-                                      repetition_penalty=request.repetition_penalty, max_tokens=request.max_steps)
 
     def measured(decoder: OnnxT2SDecoder) -> dict:
-        def run(max_tokens: int) -> tuple[float, torch.Tensor]:
-            started = time.perf_counter()
-            tokens = decoder.decode(request.phoneme_ids, request.bert_features, request.prompt_tokens,
-                                    dataclasses.replace(sampling, max_tokens=max_tokens), eos_from_step=max_tokens)
-            return time.perf_counter() - started, tokens
-
-        run(5)  # warm: onnxruntime plans its buffers on the first runs
-        timed = [run(request.max_steps) for _ in range(repeats)]
-        seconds = [seconds for seconds, _ in timed]
-        return {"end_to_end_tokens_per_s": round(request.max_steps / statistics.median(seconds), 2),
-                "runs_s": [round(s, 3) for s in seconds],
-                "greedy_agreement_with_eager_fp32": agreement(timed[-1][1], eager_tokens)}
+        row, tokens = cpu_row(lambda r: decoder.decode(r.phoneme_ids, r.bert_features, r.prompt_tokens,
+                                                       request_sampling(r), eos_from_step=r.eos_from_step),
+                              request, warm_request, repeats)
+        return {**row, "greedy_agreement_with_eager_fp32": agreement(tokens, fp32_tokens)}
 
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
