@@ -24,10 +24,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from core.atomic_io import write_text_atomic
 from core.revision import provenance
+from evaluate.kernel_launches import kernel_launches
 from models.training.discriminators import (HifiGanDiscriminator, discriminate_pair, discriminator_loss,
                                             generator_losses, generator_side_outputs)
 
-LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"})
 SEGMENT_SAMPLES = 32 * 256  # lite_training's segment: 32 frames at the Piper voice's hop
 
 
@@ -104,7 +104,7 @@ def main() -> None:
         for name in FORMS:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 run(name, 2)
-            launches[name] = sum(1 for event in prof.events() if event.name in LAUNCH_CALLS) / 2
+            launches[name] = kernel_launches(prof) / 2
     median = {name: statistics.median(values) for name, values in seconds.items()}
     result = {
         "what": "the adversarial step's discriminator work, separate calls against stacked calls with frozen "

@@ -22,13 +22,13 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from core.atomic_io import atomic_write
+from evaluate.kernel_launches import kernel_launches
 from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts
 from models.piper.training.lite_training import (
     AdversarialSettings, TeacherTargets, _teacher_from_bundle, train_lite)
 from models.training.losses import LossWeights
 
 
-LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"})
 
 
 def _synchronize() -> None:
@@ -86,7 +86,7 @@ def main() -> None:
     # such as Optimizer.step, whose device totals count the same kernels again.
     device_us = sum(event.device_time_total for event in prof.events()
                     if event.device_type == DeviceType.CUDA and not event.is_user_annotation)
-    launches = sum(1 for event in prof.events() if event.name in LAUNCH_CALLS)
+    launches = kernel_launches(prof)
     events = prof.key_averages()
     top = sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:25]
     result = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
