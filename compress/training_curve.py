@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"step {s.step:>6}  dnsmos_p808 {s.dnsmos_p808:.3f} (teacher {s.teacher_dnsmos_p808:.3f})  "
               f"mcd_db {s.mcd_db:.3f}  spk_sim {s.spk_sim:.3f}  ({s.sentences} sentences)", flush=True)
     chosen, meets = best_step(scores, args.min_spk_sim, args.max_mcd_db)
-    print(f"best: step {chosen.step} ({'meets' if meets else 'FAILS'} spk_sim >= {args.min_spk_sim}, "
-          f"mcd_db <= {args.max_mcd_db})")
+    failed = [rule for rule, held in ((f"spk_sim >= {args.min_spk_sim}", chosen.spk_sim >= args.min_spk_sim),
+                                      (f"mcd_db <= {args.max_mcd_db}", chosen.mcd_db <= args.max_mcd_db)) if not held]
+    print(f"best: step {chosen.step} ({'fails ' + ', '.join(failed) if failed else 'meets the constraints'})")
     mlflow.set_tracking_uri(args.tracking_uri)
     mlflow.set_experiment(args.experiment)
     with mlflow.start_run(run_name=args.run_name):
