@@ -14,12 +14,17 @@ Candidates (each built from the committed student, models/checkpoints/lite_joe_m
   that name), so the upsampling convs and the iSTFT head are blocks the sensitivity pass may quantize;
 * ``lite_poly_int8_durations_free``: the same, but blocks whose INT8 moves a phoneme duration
   (the text encoder's) may go INT8 too, if their MCD is under the bar;
+* ``lite_fastdur_ort`` (with ``--duration-student``): ``lite_ort`` with the teacher's stochastic
+  duration predictor replaced by a NoiseAffineDurationPredictor (models/piper/duration_student.py),
+  exported the same way; its durations differ from the teacher's, so its MCD is DTW-aligned;
 * ``lite_torch`` / ``lite_torch_bf16``: the PyTorch student, fp32 and with its decoder's trunk under
   bf16 autocast (oneDNN: AVX512-BF16 / AMX; conv_post and the iSTFT head stay fp32); with
   ``--torch-compile`` also ``lite_torch_compile`` and ``lite_torch_compile_bf16``: the decoder
   through torch.compile (inductor, CPU).
 
-Quality: MCD and speaker similarity of each candidate against ``lite_ort`` on the first
+``--candidates`` builds and times only the named ones (``original_onnx`` and ``lite_ort`` always).
+
+Quality: DNSMOS P.808 of each candidate, MCD and speaker similarity against ``lite_ort`` on the first
 ``--quality-sentences`` eval sentences (sentence i draws noise from seed i), and how many
 phoneme durations differ. Speed: the first ``--speed-sentences`` eval sentences, each
 run on every variant back to back in rotating order (``speed``), ``--rounds`` times; the ratio to
@@ -51,13 +56,15 @@ from compress.int8_onnxruntime import Int8OrtSettings
 from compress.registration import GRAPH_ARTIFACT
 from compress.variants import StageContext, Variant
 from core.atomic_io import write_text_atomic
+from evaluate.dnsmos import dnsmos_p808
 from evaluate.mcd import mel_cepstral_distortion
-from evaluate.memory import file_size_mb
+from evaluate.memory import file_size_mb, parameter_count, state_dict_size_mb
 from evaluate.speaker import speaker_similarity
 from export.rewrites.polyphase_conv_transpose import polyphase_conv_transpose
 from export.settings import EngineSettings, ExportSettings
 from export.variant_export import export_variant
 from models.interface import SynthesisRequest
+from models.piper.duration_student import duration_student_card, load_duration_student
 from models.registry import get_family
 from texts import load_sentences
 
@@ -68,7 +75,7 @@ TORCH_PHASE_SUFFIX = "@torch_phase"  # the rows of the onnxruntime yardsticks ti
 PAIRS = (  # (baseline, candidate) compared run against adjacent run, within one speed phase
     ("lite_ort", "lite_poly_ort"), ("lite_ort", "lite_int8"), ("lite_ort", "lite_poly_int8"),
     ("lite_int8", "lite_poly_int8"), ("lite_poly_int8", "lite_poly_int8_durations_free"),
-    ("lite_torch", "lite_torch_bf16"), ("lite_poly_int8@torch_phase", "lite_torch_bf16"),
+    ("lite_torch", "lite_torch_bf16"), ("lite_ort", "lite_fastdur_ort"), ("lite_poly_int8@torch_phase", "lite_torch_bf16"),
     ("lite_poly_int8@torch_phase", "lite_torch_compile_bf16"),
 )
 
@@ -140,18 +147,35 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
     teacher_model = family.load_teacher(args.voice, args.cache_dir)
     teacher = Variant("teacher", teacher_model, "torch", "cpu", 0.0, 0.0)
     lite = distil.build(teacher, distil.DistilSettings(checkpoint=CHECKPOINT), context("lite"))
-    graph_dir = work_dir / "graphs" / "lite"
-    graph = graph_dir / "lite.simplified.onnx"
-    if not graph.is_file():
-        graph_dir.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        report = export_variant("lite", lite.model, graph_dir, calibration,
-                                ExportSettings(check_tensorrt_readiness=False),
-                                EngineSettings(build_tensorrt=False))
-        notes["export"] = {"seconds": time.perf_counter() - start, "parity": report.parity}
-        graph = Path(report.simplified_path)
-    lite.artifacts[GRAPH_ARTIFACT] = graph
-    variants["lite_ort"] = onnxruntime_variant.build(lite, None, context("lite_ort"))
+
+    def exported(variant: Variant, name: str) -> Variant:
+        """``variant`` in onnxruntime, through the pipeline's export (a graph already there is reused)."""
+        graph_dir = work_dir / "graphs" / name
+        graph = graph_dir / f"{variant.name}.simplified.onnx"
+        if not graph.is_file():
+            graph_dir.mkdir(parents=True, exist_ok=True)
+            start = time.perf_counter()
+            report = export_variant(variant.name, variant.model, graph_dir, calibration,
+                                    ExportSettings(check_tensorrt_readiness=False),
+                                    EngineSettings(build_tensorrt=False))
+            notes[f"export_{name}"] = {"seconds": time.perf_counter() - start, "parity": report.parity}
+            graph = Path(report.simplified_path)
+        variant.artifacts[GRAPH_ARTIFACT] = graph
+        return onnxruntime_variant.build(variant, None, context(f"{name}_ort"))
+
+    variants["lite_ort"] = exported(lite, "lite")
+    graph = lite.artifacts[GRAPH_ARTIFACT]
+    if args.duration_student:
+        fastdur = copy.deepcopy(lite.model)
+        fastdur.replace_part("duration", load_duration_student(fastdur.model.hp, args.duration_student))
+        fastdur_variant = Variant("lite_fastdur", fastdur, "torch", "cpu", parameter_count(fastdur) / 1e6,
+                                  state_dict_size_mb(fastdur))
+        variants["lite_fastdur_ort"] = exported(fastdur_variant, "lite_fastdur")
+        notes["duration_student"] = {"path": str(args.duration_student),
+                                     "card": duration_student_card(args.duration_student)}
+    if args.candidates is not None:
+        kept = {"original_onnx", "lite_ort", *args.candidates}
+        return {name: variant for name, variant in variants.items() if name in kept}, notes
 
     poly_graph = work_dir / "graphs" / "lite_poly.onnx"
     rewritten, rewrite_report = polyphase_conv_transpose(onnx.load(str(graph)))
@@ -201,11 +225,11 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
 
 
 def quality(variants: dict[str, Variant], requests: list[SynthesisRequest]) -> dict[str, dict]:
-    """MCD, speaker similarity and changed durations of every variant against ``lite_ort``, same noise."""
+    """DNSMOS; MCD, speaker similarity and changed durations of every variant against ``lite_ort``, same noise."""
     references = [variants[QUALITY_REFERENCE].model.synthesize(request) for request in requests]
     rows = {}
     for name, variant in variants.items():
-        mcds_db, similarities, duration_changes = [], [], 0
+        mcds_db, similarities, mos, duration_changes = [], [], [], 0
         for request, reference in zip(requests, references):
             result = variant.model.synthesize(request)
             length = int(result.audio_lengths[0])
@@ -214,9 +238,10 @@ def quality(variants: dict[str, Variant], requests: list[SynthesisRequest]) -> d
                                                    sample_rate_hz=reference.sample_rate_hz))
             similarities.append(speaker_similarity(result.audio[0, :length], reference_audio,
                                                    reference.sample_rate_hz))
+            mos.append(dnsmos_p808(result.audio[0, :length], reference.sample_rate_hz))
             if result.durations.shape == reference.durations.shape:
                 duration_changes += int((result.durations != reference.durations).sum())
-        rows[name] = {"mcd_db": float(np.mean(mcds_db)), "mcd_max_db": float(np.max(mcds_db)),
+        rows[name] = {"dnsmos_p808": float(np.mean(mos)), "mcd_db": float(np.mean(mcds_db)), "mcd_max_db": float(np.max(mcds_db)),
                       "spk_sim": float(np.mean(similarities)), "spk_sim_min": float(np.min(similarities)),
                       "duration_changes": duration_changes}
     return rows
@@ -300,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=20)  # onnxruntime phase: about 5 s a round
     parser.add_argument("--torch-rounds", type=int, default=5)  # torch phase: slower, and far noisier on shared cores
     parser.add_argument("--torch-compile", action="store_true", help="also time the decoder through torch.compile")
+    parser.add_argument("--duration-student", type=Path,
+                        help="a NoiseAffineDurationPredictor (models/piper/training/duration_training.py): adds lite_fastdur_ort")
+    parser.add_argument("--candidates", nargs="+", help="build and time only these (with original_onnx and lite_ort)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     family = get_family("piper")
@@ -322,9 +350,11 @@ def main(argv: list[str] | None = None) -> None:
     # both spin-wait after a call, and on two shared cores one engine's spinning threads slow the
     # other's next call, so the onnxruntime candidates are compared among themselves without torch.
     # The torch phase times the pipeline's INT8 Lite graph again, as the cross-engine yardstick.
-    phases = {"onnxruntime": [name for name, v in variants.items() if v.engine == "onnxruntime"],
-              "torch": ["original_onnx", "lite_poly_int8"]
-              + [name for name, v in variants.items() if v.engine == "torch"]}
+    phases = {"onnxruntime": [name for name, v in variants.items() if v.engine == "onnxruntime"]}
+    torch_candidates = [name for name, v in variants.items() if v.engine == "torch"]
+    if torch_candidates:
+        phases["torch"] = ["original_onnx", *(["lite_poly_int8"] if "lite_poly_int8" in variants else []),
+                           *torch_candidates]
     speed_rows = {}
     for phase, names in phases.items():
         rows = speed({name: variants[name] for name in names}, speed_requests,

@@ -25,7 +25,7 @@ from core.atomic_io import atomic_write
 from evaluate.kernel_launches import kernel_launches
 from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts
 from models.piper.training.lite_training import (
-    AdversarialSettings, TeacherTargets, _teacher_from_bundle, train_lite)
+    AdversarialSettings, TeacherTargets, load_training_bundle, train_lite)
 from models.training.losses import LossWeights
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--revision", default="unknown", help="the commit profiled (the GPU machine has no .git)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    bundle, teacher = _teacher_from_bundle(Path(args.bundle))
+    bundle, teacher = load_training_bundle(Path(args.bundle))
     student = LiteStudent(*build_lite_parts(teacher.hp, LiteStudentConfig()).values())
     student.load_state_dict(load_file(args.init), strict=True)
     targets = TeacherTargets(teacher, bundle["phoneme_ids"], args.batch_size, 32, 0, args.device)

@@ -355,7 +355,7 @@ def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, ca
 
 
 def _train(args: argparse.Namespace) -> None:
-    bundle, teacher = _teacher_from_bundle(Path(args.bundle))
+    bundle, teacher = load_training_bundle(Path(args.bundle))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # No cudnn.benchmark: sentence lengths change every step, and re-tuning each new shape held
     # the first H200 run to 1.3-2.8 steps/s.
@@ -392,7 +392,7 @@ def _train(args: argparse.Namespace) -> None:
         print(f"wrote {args.export}")
 
 
-def _teacher_from_bundle(bundle_dir: Path) -> tuple[dict, PiperVits]:
+def load_training_bundle(bundle_dir: Path) -> tuple[dict, PiperVits]:
     bundle = json.loads((bundle_dir / "bundle.json").read_text(encoding="utf-8"))
     teacher = PiperVits(hyperparams_from_dict(bundle["hyperparams"]))
     teacher.load_state_dict({k: v.float() for k, v in load_file(str(bundle_dir / "teacher.safetensors")).items()})
@@ -414,7 +414,7 @@ def _student_from(args: argparse.Namespace, teacher: PiperVits) -> tuple[LiteStu
 
 
 def _eval(args: argparse.Namespace) -> None:
-    bundle, teacher = _teacher_from_bundle(Path(args.bundle))
+    bundle, teacher = load_training_bundle(Path(args.bundle))
     student, _, step = _student_from(args, teacher)
     step = step if args.step is None else args.step
     path = Path(args.out) / f"eval_step{step:06d}.npz"
@@ -423,7 +423,7 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _export(args: argparse.Namespace) -> None:
-    _, teacher = _teacher_from_bundle(Path(args.bundle))
+    _, teacher = load_training_bundle(Path(args.bundle))
     student, config, step = _student_from(args, teacher)
     card = json.loads(args.card) if args.card else {}
     save_student(student, config, Path(args.out), {"steps": step, "state": str(args.checkpoint), **card})
