@@ -1,8 +1,9 @@
 """A duration predictor for the Lite student that costs a fraction of the teacher's stochastic one.
 
 Piper's stochastic duration predictor turns noise into log-durations through three spline coupling
-layers, each with its own three-layer convolution stack: in onnxruntime on 2 CPU threads it is about
-a sixth of the Lite student's kernel time (docs/benchmarks.md, the student's profile). This module
+layers, each with its own three-layer convolution stack: 549 of the Lite student's graph nodes, 14 %
+of its kernel time in onnxruntime's profiler, but only about 5 % of its wall time (docs/benchmarks.md:
+the profiler's cost per node inflates scopes of many small nodes). This module
 keeps the predictor's conditioning trunk (its ``pre``, ``convs``, ``proj`` and speaker ``cond``,
 initialised from the teacher's) and replaces the flows by their first-order form in the noise:
 
