@@ -17,7 +17,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import export.tensorrt_engine as tensorrt_engine
-from export.onnx_export import export_decoder, export_graph
+from export.onnx_export import export_decoder
 from export.settings import TensorRTSettings
 from export.tensorrt_engine import (EXIT_CANNOT_RUN, EXIT_UNAVAILABLE, RESULT_SUFFIX, build_engine, import_backend,
                                     layers_from_log, runtime_support)
@@ -142,14 +142,14 @@ def test_original_style_graph_is_refused_by_the_parser_at_nonzero(backend, tmp_p
     assert "/dp/flows.7/NonZero" in result.reason and "NonZero plugin" in result.reason, result.reason
 
 
-@pytest.mark.slow  # the tiny synthesizer's dynamo export alone takes ~17 s on 2 cores
-def test_piper_synthesizer_as_one_graph_is_refused_at_the_frame_range(backend, tmp_path):
+@pytest.mark.slow  # the tiny synthesizer's dynamo export alone takes ~17 s on 2 cores (shared: conftest.py)
+def test_piper_synthesizer_as_one_graph_is_refused_at_the_frame_range(backend, tmp_path, exported_once):
     """What the real builder says of our one-graph Piper synthesizer, verbatim: its frame count is a
     shape computed from float values (durations scaled by ``scales``), and TensorRT computes shapes
     from input shapes and integer inputs only. The pair split at the durations builds instead
     (tests/models/piper/test_tensorrt_pair.py). When the graph changes, this test says so."""
     voice = tiny_voice()
-    graph = export_graph(family_of(voice).graph_contracts(voice)["synthesizer"], tmp_path / "synthesizer.onnx")
+    graph = exported_once(family_of(voice).graph_contracts(voice)["synthesizer"])
     settings = TensorRTSettings(axis_ranges={"batch_size": [1, 1, 2], "phonemes": [2, 16, 32], "frames": [2, 64, 512]})
     result = build_engine(graph, tmp_path / "synthesizer.plan", settings)
     assert result.status == "failed", "our synthesizer graph now builds: update docs/benchmarks.md and this test"

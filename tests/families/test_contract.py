@@ -15,7 +15,6 @@ import torch
 from fastapi.testclient import TestClient
 
 from conftest import compose_config
-from export.onnx_export import export_graph
 from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
 from models.registry import FAMILIES
@@ -116,14 +115,15 @@ def _peak_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual - expected).max()) / max(peak, 1e-12) if expected.size else 0.0
 
 
-def test_every_graph_exports_and_onnxruntime_matches_its_module(family, model, tmp_path):
+def test_every_graph_exports_and_onnxruntime_matches_its_module(family, model, exported_once):
     """Every graph a family declares exports; onnxruntime on its example inputs gives what the
-    module gives (within 1e-4 of each output's peak)."""
+    module gives (within 1e-4 of each output's peak). A graph another test of this run exported from
+    the same contract is read, not exported again (conftest.py ``exported_once``)."""
     assert family.graph_contracts is not None, f"family {family.name} declares no ONNX graph"
     contracts = family.graph_contracts(model)
     assert contracts, f"family {family.name} declares an empty set of graphs"
     for name, contract in contracts.items():
-        path = export_graph(contract, tmp_path / f"{name}.onnx")
+        path = exported_once(contract)
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         feeds = {key: value.numpy() for key, value in contract.example_inputs.items()}
         got = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
@@ -142,7 +142,7 @@ def test_every_graph_exports_and_onnxruntime_matches_its_module(family, model, t
                 assert _peak_error(actual, reference) <= 1e-4, f"{name}.{output}: {_peak_error(actual, reference):.2e}"
 
 
-def test_the_end_to_end_graph_speaks_as_the_model(family, model, tmp_path):
+def test_the_end_to_end_graph_speaks_as_the_model(family, model, exported_once):
     """A family with one end-to-end graph (``SYNTHESIZER``): run in onnxruntime on the contract's
     feeds for a request, it gives the model's audio (and durations) for the same request."""
     contracts = family.graph_contracts(model)
@@ -150,12 +150,12 @@ def test_the_end_to_end_graph_speaks_as_the_model(family, model, tmp_path):
         assert family.capabilities.autoregressive, f"family {family.name} is not autoregressive yet has no {SYNTHESIZER} graph"
         pytest.skip(f"{family.name} decodes tokens step by step: its graphs are checked one by one above")
     contract = contracts[SYNTHESIZER]
-    export_graph(contract, tmp_path / f"{SYNTHESIZER}.onnx")
+    path = exported_once(contract)
     utterances = model.text_to_utterances(SENTENCES)
     request = SynthesisRequest.from_utterances(utterances, sampling=family.sampling(seed=7),
                                                voice=contract.example_voice)
     expected = model.synthesize(request)
-    session = ort.InferenceSession(str(tmp_path / f"{SYNTHESIZER}.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     outputs = dict(zip(contract.output_names, session.run(None, contract.feeds(request))))
     audio = outputs[contract.audio_output].reshape(len(utterances), -1)
     for row, waveform in enumerate(expected.waveforms()):

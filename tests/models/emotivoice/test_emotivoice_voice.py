@@ -8,7 +8,6 @@ import pytest
 import torch
 import yaml
 
-from export.onnx_export import export_graph
 from models.emotivoice.family import FAMILY
 from models.emotivoice.symbols import synthetic_tokenlist
 from models.emotivoice.tiny import TINY_BERT, tiny_voice
@@ -136,12 +135,12 @@ def test_released_file_layout_loads_and_speaks(voice, tmp_path):
         load_voice(EmotiVoiceFiles(tmp_path / "not_a_generator", tmp_path / "checkpoint_163431", tmp_path))
 
 
-def test_synthesizer_graph_speaks_as_the_model(voice, tmp_path):
+def test_synthesizer_graph_speaks_as_the_model(voice, exported_once):
     contract = FAMILY.graph_contracts(voice)[SYNTHESIZER]
-    export_graph(contract, tmp_path / "synthesizer.onnx")
+    path = exported_once(contract)
     request = _request(voice, "The quick brown fox jumps. 今天天气很好。", emotion="恐惧")
     expected = voice.synthesize(request)
-    session = ort.InferenceSession(str(tmp_path / "synthesizer.onnx"), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     outputs = dict(zip(contract.output_names, session.run(None, contract.feeds(request))))
     assert np.array_equal(outputs["durations"], expected.durations.numpy())
     for row, waveform in enumerate(expected.waveforms()):

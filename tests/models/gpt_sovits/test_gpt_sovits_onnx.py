@@ -54,19 +54,21 @@ def contracts(voice):
 
 
 @pytest.fixture(scope="module")
-def onnx_folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("gpt_sovits_onnx")
+def graph_path(contracts, exported_once):
+    """A graph's file, exported lazily and once per test run (conftest.py ``exported_once``): the SoVITS
+    decoder alone takes most of a minute, and tests/families/test_contract.py checks the same graphs
+    (all but the prefill, whose cache length differs there)."""
+    return lambda name: exported_once(contracts[name])
 
 
 @pytest.fixture(scope="module")
-def sessions(contracts, onnx_folder):
-    """Exported lazily, once per graph, into ``onnx_folder``: the SoVITS decoder alone takes most of a minute."""
-    folder = onnx_folder
+def sessions(graph_path):
+    """Opened lazily, once per graph."""
     cache = {}
 
     def session(name: str) -> tuple[ort.InferenceSession, onnx.ModelProto]:
         if name not in cache:
-            path = export_graph(contracts[name], folder / f"{name}.onnx")
+            path = graph_path(name)
             cache[name] = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), onnx.load(str(path)))
         return cache[name]
     return session
@@ -180,11 +182,8 @@ def test_greedy_onnx_decode_gives_the_eager_decoders_tokens(voice, sessions):
 
 
 @pytest.fixture(scope="module")
-def onnx_decoder(voice, sessions, onnx_folder):
-    for name in (PREFILL, DECODE_STEP):
-        sessions(name)
-    return OnnxT2SDecoder(onnx_folder / f"{PREFILL}.onnx", onnx_folder / f"{DECODE_STEP}.onnx", threads=1,
-                          eos_id=voice.t2s.config.eos_id)
+def onnx_decoder(voice, graph_path):
+    return OnnxT2SDecoder(graph_path(PREFILL), graph_path(DECODE_STEP), threads=1, eos_id=voice.t2s.config.eos_id)
 
 
 @pytest.mark.parametrize("sampling, eos_from_step", [

@@ -12,7 +12,6 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from export.onnx_export import export_graph
 from models.kokoro.cpu_graph import FusedAdaINResBlock1, cpu_model
 from models.kokoro.layers import AdaINResBlock1, set_statistics_dtype
 from models.kokoro.onnx_contract import (
@@ -81,10 +80,10 @@ def test_statistics_dtype_and_graph_variant_are_checked():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", [v for v in GRAPH_VARIANTS if v != "reference"])
-def test_float32_variants_export_without_float64_and_run_as_their_module(variant, tmp_path):
+def test_float32_variants_export_without_float64_and_run_as_their_module(variant, exported_once):
     torch.set_num_threads(1)
     contract = synthesizer_contract(tiny_voice(0), variant)
-    path = export_graph(contract, tmp_path / f"{variant}.onnx")
+    path = exported_once(contract)  # "cpu", the family's default, is read by other files too
     graph = onnx.shape_inference.infer_shapes(onnx.load(str(path))).graph
     tensors = [*graph.input, *graph.output, *graph.value_info]
     assert not [t.name for t in tensors if t.type.tensor_type.elem_type == onnx.TensorProto.DOUBLE]

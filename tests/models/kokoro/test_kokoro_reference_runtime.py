@@ -14,7 +14,6 @@ import torch
 
 from compress.run_config import settings_from_config
 from core.config import ConfigError
-from export.onnx_export import export_graph
 from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest
 from models.kokoro.family import FAMILY
@@ -125,12 +124,12 @@ def test_shipped_graph_speaks_a_batch_as_its_items_alone():
 
 
 @pytest.mark.slow
-def test_a_contract_graph_speaks_as_the_voice(tmp_path):
+def test_a_contract_graph_speaks_as_the_voice(exported_once):
     """load_graph on an exported tiny synthesizer: the audio and durations KokoroVoice.synthesize
     gives for a padded batch with the source noise on, and the feeds calibration replays."""
     torch.set_num_threads(1)
     voice = tiny_voice(0)
-    path = export_graph(graph_contracts(voice)[SYNTHESIZER], tmp_path / "synthesizer.onnx")
+    path = exported_once(graph_contracts(voice)[SYNTHESIZER])
     runtime = FAMILY.reference.load_graph("jf_alpha", 1, path)
     runtime.style_pack, runtime.hop_length = voice.style_pack, voice.hop_length  # the tiny voice's own
     utterances = [u for text in ("The fox jumps.", "Where did Kenji leave his lantern?") for u in voice.text_to_utterances(text)]

@@ -159,8 +159,12 @@ def test_lite_stages_in_the_pipeline(debug_config, teacher):
     lite_slim (its encoder's feed-forward layers pruned) -> its graph in onnxruntime, one debug run."""
     from compress.pipeline import run
 
+    # Scored on MCD alone, the one quality figure asserted, and timed once, not re-timed in rounds:
+    # DNSMOS, speaker similarity and the interleaved speed rounds took a tenth of this run and no
+    # assertion reads them; every variant stays eligible, so the champion is still deployed.
     resolved = debug_config("variants=[teacher,lite,lite_ort,lite_int8,lite_slim,lite_slim_ort]",
-                            "export.enabled=true", "data.max_eval_sentences=1", "export.parity_sentences=1")
+                            "export.enabled=true", "data.max_eval_sentences=1", "export.parity_sentences=1",
+                            "evaluate.metrics=[mcd]", "evaluate.speed_rounds=0", "selection.constraints=[]")
     rows = run(settings_from_config(resolved), resolved)
     assert list(rows) == ["teacher", "lite", "lite_ort", "lite_int8", "lite_slim", "lite_slim_ort"]
     # The exported Lite graph matches PyTorch (fp32 budget: 1e-4 of the peak, same durations) ...
