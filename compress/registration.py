@@ -108,6 +108,9 @@ def register_champion(selection: Selection, variant_artifacts: dict[str, dict[st
         model_info = mlflow.onnx.log_model(
             onnx.load(str(source_graph)), name="champion", registered_model_name=model_name,
             save_as_external_data=False,  # one self-contained file, as serve and onnxruntime load it
+            # What a graph needs is onnx and onnxruntime at these versions; stating them skips
+            # MLflow's inference, which loads the model again in a subprocess (about 9 s a run).
+            pip_requirements=mlflow.onnx.get_default_pip_requirements(),
             tags={"variant": deployed},
         )
     version = str(model_info.registered_model_version)
