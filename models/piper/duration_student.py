@@ -24,23 +24,18 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from core.atomic_io import atomic_write
-from models.piper.vits import DilatedDepthSeparableConv, StochasticDurationPredictor, VitsHyperParams
+from models.piper.vits import DurationConditioning, StochasticDurationPredictor, VitsHyperParams
 
 NOISE_CHANNELS = 2  # the teacher's duration noise is (B, 2, T_text)
 DURATION_STUDENT_KIND = "noise_affine_duration_predictor"
 
 
-class NoiseAffineDurationPredictor(nn.Module):
+class NoiseAffineDurationPredictor(DurationConditioning):
     """(B, C, T_text) text encoding, (B, 2, T_text) pre-scaled noise -> (B, 1, T_text) log-durations."""
 
     def __init__(self, hp: VitsHyperParams):
-        super().__init__()
-        c = hp.dp_filter_channels
-        self.pre = nn.Conv1d(hp.hidden_channels, c, 1)
-        self.convs = DilatedDepthSeparableConv(c, hp.dp_kernel_size, n_layers=3)
-        self.proj = nn.Conv1d(c, c, 1)
-        self.cond = nn.Conv1d(hp.speaker_channels, c, 1) if hp.num_speakers > 1 else None
-        self.head = nn.Conv1d(c, 1 + NOISE_CHANNELS, 1)  # mean and one slope per noise channel
+        super().__init__(hp)
+        self.head = nn.Conv1d(hp.dp_filter_channels, 1 + NOISE_CHANNELS, 1)  # mean and one slope per noise channel
 
     @classmethod
     def from_teacher(cls, hp: VitsHyperParams, teacher: StochasticDurationPredictor) -> "NoiseAffineDurationPredictor":
@@ -58,11 +53,7 @@ class NoiseAffineDurationPredictor(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor,
                 g: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, C, T); mask: (B, 1, T); noise: (B, 2, T) already scaled by noise_scale_w."""
-        h = self.pre(x)  # (B, c, T)
-        if g is not None and self.cond is not None:
-            h = h + self.cond(g)
-        h = self.proj(self.convs(h, mask)) * mask
-        out = self.head(h)  # (B, 3, T)
+        out = self.head(self.conditioning(x, mask, g))  # (B, 3, T)
         return (out[:, :1] + (out[:, 1:] * noise).sum(dim=1, keepdim=True)) * mask  # (B, 1, T)
 
 

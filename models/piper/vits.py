@@ -248,12 +248,9 @@ class ElementwiseAffine(nn.Module):
         return (z - self.m) * torch.exp(-self.logs) * mask
 
 
-class StochasticDurationPredictor(nn.Module):
-    """Reverse flow from (scaled) noise to log-durations, conditioned on the text encoding.
-
-    ``flows`` lists only the layers inference runs, in the order they run: the affine layer's
-    inverse comes last; a channel flip precedes every spline layer.
-    """
+class DurationConditioning(nn.Module):
+    """The text (and speaker) conditioning trunk of a duration predictor: ``pre``, ``convs``, ``proj``
+    and ``cond``, named as in Piper checkpoints so that predictors built on it load their weights."""
 
     def __init__(self, hp: VitsHyperParams):
         super().__init__()
@@ -262,6 +259,24 @@ class StochasticDurationPredictor(nn.Module):
         self.convs = DilatedDepthSeparableConv(c, hp.dp_kernel_size, n_layers=3)
         self.proj = nn.Conv1d(c, c, 1)
         self.cond = nn.Conv1d(hp.speaker_channels, c, 1) if hp.num_speakers > 1 else None
+
+    def conditioning(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+        """x: (B, C, T) text encoding -> (B, c, T) features, zero where ``mask`` (B, 1, T) is."""
+        x = self.pre(x)
+        if g is not None and self.cond is not None:
+            x = x + self.cond(g)
+        return self.proj(self.convs(x, mask)) * mask
+
+
+class StochasticDurationPredictor(DurationConditioning):
+    """Reverse flow from (scaled) noise to log-durations, conditioned on the text encoding.
+
+    ``flows`` lists only the layers inference runs, in the order they run: the affine layer's
+    inverse comes last; a channel flip precedes every spline layer.
+    """
+
+    def __init__(self, hp: VitsHyperParams):
+        super().__init__(hp)
         self.spline_flows = nn.ModuleList(ConvFlow(hp) for _ in range(hp.dp_flows - 1))
         self.affine = ElementwiseAffine(2)
 
@@ -269,10 +284,7 @@ class StochasticDurationPredictor(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor, noise: torch.Tensor, g: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x: (B, C, T); noise: (B, 2, T) already scaled. Returns log-durations (B, 1, T)."""
-        x = self.pre(x)
-        if g is not None and self.cond is not None:
-            x = x + self.cond(g)
-        x = self.proj(self.convs(x, mask)) * mask
+        x = self.conditioning(x, mask, g)
         z = noise
         for spline in self.spline_flows:
             z = spline.reverse(torch.flip(z, [1]), mask, x)
