@@ -83,9 +83,16 @@ def eval_files(directory: Path) -> list[Path]:
     return files
 
 
+def failed_constraints(score: StepScore, min_spk_sim: float, max_mcd_db: float) -> list[str]:
+    """The constraints ``score`` misses, as readable rules (empty: it meets them)."""
+    checks = ((f"spk_sim >= {min_spk_sim}", score.spk_sim >= min_spk_sim),
+              (f"mcd_db <= {max_mcd_db}", score.mcd_db <= max_mcd_db))
+    return [rule for rule, held in checks if not held]
+
+
 def best_step(scores: list[StepScore], min_spk_sim: float, max_mcd_db: float) -> tuple[StepScore, bool]:
     """(the chosen step, whether it meets the constraints); the rule is the module docstring's."""
-    eligible = [s for s in scores if s.spk_sim >= min_spk_sim and s.mcd_db <= max_mcd_db]
+    eligible = [s for s in scores if not failed_constraints(s, min_spk_sim, max_mcd_db)]
     if eligible:
         return max(eligible, key=lambda s: s.dnsmos_p808), True
     return max(scores, key=lambda s: s.spk_sim), False
@@ -111,8 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"step {s.step:>6}  dnsmos_p808 {s.dnsmos_p808:.3f} (teacher {s.teacher_dnsmos_p808:.3f})  "
               f"mcd_db {s.mcd_db:.3f}  spk_sim {s.spk_sim:.3f}  ({s.sentences} sentences)", flush=True)
     chosen, meets = best_step(scores, args.min_spk_sim, args.max_mcd_db)
-    failed = [rule for rule, held in ((f"spk_sim >= {args.min_spk_sim}", chosen.spk_sim >= args.min_spk_sim),
-                                      (f"mcd_db <= {args.max_mcd_db}", chosen.mcd_db <= args.max_mcd_db)) if not held]
+    failed = failed_constraints(chosen, args.min_spk_sim, args.max_mcd_db)
     print(f"best: step {chosen.step} ({'fails ' + ', '.join(failed) if failed else 'meets the constraints'})")
     mlflow.set_tracking_uri(args.tracking_uri)
     mlflow.set_experiment(args.experiment)

@@ -16,7 +16,8 @@ Candidates (each built from the committed student, models/checkpoints/lite_joe_m
   (the text encoder's) may go INT8 too, if their MCD is under the bar;
 * ``lite_fastdur_ort`` (with ``--duration-student``): ``lite_ort`` with the teacher's stochastic
   duration predictor replaced by a NoiseAffineDurationPredictor (models/piper/duration_student.py),
-  exported the same way; its durations differ from the teacher's, so its MCD is DTW-aligned;
+  exported the same way; its durations differ from the teacher's, so where its frame count differs
+  its MCD is DTW-aligned;
 * ``lite_torch`` / ``lite_torch_bf16``: the PyTorch student, fp32 and with its decoder's trunk under
   bf16 autocast (oneDNN: AVX512-BF16 / AMX; conv_post and the iSTFT head stay fp32); with
   ``--torch-compile`` also ``lite_torch_compile`` and ``lite_torch_compile_bf16``: the decoder
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -71,6 +73,8 @@ from texts import load_sentences
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CHECKPOINT = "models/checkpoints/lite_joe_medium.safetensors"
 QUALITY_REFERENCE = "lite_ort"
+OPTIONAL_CANDIDATES = ("lite_fastdur_ort", "lite_poly_ort", "lite_int8", "lite_poly_int8", "lite_poly_int8_durations_free",
+                       "lite_torch", "lite_torch_bf16", "lite_torch_compile", "lite_torch_compile_bf16")
 TORCH_PHASE_SUFFIX = "@torch_phase"  # the rows of the onnxruntime yardsticks timed again in the torch phase
 PAIRS = (  # (baseline, candidate) compared run against adjacent run, within one speed phase
     ("lite_ort", "lite_poly_ort"), ("lite_ort", "lite_int8"), ("lite_ort", "lite_poly_int8"),
@@ -148,8 +152,12 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
     teacher = Variant("teacher", teacher_model, "torch", "cpu", 0.0, 0.0)
     lite = distil.build(teacher, distil.DistilSettings(checkpoint=CHECKPOINT), context("lite"))
 
+    def wanted(name: str) -> bool:
+        return args.candidates is None or name in args.candidates
+
     def exported(variant: Variant, name: str) -> Variant:
-        """``variant`` in onnxruntime, through the pipeline's export (a graph already there is reused)."""
+        """``variant`` in onnxruntime, through the pipeline's export; a graph already in ``name``'s
+        folder is reused, so ``name`` must change whenever the variant's weights do."""
         graph_dir = work_dir / "graphs" / name
         graph = graph_dir / f"{variant.name}.simplified.onnx"
         if not graph.is_file():
@@ -161,29 +169,28 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
             notes[f"export_{name}"] = {"seconds": time.perf_counter() - start, "parity": report.parity}
             graph = Path(report.simplified_path)
         variant.artifacts[GRAPH_ARTIFACT] = graph
-        return onnxruntime_variant.build(variant, None, context(f"{name}_ort"))
+        return onnxruntime_variant.build(variant, None, context(f"{name}_ort"), variant_name=f"{variant.name}_ort")
 
     variants["lite_ort"] = exported(lite, "lite")
     graph = lite.artifacts[GRAPH_ARTIFACT]
-    if args.duration_student:
+    if args.duration_student and wanted("lite_fastdur_ort"):
         fastdur = copy.deepcopy(lite.model)
         fastdur.replace_part("duration", load_duration_student(fastdur.model.hp, args.duration_student))
         fastdur_variant = Variant("lite_fastdur", fastdur, "torch", "cpu", parameter_count(fastdur) / 1e6,
                                   state_dict_size_mb(fastdur))
-        variants["lite_fastdur_ort"] = exported(fastdur_variant, "lite_fastdur")
+        student_digest = hashlib.sha256(args.duration_student.read_bytes()).hexdigest()[:12]
+        variants["lite_fastdur_ort"] = exported(fastdur_variant, f"lite_fastdur_{student_digest}")
         notes["duration_student"] = {"path": str(args.duration_student),
                                      "card": duration_student_card(args.duration_student)}
-    if args.candidates is not None:
-        kept = {"original_onnx", "lite_ort", *args.candidates}
-        return {name: variant for name, variant in variants.items() if name in kept}, notes
 
-    poly_graph = work_dir / "graphs" / "lite_poly.onnx"
-    rewritten, rewrite_report = polyphase_conv_transpose(onnx.load(str(graph)))
-    onnx.save(rewritten, str(poly_graph))
-    notes["polyphase_rewrite"] = rewrite_report
-    poly_model = reference.load_graph(args.voice, threads, poly_graph)
-    variants["lite_poly_ort"] = Variant("lite_poly_ort", poly_model, "onnxruntime", "cpu",
-                                        poly_model.num_parameters / 1e6, file_size_mb(poly_graph))
+    if wanted("lite_poly_ort"):
+        poly_graph = work_dir / "graphs" / "lite_poly.onnx"
+        rewritten, rewrite_report = polyphase_conv_transpose(onnx.load(str(graph)))
+        onnx.save(rewritten, str(poly_graph))
+        notes["polyphase_rewrite"] = rewrite_report
+        poly_model = reference.load_graph(args.voice, threads, poly_graph)
+        variants["lite_poly_ort"] = Variant("lite_poly_ort", poly_model, "onnxruntime", "cpu",
+                                            poly_model.num_parameters / 1e6, file_size_mb(poly_graph))
 
     int8_settings = Int8OrtSettings(calibration_sentences=args.calibration_sentences)
     # (name, int8_onnxruntime.build's polyphase_conv_transpose, settings): the pipeline's lite_int8 and
@@ -198,6 +205,8 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
          "lite_poly_int8"),
     )
     for name, polyphase, settings, stage_dir in int8_candidates:
+        if not wanted(name):
+            continue
         start = time.perf_counter()
         variants[name] = int8_onnxruntime.build(variants["lite_ort"], settings, context(stage_dir), variant_name=name,
                                                 polyphase_conv_transpose=polyphase)
@@ -209,15 +218,20 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
                   | {"int8": row["block"] not in fp32_blocks} for row in table]
         notes[name] = {"build_s": time.perf_counter() - start, "stage_metrics": variants[name].stage_metrics,
                        "stage_tags": variants[name].stage_tags, "sensitivity": blocks}
-    for name in ("lite_ort", "lite_poly_ort", *(candidate[0] for candidate in int8_candidates)):
-        notes.setdefault(name, {})["op_counts"] = graph_op_counts(variants[name].model.graph_path)
+    for name, variant in variants.items():
+        if variant.engine == "onnxruntime" and name != "original_onnx":
+            notes.setdefault(name, {})["op_counts"] = graph_op_counts(variant.model.graph_path)
 
-    variants["lite_torch"] = lite
+    if wanted("lite_torch"):
+        variants["lite_torch"] = lite
     bf16 = copy.deepcopy(lite.model)
     bf16.replace_part("decoder", bf16_decoder_trunk(bf16.parts()["decoder"]))
-    variants["lite_torch_bf16"] = Variant("lite_torch_bf16", bf16, "torch", "cpu", lite.params_m, lite.size_mb)
+    if wanted("lite_torch_bf16"):
+        variants["lite_torch_bf16"] = Variant("lite_torch_bf16", bf16, "torch", "cpu", lite.params_m, lite.size_mb)
     if args.torch_compile:  # the decoder through inductor's CPU code generation, fp32 and under bf16 autocast
         for name, model in (("lite_torch_compile", lite.model), ("lite_torch_compile_bf16", bf16)):
+            if not wanted(name):
+                continue
             compiled = copy.deepcopy(model)
             compiled.replace_part("decoder", torch.compile(compiled.parts()["decoder"], dynamic=True))
             variants[name] = Variant(name, compiled, "torch", "cpu", lite.params_m, lite.size_mb)
@@ -327,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--torch-compile", action="store_true", help="also time the decoder through torch.compile")
     parser.add_argument("--duration-student", type=Path,
                         help="a NoiseAffineDurationPredictor (models/piper/training/duration_training.py): adds lite_fastdur_ort")
-    parser.add_argument("--candidates", nargs="+", help="build and time only these (with original_onnx and lite_ort)")
+    parser.add_argument("--candidates", nargs="+", choices=OPTIONAL_CANDIDATES,
+                        help="build and time only these (with original_onnx and lite_ort)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     family = get_family("piper")

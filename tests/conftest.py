@@ -58,7 +58,13 @@ def _contract_digest(contract) -> str:
         settings = {key: value for key, value in vars(module).items() if not key.startswith("_")
                     and isinstance(value, (bool, int, float, str, tuple, torch.dtype, type(None)))}
         digest.update(f"{type(module).__qualname__}{sorted(settings.items(), key=str)}".encode())
-    for name, tensor in [*contract.module.state_dict().items(), *contract.example_inputs.items()]:
+    # Parameters and every buffer (non-persistent ones too: bases, position tables), tensors kept as
+    # plain attributes, and the example inputs.
+    tensors = [*contract.module.named_parameters(), *contract.module.named_buffers()]
+    for module_name, module in contract.module.named_modules():
+        tensors += [(f"{module_name}.{key}", value) for key, value in vars(module).items()
+                    if isinstance(value, torch.Tensor) and not key.startswith("_")]
+    for name, tensor in [*tensors, *contract.example_inputs.items()]:
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     digest.update(repr((contract.input_names, contract.output_names, contract.input_axes, contract.output_axes,

@@ -11,7 +11,8 @@ initialised from the teacher's) and replaces the flows by their first-order form
 
 fitted to the teacher's log-durations on the same noise (models/piper/training/duration_training.py).
 It takes the teacher's call signature, noise included, so a graph feeds it exactly what it fed the
-teacher, ``noise_scale_w`` keeps its meaning, and at zero noise it predicts the teacher's durations.
+teacher and ``noise_scale_w`` keeps its meaning. One head serves every noise scale, so it is closest
+to the teacher near the scale it is used at (its card: 3.7 % length error at 0.8, 7.7 % at zero noise).
 """
 from __future__ import annotations
 

@@ -22,20 +22,11 @@ import torch
 from torch.nn import functional as F
 
 from models.piper.duration_student import NoiseAffineDurationPredictor, save_duration_student
-from models.piper.training.lite_training import load_training_bundle
+from models.piper.training.lite_training import load_training_bundle, padded_batch
 from models.piper.vits import PiperVits
 
 DEFAULT_NOISE_SCALE_W = 0.8  # Piper voices' inference setting
 RESAMPLED_NOISE_OFFSET = 1_000_000  # seeds far from the eval's, for the teacher-against-itself yardstick
-
-
-def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phoneme ids (B, T_text) zero-padded, and their lengths (B,)."""
-    lengths = torch.tensor([len(ids) for ids in sequences])
-    ids = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = torch.tensor(sequence)
-    return ids, lengths
 
 
 @torch.no_grad()

@@ -79,6 +79,15 @@ class PriorTap(nn.Module):
         return self.flow.reverse(z, mask, g)
 
 
+def padded_batch(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phoneme ids (B, T_text) zero-padded, and their lengths (B,)."""
+    lengths = torch.tensor([len(ids) for ids in sequences])
+    ids = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+    return ids, lengths
+
+
 class TeacherTargets:
     """Batch ``step`` of teacher targets; a function of (seed, step) alone, so training resumes exactly."""
 
@@ -98,10 +107,7 @@ class TeacherTargets:
     def batch(self, step: int) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng([self.seed, step])
         chosen = [self.phoneme_ids[i] for i in rng.choice(len(self.phoneme_ids), size=self.batch_size)]
-        lengths = torch.tensor([len(ids) for ids in chosen])
-        phoneme_ids = torch.zeros(len(chosen), int(lengths.max()), dtype=torch.long)  # (B, T_text)
-        for row, ids in enumerate(chosen):
-            phoneme_ids[row, : len(ids)] = torch.tensor(ids)
+        phoneme_ids, lengths = padded_batch(chosen)  # (B, T_text), (B,)
         # Noise drawn where the teacher runs: the prior noise is a large tensor (B, C_lat, 16 T_text),
         # and drawing it on the CPU every step took longer than the step itself on the H200.
         generator = torch.Generator(self.device).manual_seed(int(rng.integers(2**31)))
