@@ -112,5 +112,23 @@ def test_refuses_files_that_are_not_a_duration_student(teacher, tmp_path):
     save_file({"x": torch.zeros(1)}, str(path), metadata={"kind": "something_else"})
     with pytest.raises(ValueError, match="expected 'noise_affine_duration_predictor'"):
         load_duration_student(teacher.hp, path)
+
+
+def test_training_refuses_zero_steps_and_no_data(teacher):
     with pytest.raises(ValueError, match="steps >= 1"):
         train_duration_student(teacher, [[1, 2]], steps=0)
+    with pytest.raises(ValueError, match="training sequences"):
+        train_duration_student(teacher, [], steps=5)
+
+
+def test_a_multi_speaker_student_is_conditioned_on_the_speaker():
+    teacher = tiny_vits(num_speakers=2, seed=5)
+    student = NoiseAffineDurationPredictor.from_teacher(teacher.hp, teacher.dp)
+    torch.testing.assert_close(student.cond.weight, teacher.dp.cond.weight, rtol=0, atol=0)
+    torch.nn.init.normal_(student.head.weight)
+    hidden, mask, noise = torch.randn(1, teacher.hp.hidden_channels, 6), torch.ones(1, 1, 6), torch.zeros(1, 2, 6)
+    speakers = teacher.emb_g(torch.tensor([0, 1])).unsqueeze(-1)  # (2, C_g, 1)
+    first, second = (student(hidden, mask, noise, speakers[i : i + 1]) for i in range(2))
+    assert not torch.allclose(first, second)
+    trained, summary = train_duration_student(teacher, _sequences(16, teacher.hp.num_symbols), steps=5, log_every=0)
+    assert summary["steps"] == 5 and trained.cond is not None
