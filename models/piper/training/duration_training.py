@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 
 from models.piper.duration_student import NoiseAffineDurationPredictor, save_duration_student
 from models.piper.training.lite_training import load_training_bundle, padded_batch
