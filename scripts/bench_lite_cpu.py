@@ -155,9 +155,14 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
     def wanted(name: str) -> bool:
         return args.candidates is None or name in args.candidates
 
-    def exported(variant: Variant, name: str) -> Variant:
-        """``variant`` in onnxruntime, through the pipeline's export; a graph already in ``name``'s
-        folder is reused, so ``name`` must change whenever the variant's weights do."""
+    def exported(variant: Variant) -> Variant:
+        """``variant`` in onnxruntime, through the pipeline's export. The graph's folder is named by a
+        digest of the variant's weights, so a graph already there is reused only for the same weights."""
+        digest = hashlib.sha256()
+        for key, tensor in variant.model.state_dict().items():
+            digest.update(key.encode())
+            digest.update(tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        name = f"{variant.name}_{digest.hexdigest()[:12]}"
         graph_dir = work_dir / "graphs" / name
         graph = graph_dir / f"{variant.name}.simplified.onnx"
         if not graph.is_file():
@@ -171,15 +176,14 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
         variant.artifacts[GRAPH_ARTIFACT] = graph
         return onnxruntime_variant.build(variant, None, context(f"{name}_ort"), variant_name=f"{variant.name}_ort")
 
-    variants["lite_ort"] = exported(lite, "lite")
+    variants["lite_ort"] = exported(lite)
     graph = lite.artifacts[GRAPH_ARTIFACT]
     if args.duration_student and wanted("lite_fastdur_ort"):
         fastdur = copy.deepcopy(lite.model)
         fastdur.replace_part("duration", load_duration_student(fastdur.model.hp, args.duration_student))
         fastdur_variant = Variant("lite_fastdur", fastdur, "torch", "cpu", parameter_count(fastdur) / 1e6,
                                   state_dict_size_mb(fastdur))
-        student_digest = hashlib.sha256(args.duration_student.read_bytes()).hexdigest()[:12]
-        variants["lite_fastdur_ort"] = exported(fastdur_variant, f"lite_fastdur_{student_digest}")
+        variants["lite_fastdur_ort"] = exported(fastdur_variant)
         notes["duration_student"] = {"path": str(args.duration_student),
                                      "card": duration_student_card(args.duration_student)}
 
@@ -224,8 +228,10 @@ def build_candidates(args: argparse.Namespace, family, calibration: list) -> tup
 
     if wanted("lite_torch"):
         variants["lite_torch"] = lite
-    bf16 = copy.deepcopy(lite.model)
-    bf16.replace_part("decoder", bf16_decoder_trunk(bf16.parts()["decoder"]))
+    bf16 = None
+    if wanted("lite_torch_bf16") or (args.torch_compile and wanted("lite_torch_compile_bf16")):
+        bf16 = copy.deepcopy(lite.model)
+        bf16.replace_part("decoder", bf16_decoder_trunk(bf16.parts()["decoder"]))
     if wanted("lite_torch_bf16"):
         variants["lite_torch_bf16"] = Variant("lite_torch_bf16", bf16, "torch", "cpu", lite.params_m, lite.size_mb)
     if args.torch_compile:  # the decoder through inductor's CPU code generation, fp32 and under bf16 autocast

@@ -29,8 +29,6 @@ from models.piper.training.lite_training import (
 from models.training.losses import LossWeights
 
 
-
-
 def _synchronize() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -101,10 +101,10 @@ def train_duration_student(teacher: PiperVits, phoneme_ids: list[list[int]], ste
 
 
 @torch.no_grad()
-def duration_agreement(teacher: PiperVits, student: torch.nn.Module, phoneme_ids: list[list[int]],
+def duration_agreement(teacher: PiperVits, student: torch.nn.Module, encodings: list[torch.Tensor],
                        noise_scale_w: float, seed: int = 0, student_seed_offset: int = 0) -> dict[str, float]:
-    """How closely ``student`` reproduces the teacher's durations on ``phoneme_ids`` (one sequence at a
-    time, sequence i with noise from seed + i, the same noise for both unless ``student_seed_offset``
+    """How closely ``student`` reproduces the teacher's durations on sequences whose ``text_encodings``
+    are ``encodings`` (one sequence at a time, sequence i with noise from seed + i, the same noise for both unless ``student_seed_offset``
     shifts the student's: ``teacher.dp`` on other noise is the yardstick, how far the teacher's own
     durations move from one draw to the next).
 
@@ -114,20 +114,19 @@ def duration_agreement(teacher: PiperVits, student: torch.nn.Module, phoneme_ids
     frames_teacher - 1| and of that ratio itself (a bias towards slower or faster speech).
     """
     errors, equal, phonemes, length_ratios = 0.0, 0, 0, []
-    for index, sequence in enumerate(phoneme_ids):
-        ids, lengths = padded_batch([sequence])
-        hidden, _, _, mask = teacher.enc_p(ids, lengths)
-        g = teacher.emb_g(torch.zeros(1, dtype=torch.long)).unsqueeze(-1) if teacher.emb_g is not None else None
+    g = teacher.emb_g(torch.zeros(1, dtype=torch.long)).unsqueeze(-1) if teacher.emb_g is not None else None
+    for index, encoding in enumerate(encodings):
+        hidden, mask = encoding.unsqueeze(0), torch.ones(1, 1, encoding.shape[1])  # (1, C, T), (1, 1, T)
         noise, student_noise = (
-            torch.randn(1, 2, ids.shape[1], generator=torch.Generator().manual_seed(seed + index + offset)) * noise_scale_w
-            for offset in (0, student_seed_offset))
+            torch.randn(1, 2, encoding.shape[1], generator=torch.Generator().manual_seed(seed + index + offset))
+            * noise_scale_w for offset in (0, student_seed_offset))
         reference, predicted = teacher.dp(hidden, mask, noise, g)[0, 0], student(hidden, mask, student_noise, g)[0, 0]
         errors += float((predicted - reference).abs().sum())
         frames_reference, frames_predicted = torch.ceil(torch.exp(reference)), torch.ceil(torch.exp(predicted))
         equal += int((frames_reference == frames_predicted).sum())
-        phonemes += len(sequence)
+        phonemes += encoding.shape[1]
         length_ratios.append(float(frames_predicted.sum() / frames_reference.sum()))
-    return {"noise_scale_w": noise_scale_w, "sequences": len(phoneme_ids), "phonemes": phonemes,
+    return {"noise_scale_w": noise_scale_w, "sequences": len(encodings), "phonemes": phonemes,
             "log_duration_mae": errors / phonemes, "frames_equal": equal / phonemes,
             "length_ratio_mae": sum(abs(ratio - 1) for ratio in length_ratios) / len(length_ratios),
             "length_ratio_mean": sum(length_ratios) / len(length_ratios)}
@@ -151,10 +150,11 @@ def main(argv: list[str] | None = None) -> None:
     bundle, teacher = load_training_bundle(args.bundle)
     training_ids = bundle["phoneme_ids"][: args.sequences]
     student, summary = train_duration_student(teacher, training_ids, args.steps, args.batch_size, args.lr, args.seed)
-    eval_ids = bundle["eval_phoneme_ids"]
-    held_out = {f"w{scale}": duration_agreement(teacher, student, eval_ids, scale)
+    # One sequence a batch: the eval's encodings carry no padding, so its figures do not depend on batching.
+    eval_encodings = text_encodings(teacher, bundle["eval_phoneme_ids"], batch_size=1)
+    held_out = {f"w{scale}": duration_agreement(teacher, student, eval_encodings, scale)
                 for scale in (DEFAULT_NOISE_SCALE_W, 0.0)}
-    held_out["teacher_redrawn_w0.8"] = duration_agreement(teacher, teacher.dp, eval_ids, DEFAULT_NOISE_SCALE_W,
+    held_out["teacher_redrawn_w0.8"] = duration_agreement(teacher, teacher.dp, eval_encodings, DEFAULT_NOISE_SCALE_W,
                                                           student_seed_offset=RESAMPLED_NOISE_OFFSET)
     card = {"teacher": bundle.get("voice"), "training_sequences": len(training_ids),
             "training_text_seed": bundle.get("training_text_seed"), "training": summary, "eval": held_out,

@@ -63,7 +63,7 @@ def test_log_durations_are_affine_in_the_noise_and_masked(teacher):
 
 def test_distillation_brings_the_students_durations_to_the_teachers(teacher):
     training = _sequences(64, teacher.hp.num_symbols, seed=1)
-    held_out = _sequences(16, teacher.hp.num_symbols, seed=2)
+    held_out = text_encodings(teacher, _sequences(16, teacher.hp.num_symbols, seed=2), batch_size=1)
     untrained = NoiseAffineDurationPredictor.from_teacher(teacher.hp, teacher.dp).eval()
     before = duration_agreement(teacher, untrained, held_out, noise_scale_w=0.8)
     student, summary = train_duration_student(teacher, training, steps=300, batch_size=16, lr=3e-3, log_every=0)
