@@ -13,6 +13,7 @@ import mlflow
 import yaml
 from rich.console import Console
 
+from compress.evaluation_cache import EvaluationCache
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
@@ -123,6 +124,11 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     calibration: list | None = None
     cpu_timed: list[str] = []  # variants whose CPU speed is measured (GPU-only precisions are not)
     pending_logs: dict[str, tuple] = {}  # logged once the interleaved speed rounds have run
+    cache, cache_note = (None, "evaluations are not kept: the family's own measures are not cached") \
+        if family.measure_variant is not None else EvaluationCache.for_run(
+            Path(settings.paths.root), Path(settings.paths.output_dir), family.name, resolved_config, sentences)
+    print(cache_note, flush=True)
+    origins: dict[str, str] = {}  # variant -> "this run" or where its reused evaluation was measured
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -153,8 +159,19 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                     evaluation_set = EvaluationSet.build(sentences, variant.model, sampling)
                     recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
                 timed = STAGES[name].timed_on_cpu if name in STAGES else True
-                result = evaluate_variant(variant, evaluation_set, settings.evaluate,
-                                          None if name == reference_name else reference, recognizer, timed)
+                # The reference's waveforms are read whole (later variants are scored against them).
+                kept_waveforms = None if name == reference_name else settings.evaluate.audio_samples
+                reused = cache.load(name, kept_waveforms) if cache is not None else None
+                if reused is None:
+                    result = evaluate_variant(variant, evaluation_set, settings.evaluate,
+                                              None if name == reference_name else reference, recognizer, timed)
+                    if cache is not None:
+                        cache.save(name, result, kept_waveforms)
+                    evaluation_origin = "this run"
+                else:
+                    result, evaluation_origin = reused.evaluation, reused.origin
+                    print(f"{name}: {evaluation_origin}", flush=True)
+                origins[name] = evaluation_origin
                 if name == reference_name:
                     reference = result
                 family_metrics = {}
@@ -175,7 +192,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                            **gpu.get("variants", {}).get(name, {})}
                 tags = {"engine": variant.engine, "device": variant.device,
                         "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
-                        "eval_sentences": str(len(evaluation_set.sequences)), **variant.stage_tags, **graph_tags}
+                        "eval_sentences": str(len(evaluation_set.sequences)), "evaluation": evaluation_origin,
+                        **variant.stage_tags, **graph_tags}
                 if weights_note:
                     tags["weights_note"] = weights_note
                 if name in gpu.get("variants", {}):
@@ -199,6 +217,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         table = results_markdown(rows, tuple(family_columns), weights_note)
         write_text_atomic(run_dir / "results.md", table)
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
+        write_text_atomic(run_dir / "evaluation_origins.json", json.dumps(origins, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
         # The champion by conf/selection, logged and registered (a run with no eligible
@@ -238,7 +257,8 @@ def _time_interleaved(variants: dict[str, Variant], evaluation_set: EvaluationSe
                                 evaluation_set.sequences, evaluation_set.samplings, settings.speed_rounds,
                                 settings.warmup_runs)
     for name, values in per_round.items():
-        rows[name]["rtf_cpu_b1_alone"] = rows[name]["rtf_cpu_b1"]
+        if "rtf_cpu_b1" in rows[name]:  # absent when reused from another processor's run
+            rows[name]["rtf_cpu_b1_alone"] = rows[name]["rtf_cpu_b1"]
         rows[name]["rtf_cpu_b1"] = statistics.median(values)
         rows[name]["rtf_cpu_b1_spread"] = max(values) - min(values)
         rows[name]["speed_rounds"] = float(len(values))

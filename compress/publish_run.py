@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     resolved = yaml.safe_load((args.run_dir / "resolved_config.yaml").read_text(encoding="utf-8"))
     tracking = resolved["tracking"]
     run_origin = parent_run_tags(tracking["tracking_uri"], tracking["experiment_name"], args.run_dir)
+    # Which rows a resumed run reused, and from when (compress/evaluation_cache.py); older runs lack the file.
+    origins_path = args.run_dir / "evaluation_origins.json"
+    if origins_path.is_file():
+        run_origin["evaluation_origins"] = json.loads(origins_path.read_text(encoding="utf-8"))
     reference = resolved["evaluate"]["reference_variant"]
     others = {}
     for name in args.also_selection:

@@ -53,7 +53,8 @@ def _file_sha256(path: Path) -> str:
         return "unreadable"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
@@ -61,6 +62,18 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def code_tree_identity(root: str | Path, folders: tuple[str, ...]) -> str | None:
+    """HEAD's git tree hashes of ``folders``, one string; None when any of them differs from HEAD
+    (uncommitted or untracked files) or ``root`` is no git checkout. Commits that touch none of the
+    folders (docs, results) keep the identity, so work done under it stays reusable across them."""
+    try:
+        if _git(root, "status", "--porcelain", "--untracked-files=all", "--", *folders).strip():
+            return None
+        return " ".join(f"{folder}:{_git(root, 'rev-parse', f'HEAD:{folder}').strip()}" for folder in folders)
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def provenance(root: str | Path, command: list[str] | None = None) -> dict:
@@ -74,7 +87,7 @@ def provenance(root: str | Path, command: list[str] | None = None) -> dict:
         "commit": commit,
         "dirty": bool(diff),
         "diff_sha256": hashlib.sha256(diff.encode("utf-8")).hexdigest() if diff else None,
-        "machine": {"platform": platform.platform(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+        "machine": {"platform": platform.platform(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
                     "python": platform.python_version()},
         "command": " ".join(command if command is not None else [Path(sys.executable).name, *sys.argv]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -1,0 +1,121 @@
+"""Finished variant evaluations kept on disk, so that a long run stopped part way resumes from the
+variants it finished instead of scoring them again.
+
+Why: the full table (Harvard lists 1-36, a dozen variants, DNSMOS + Whisper + MCD + speaker
+similarity) takes longer on two cores than one working session lasts. With this cache, the same
+command run again picks up where the last one stopped; the interleaved speed rounds, which must
+run in one process, run at the end of whichever run finishes the list.
+
+A finished evaluation is reused only under the same key:
+
+- the same code: HEAD's git trees of the folders that make or score audio, with no uncommitted
+  change in them (a dirty tree caches nothing: its results could not be traced to a commit);
+- the same settings that shape the audio and its scores (``model``, ``data``, ``evaluate`` but the
+  speed rounds and the GPU figures merged in, ``stages``, ``export``) and the same sentences.
+
+The reference variant's waveforms are kept whole (later variants are scored against them); other
+variants keep the ``evaluate.audio_samples`` the run logs. A record made on another processor has
+its single-run speed figures dropped (``rtf_*``, ``latency_*``): the interleaved rounds of the
+finishing run re-time every variant, and nothing measured elsewhere is shown as this machine's.
+Families with their own measures (``Family.measure_variant``) hand an in-memory reference from
+variant to variant, so their runs are not cached.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.atomic_io import atomic_write, write_text_atomic
+from core.revision import code_tree_identity, cpu_model, git_revision
+from evaluate.runner import VariantEvaluation
+
+# What makes or scores a variant's audio; docs, notebooks, scripts and the server do not.
+CODE_FOLDERS = ("compress", "conf", "core", "evaluate", "export", "models", "texts", "pyproject.toml")
+# Settings that change no variant's audio or its quality scores.
+_EVALUATE_KEYS_IGNORED = ("speed_rounds", "gpu_results")
+_KEYED_SECTIONS = ("model", "data", "evaluate", "stages", "export")
+_MACHINE_BOUND_PREFIXES = ("rtf_", "latency_")
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class ReusedEvaluation:
+    evaluation: VariantEvaluation
+    origin: str  # where it was measured, for the variant's MLflow tags
+
+
+def evaluation_key(resolved_config: dict, sentences: list[str], code_identity: str) -> str:
+    """sha256 over the code identity, the keyed settings and the sentences."""
+    keyed = {section: resolved_config.get(section) for section in _KEYED_SECTIONS}
+    keyed["evaluate"] = {k: v for k, v in (keyed["evaluate"] or {}).items() if k not in _EVALUATE_KEYS_IGNORED}
+    payload = json.dumps({"format": FORMAT, "code": code_identity, "settings": keyed, "sentences": sentences},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+class EvaluationCache:
+    """One run's finished evaluations, in ``folder`` (``<output_dir>/evaluations/<family>/<key>``)."""
+
+    def __init__(self, folder: Path, commit: str):
+        self.folder = Path(folder)
+        self.commit = commit
+
+    @classmethod
+    def for_run(cls, root: Path, output_dir: Path, family: str, resolved_config: dict,
+                sentences: list[str]) -> tuple["EvaluationCache | None", str]:
+        """(the cache, a line for the log); no cache when the code folders have uncommitted changes."""
+        identity = code_tree_identity(root, CODE_FOLDERS)
+        if identity is None:
+            return None, "evaluations are not kept: the code has uncommitted changes (or no git checkout)"
+        key = evaluation_key(resolved_config, sentences, identity)
+        folder = Path(output_dir) / "evaluations" / family / key[:16]
+        return cls(folder, git_revision(root)), f"finished evaluations are kept in {folder}"
+
+    def _paths(self, variant: str) -> tuple[Path, Path]:
+        return self.folder / f"{variant}.json", self.folder / f"{variant}.npz"
+
+    def save(self, variant: str, evaluation: VariantEvaluation, keep_waveforms: int | None) -> None:
+        """``keep_waveforms``: how many of the first waveforms to keep; None keeps all."""
+        record_path, audio_path = self._paths(variant)
+        waveforms = evaluation.waveforms if keep_waveforms is None else evaluation.waveforms[:keep_waveforms]
+        arrays = {f"w{i:05d}": wave.detach().cpu().float().numpy() for i, wave in enumerate(waveforms)}
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+        def write_audio(tmp: str) -> None:
+            with open(tmp, "wb") as handle:
+                np.savez(handle, **arrays)
+
+        # The audio first: the record's presence is what marks the evaluation finished.
+        atomic_write(audio_path, write_audio)
+        record = {"format": FORMAT, "variant": variant, "metrics": evaluation.metrics,
+                  "sample_rate_hz": evaluation.sample_rate_hz, "waveforms": len(arrays),
+                  "utterances": len(evaluation.waveforms), "cpu": cpu_model(),
+                  "commit": self.commit,
+                  "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        write_text_atomic(record_path, json.dumps(record, indent=1))
+
+    def load(self, variant: str, needed_waveforms: int | None) -> ReusedEvaluation | None:
+        """The finished evaluation of ``variant`` under this key, or None. ``needed_waveforms``: how
+        many the run will read (None: all of them, the reference's)."""
+        record_path, audio_path = self._paths(variant)
+        if not record_path.is_file() or not audio_path.is_file():
+            return None
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        wanted = record["utterances"] if needed_waveforms is None else min(needed_waveforms, record["utterances"])
+        if record["waveforms"] < wanted:
+            return None  # kept as a later variant's samples, now wanted whole (as the reference)
+        with np.load(audio_path, allow_pickle=False) as arrays:
+            waveforms = [torch.from_numpy(arrays[name].copy()) for name in sorted(arrays.files)]
+        metrics = dict(record["metrics"])
+        origin = f"reused: measured {record['date_utc']} at {record['commit'][:12]} on {record['cpu']}"
+        if record["cpu"] != cpu_model():
+            metrics = {k: v for k, v in metrics.items() if not k.startswith(_MACHINE_BOUND_PREFIXES)}
+            origin += " (another processor: its single-run speed figures dropped)"
+        return ReusedEvaluation(VariantEvaluation(metrics, waveforms, int(record["sample_rate_hz"])), origin)
+
