@@ -11,7 +11,10 @@ A finished evaluation is reused only under the same key:
 - the same code: HEAD's git trees of the folders that make or score audio, with no uncommitted
   change in them (a dirty tree caches nothing: its results could not be traced to a commit);
 - the same settings that shape the audio and its scores (``model``, ``data``, ``evaluate`` but the
-  speed rounds and the GPU figures merged in, ``stages``, ``export``) and the same sentences.
+  speed rounds and the GPU figures merged in, ``export``) and the same sentences;
+- the same settings of the stages that build the variant and the reference it is scored against
+  (``stages.<key>`` along each one's chain of sources): another INT8 calibrator re-scores the INT8
+  variants and what is built from them, not the teacher or a Lite student.
 
 The reference variant's waveforms are kept whole (later variants are scored against them); other
 variants keep the ``evaluate.audio_samples`` the run logs. A record made on another processor has
@@ -39,7 +42,7 @@ from evaluate.runner import VariantEvaluation
 CODE_FOLDERS = ("compress", "conf", "core", "evaluate", "export", "models", "texts", "pyproject.toml")
 # Settings that change no variant's audio or its quality scores.
 _EVALUATE_KEYS_IGNORED = ("speed_rounds", "gpu_results")
-_KEYED_SECTIONS = ("model", "data", "evaluate", "stages", "export")
+_KEYED_SECTIONS = ("model", "data", "evaluate", "export")
 _MACHINE_BOUND_PREFIXES = ("rtf_", "latency_")
 FORMAT = 1
 
@@ -50,13 +53,15 @@ class ReusedEvaluation:
     origin: str  # where it was measured, for the variant's MLflow tags
 
 
+def _digest(payload: object) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
 def evaluation_key(resolved_config: dict, sentences: list[str], code_identity: str) -> str:
-    """sha256 over the code identity, the keyed settings and the sentences."""
+    """sha256 over the code identity, the settings every variant shares and the sentences."""
     keyed = {section: resolved_config.get(section) for section in _KEYED_SECTIONS}
     keyed["evaluate"] = {k: v for k, v in (keyed["evaluate"] or {}).items() if k not in _EVALUATE_KEYS_IGNORED}
-    payload = json.dumps({"format": FORMAT, "code": code_identity, "settings": keyed, "sentences": sentences},
-                         sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return _digest({"format": FORMAT, "code": code_identity, "settings": keyed, "sentences": sentences})
 
 
 class EvaluationCache:
@@ -77,12 +82,15 @@ class EvaluationCache:
         folder = Path(output_dir) / "evaluations" / family / key[:16]
         return cls(folder, git_revision(root)), f"finished evaluations are kept in {folder}"
 
-    def _paths(self, variant: str) -> tuple[Path, Path]:
-        return self.folder / f"{variant}.json", self.folder / f"{variant}.npz"
+    def _paths(self, variant: str, stage_settings: dict) -> tuple[Path, Path]:
+        stem = f"{variant}-{_digest(stage_settings)[:12]}"
+        return self.folder / f"{stem}.json", self.folder / f"{stem}.npz"
 
-    def save(self, variant: str, evaluation: VariantEvaluation, keep_waveforms: int | None) -> None:
-        """``keep_waveforms``: how many of the first waveforms to keep; None keeps all."""
-        record_path, audio_path = self._paths(variant)
+    def save(self, variant: str, stage_settings: dict, evaluation: VariantEvaluation,
+             keep_waveforms: int | None) -> None:
+        """``stage_settings``: those of the stages behind the variant and its reference (the pipeline's
+        ``stage_settings_chain``). ``keep_waveforms``: how many of the first waveforms to keep; None keeps all."""
+        record_path, audio_path = self._paths(variant, stage_settings)
         waveforms = evaluation.waveforms if keep_waveforms is None else evaluation.waveforms[:keep_waveforms]
         arrays = {f"w{i:05d}": wave.detach().cpu().float().numpy() for i, wave in enumerate(waveforms)}
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -93,17 +101,17 @@ class EvaluationCache:
 
         # The audio first: the record's presence is what marks the evaluation finished.
         atomic_write(audio_path, write_audio)
-        record = {"format": FORMAT, "variant": variant, "metrics": evaluation.metrics,
+        record = {"format": FORMAT, "variant": variant, "stage_settings": stage_settings, "metrics": evaluation.metrics,
                   "sample_rate_hz": evaluation.sample_rate_hz, "waveforms": len(arrays),
                   "utterances": len(evaluation.waveforms), "cpu": cpu_model(),
                   "commit": self.commit,
                   "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         write_text_atomic(record_path, json.dumps(record, indent=1))
 
-    def load(self, variant: str, needed_waveforms: int | None) -> ReusedEvaluation | None:
-        """The finished evaluation of ``variant`` under this key, or None. ``needed_waveforms``: how
-        many the run will read (None: all of them, the reference's)."""
-        record_path, audio_path = self._paths(variant)
+    def load(self, variant: str, stage_settings: dict, needed_waveforms: int | None) -> ReusedEvaluation | None:
+        """The finished evaluation of ``variant`` under this key and these stage settings, or None.
+        ``needed_waveforms``: how many the run will read (None: all of them, the reference's)."""
+        record_path, audio_path = self._paths(variant, stage_settings)
         if not record_path.is_file() or not audio_path.is_file():
             return None
         record = json.loads(record_path.read_text(encoding="utf-8"))

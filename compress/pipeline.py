@@ -161,12 +161,14 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 timed = STAGES[name].timed_on_cpu if name in STAGES else True
                 # The reference's waveforms are read whole (later variants are scored against them).
                 kept_waveforms = None if name == reference_name else settings.evaluate.audio_samples
-                reused = cache.load(name, kept_waveforms) if cache is not None else None
+                behind = (stage_settings_chain(name, resolved_config)
+                          | stage_settings_chain(reference_name, resolved_config))
+                reused = cache.load(name, behind, kept_waveforms) if cache is not None else None
                 if reused is None:
                     result = evaluate_variant(variant, evaluation_set, settings.evaluate,
                                               None if name == reference_name else reference, recognizer, timed)
                     if cache is not None:
-                        cache.save(name, result, kept_waveforms)
+                        cache.save(name, behind, result, kept_waveforms)
                     evaluation_origin = "this run"
                 else:
                     result, evaluation_origin = reused.evaluation, reused.origin
@@ -246,6 +248,19 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
                              "gpu_machine": gpu["machine"].get("gpu", "unknown")})
             mlflow.log_metrics({**quality, **speed})
+
+
+def stage_settings_chain(variant: str, resolved_config: dict) -> dict:
+    """``stages.<key>`` of every stage behind ``variant``, following each stage's source: what its
+    audio depends on besides the settings every variant shares."""
+    stages = resolved_config.get("stages") or {}
+    chain = {}
+    while variant in STAGES:
+        spec = STAGES[variant]
+        if spec.settings_key is not None:
+            chain[spec.settings_key] = stages.get(spec.settings_key)
+        variant = spec.source
+    return chain
 
 
 def _time_interleaved(variants: dict[str, Variant], evaluation_set: EvaluationSet, settings, rows: dict) -> None:

@@ -13,6 +13,7 @@ import torch
 import compress.evaluation_cache as evaluation_cache
 import compress.pipeline as pipeline
 from compress.evaluation_cache import EvaluationCache, evaluation_key
+from compress.pipeline import stage_settings_chain
 from compress.run_config import settings_from_config
 from core.revision import code_tree_identity
 from evaluate.runner import VariantEvaluation
@@ -35,44 +36,62 @@ def test_the_key_follows_code_settings_and_sentences_but_not_speed_rounds_or_pat
     assert evaluation_key(CONFIG, ["a.", "b."], "code:2") != base
     assert evaluation_key(CONFIG, ["a."], "code:1") != base
     for section, change in (("evaluate", {"metrics": ["mcd", "wer"]}), ("model", {"voice": "other"}),
-                            ("stages", {"fp16": {"dtype": "float16"}})):
+                            ("export", {"enabled": False})):
         changed = {**CONFIG, section: {**CONFIG[section], **change}}
         assert evaluation_key(changed, ["a.", "b."], "code:1") != base, section
     unchanged = {**CONFIG, "variants": ["teacher", "fp16"], "paths": {"root": "/elsewhere"},
-                 "evaluate": {**CONFIG["evaluate"], "speed_rounds": 5, "gpu_results": "/x.json"}}
+                 "evaluate": {**CONFIG["evaluate"], "speed_rounds": 5, "gpu_results": "/x.json"},
+                 "stages": {"fp16": {"dtype": "float16"}}}  # per variant instead: stage_settings_chain
     assert evaluation_key(unchanged, ["a.", "b."], "code:1") == base
+
+
+def test_a_variant_is_keyed_by_the_settings_of_the_stages_behind_it():
+    config = {"stages": {"distil": {"checkpoint": "a.safetensors"}, "int8_ort": {"calibrator": "entropy"},
+                         "prune": {"ratio": 0.5}}}
+    assert stage_settings_chain("teacher", config) == {}
+    assert stage_settings_chain("lite_ort", config) == {"distil": {"checkpoint": "a.safetensors"}}
+    assert stage_settings_chain("lite_int8", config) == {"int8_ort": {"calibrator": "entropy"},
+                                                         "distil": {"checkpoint": "a.safetensors"}}
+    assert stage_settings_chain("pruned", config) == {"prune": {"ratio": 0.5}}
+
+
+def test_other_stage_settings_are_another_record(tmp_path):
+    cache = EvaluationCache(tmp_path, "abc123")
+    cache.save("lite", {"distil": {"checkpoint": "a"}}, _evaluation(), keep_waveforms=2)
+    assert cache.load("lite", {"distil": {"checkpoint": "a"}}, 2) is not None
+    assert cache.load("lite", {"distil": {"checkpoint": "b"}}, 2) is None
 
 
 def test_round_trip_keeps_the_reference_whole_and_samples_of_the_others(tmp_path):
     cache = EvaluationCache(tmp_path, "abc123")
     reference, other = _evaluation(), _evaluation()
-    cache.save("teacher", reference, keep_waveforms=None)
-    cache.save("fp16", other, keep_waveforms=2)
+    cache.save("teacher", {}, reference, keep_waveforms=None)
+    cache.save("fp16", {}, other, keep_waveforms=2)
 
-    back = cache.load("teacher", None).evaluation
+    back = cache.load("teacher", {}, None).evaluation
     assert back.metrics == reference.metrics and back.sample_rate_hz == 22050
     assert len(back.waveforms) == 4
     assert all(torch.equal(a, b) for a, b in zip(back.waveforms, reference.waveforms))
-    assert len(cache.load("fp16", 2).evaluation.waveforms) == 2
-    assert cache.load("fp16", None) is None  # only samples were kept: it cannot serve as a reference
-    assert cache.load("fp16", 3) is None
-    assert cache.load("int8_ort", 2) is None
+    assert len(cache.load("fp16", {}, 2).evaluation.waveforms) == 2
+    assert cache.load("fp16", {}, None) is None  # only samples were kept: it cannot serve as a reference
+    assert cache.load("fp16", {}, 3) is None
+    assert cache.load("int8_ort", {}, 2) is None
 
 
 def test_an_unfinished_record_is_not_reused(tmp_path):
     cache = EvaluationCache(tmp_path, "abc123")
-    cache.save("teacher", _evaluation(), keep_waveforms=None)
-    (tmp_path / "teacher.json").unlink()  # stopped between the audio and the record
-    assert cache.load("teacher", None) is None
+    cache.save("teacher", {}, _evaluation(), keep_waveforms=None)
+    next(tmp_path.glob("teacher-*.json")).unlink()  # stopped between the audio and the record
+    assert cache.load("teacher", {}, None) is None
 
 
 def test_speed_from_another_processor_is_dropped(tmp_path, monkeypatch):
     cache = EvaluationCache(tmp_path, "abc123")
-    cache.save("teacher", _evaluation(), keep_waveforms=None)
-    same = cache.load("teacher", None)
+    cache.save("teacher", {}, _evaluation(), keep_waveforms=None)
+    same = cache.load("teacher", {}, None)
     assert same.evaluation.metrics["rtf_cpu_b1"] == 0.1 and "another processor" not in same.origin
     monkeypatch.setattr(evaluation_cache, "cpu_model", lambda: "Some Other CPU")
-    moved = cache.load("teacher", None)
+    moved = cache.load("teacher", {}, None)
     assert moved.evaluation.metrics == {"mcd_db": 0.3}
     assert "another processor" in moved.origin
 
@@ -129,9 +148,13 @@ def test_a_rerun_reuses_finished_variants_and_scores_only_the_new_ones(tmp_path,
     assert rows["teacher"] == first["teacher"]
     origins = json.loads((tmp_path / "run" / "evaluation_origins.json").read_text(encoding="utf-8"))
     assert origins["fp16"] == "this run" and origins["teacher"].startswith("reused: measured ")
+    # Another fp16 setting: fp16 is scored again, the teacher is still reused.
+    changed = compose_config(tmp_path, [*TINY_RUN, "stages.fp16.measure_sentences=2"])
+    pipeline.run(settings_from_config(changed), changed)
+    assert evaluated == ["teacher", "fp16", "fp16"]
+    evaluated.clear()
     monkeypatch.setattr(evaluation_cache, "code_tree_identity", lambda root, folders: None)
-    fresh_dir = tmp_path / "fresh"
-    fresh = compose_config(fresh_dir, TINY_RUN)
+    fresh = compose_config(tmp_path, TINY_RUN)  # the same outputs, which hold both records
     uninterrupted = pipeline.run(settings_from_config(fresh), fresh)
-    assert evaluated == ["teacher", "fp16", "teacher", "fp16"]  # uncommitted code: nothing reused
+    assert evaluated == ["teacher", "fp16"]  # uncommitted code: nothing reused
     assert rows["fp16"]["mcd_db"] == pytest.approx(uninterrupted["fp16"]["mcd_db"], rel=1e-6)
