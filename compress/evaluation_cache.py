@@ -8,8 +8,10 @@ run in one process, run at the end of whichever run finishes the list.
 
 A finished evaluation is reused only under the same key:
 
-- the same code: HEAD's git trees of the folders that make or score audio, with no uncommitted
-  change in them (a dirty tree caches nothing: its results could not be traced to a commit);
+- the same code: HEAD's files in the folders that make or score audio, with no uncommitted change
+  in them (a dirty tree caches nothing: its results could not be traced to a commit). Checkpoints
+  and training states are data, not code: a checkpoint counts through the stage setting that names
+  it, by its content (so committing a training run's state re-scores nothing);
 - the same settings that shape the audio and its scores (``model``, ``data``, ``evaluate`` but the
   speed rounds and the GPU figures merged in, ``export``) and the same sentences;
 - the same settings of the stages that build the variant and the reference it is scored against
@@ -38,8 +40,9 @@ from core.atomic_io import atomic_write, write_text_atomic
 from core.revision import code_tree_identity, cpu_model, git_revision
 from evaluate.runner import VariantEvaluation
 
-# What makes or scores a variant's audio; docs, notebooks, scripts and the server do not.
-CODE_FOLDERS = ("compress", "conf", "core", "evaluate", "export", "models", "texts", "pyproject.toml")
+# What makes or scores a variant's audio (git pathspecs); docs, notebooks, scripts and the server do not.
+CODE_PATHSPECS = ("compress", "conf", "core", "evaluate", "export", "models", ":(exclude)models/checkpoints",
+                  "texts", "pyproject.toml")
 # Settings that change no variant's audio or its quality scores.
 _EVALUATE_KEYS_IGNORED = ("speed_rounds", "gpu_results")
 _KEYED_SECTIONS = ("model", "data", "evaluate", "export")
@@ -64,26 +67,41 @@ def evaluation_key(resolved_config: dict, sentences: list[str], code_identity: s
     return _digest({"format": FORMAT, "code": code_identity, "settings": keyed, "sentences": sentences})
 
 
+def with_file_digests(settings: object, root: Path | None) -> object:
+    """``settings`` with every string that names a file (absolute, or relative to ``root``) replaced
+    by its path and content hash: a retrained checkpoint under the same name is another variant."""
+    if isinstance(settings, dict):
+        return {key: with_file_digests(value, root) for key, value in settings.items()}
+    if isinstance(settings, list):
+        return [with_file_digests(value, root) for value in settings]
+    if isinstance(settings, str) and settings:
+        path = Path(settings) if Path(settings).is_absolute() or root is None else Path(root) / settings
+        if path.is_file():
+            return {"path": settings, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    return settings
+
+
 class EvaluationCache:
     """One run's finished evaluations, in ``folder`` (``<output_dir>/evaluations/<family>/<key>``)."""
 
-    def __init__(self, folder: Path, commit: str):
+    def __init__(self, folder: Path, commit: str, root: Path | None = None):
         self.folder = Path(folder)
         self.commit = commit
+        self.root = Path(root) if root is not None else None  # where relative file settings point
 
     @classmethod
     def for_run(cls, root: Path, output_dir: Path, family: str, resolved_config: dict,
                 sentences: list[str]) -> tuple["EvaluationCache | None", str]:
         """(the cache, a line for the log); no cache when the code folders have uncommitted changes."""
-        identity = code_tree_identity(root, CODE_FOLDERS)
+        identity = code_tree_identity(root, CODE_PATHSPECS)
         if identity is None:
             return None, "evaluations are not kept: the code has uncommitted changes (or no git checkout)"
         key = evaluation_key(resolved_config, sentences, identity)
         folder = Path(output_dir) / "evaluations" / family / key[:16]
-        return cls(folder, git_revision(root)), f"finished evaluations are kept in {folder}"
+        return cls(folder, git_revision(root), root), f"finished evaluations are kept in {folder}"
 
     def _paths(self, variant: str, stage_settings: dict) -> tuple[Path, Path]:
-        stem = f"{variant}-{_digest(stage_settings)[:12]}"
+        stem = f"{variant}-{_digest(with_file_digests(stage_settings, self.root))[:12]}"
         return self.folder / f"{stem}.json", self.folder / f"{stem}.npz"
 
     def save(self, variant: str, stage_settings: dict, evaluation: VariantEvaluation,

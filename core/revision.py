@@ -64,16 +64,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def code_tree_identity(root: str | Path, folders: tuple[str, ...]) -> str | None:
-    """HEAD's git tree hashes of ``folders``, one string; None when any of them differs from HEAD
-    (uncommitted or untracked files) or ``root`` is no git checkout. Commits that touch none of the
-    folders (docs, results) keep the identity, so work done under it stays reusable across them."""
+def code_tree_identity(root: str | Path, pathspecs: tuple[str, ...]) -> str | None:
+    """sha256 of HEAD's file listing (paths and blob hashes) under ``pathspecs`` (git pathspecs, so
+    ``:(exclude)models/checkpoints`` works); None when anything there differs from HEAD (uncommitted
+    or untracked files) or ``root`` is no git checkout. Commits that touch none of those paths (docs,
+    results) keep the identity, so work done under it stays reusable across them."""
     try:
-        if _git(root, "status", "--porcelain", "--untracked-files=all", "--", *folders).strip():
+        if _git(root, "status", "--porcelain", "--untracked-files=all", "--", *pathspecs).strip():
             return None
-        return " ".join(f"{folder}:{_git(root, 'rev-parse', f'HEAD:{folder}').strip()}" for folder in folders)
+        # With no difference from HEAD there, the index lists HEAD's blobs (ls-tree takes no exclusions).
+        listing = _git(root, "ls-files", "--stage", "--", *pathspecs)
     except (OSError, subprocess.CalledProcessError):
         return None
+    return hashlib.sha256(listing.encode("utf-8")).hexdigest() if listing else None
 
 
 def provenance(root: str | Path, command: list[str] | None = None) -> dict:

@@ -62,6 +62,16 @@ def test_other_stage_settings_are_another_record(tmp_path):
     assert cache.load("lite", {"distil": {"checkpoint": "b"}}, 2) is None
 
 
+def test_a_checkpoint_counts_by_its_content_not_its_name(tmp_path):
+    (tmp_path / "student.safetensors").write_bytes(b"weights one")
+    cache = EvaluationCache(tmp_path / "cache", "abc123", root=tmp_path)
+    settings = {"distil": {"checkpoint": "student.safetensors", "lr": 0.001}}
+    cache.save("lite", settings, _evaluation(), keep_waveforms=2)
+    assert cache.load("lite", settings, 2) is not None
+    (tmp_path / "student.safetensors").write_bytes(b"weights two")  # retrained under the same name
+    assert cache.load("lite", settings, 2) is None
+
+
 def test_round_trip_keeps_the_reference_whole_and_samples_of_the_others(tmp_path):
     cache = EvaluationCache(tmp_path, "abc123")
     reference, other = _evaluation(), _evaluation()
@@ -100,19 +110,29 @@ def test_code_identity_is_none_while_a_code_folder_has_changes(tmp_path):
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
 
+    def commit(message):
+        git("add", ".")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+
+    code = ("models", ":(exclude)models/checkpoints")
     git("init", "-q")
-    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "checkpoints").mkdir(parents=True)
     (tmp_path / "docs").mkdir()
     (tmp_path / "models" / "a.py").write_text("x = 1\n")
+    (tmp_path / "models" / "checkpoints" / "state.bin").write_text("step 1\n")
     (tmp_path / "docs" / "a.md").write_text("text\n")
-    git("add", ".")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
-    first = code_tree_identity(tmp_path, ("models",))
-    assert first is not None and first.startswith("models:")
+    commit("one")
+    first = code_tree_identity(tmp_path, code)
+    assert first is not None and len(first) == 64
     (tmp_path / "docs" / "a.md").write_text("other text\n")  # outside the code folders
-    assert code_tree_identity(tmp_path, ("models",)) == first
+    (tmp_path / "models" / "checkpoints" / "state.bin").write_text("step 2\n")  # data, not code
+    assert code_tree_identity(tmp_path, code) == first
+    commit("two")
+    assert code_tree_identity(tmp_path, code) == first
     (tmp_path / "models" / "b.py").write_text("y = 2\n")  # untracked code counts
-    assert code_tree_identity(tmp_path, ("models",)) is None
+    assert code_tree_identity(tmp_path, code) is None
+    commit("three")
+    assert code_tree_identity(tmp_path, code) not in (None, first)
     assert code_tree_identity(tmp_path / "models", ("nothing-here",)) is None
 
 
