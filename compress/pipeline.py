@@ -5,6 +5,7 @@ Hydra config into settings and calls it. Tests call it the same way on the debug
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -13,12 +14,12 @@ import mlflow
 import yaml
 from rich.console import Console
 
-from compress.evaluation_cache import EvaluationCache
+from compress.evaluation_cache import EvaluationCache, EvaluationOrigin, audio_digest, with_file_digests
 from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
 from compress.stage_cache import graph_dir, stage_dir
-from compress.stages import STAGES
+from compress.stages import STAGES, stage_settings_chain
 from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from core.atomic_io import write_text_atomic
@@ -26,6 +27,7 @@ from evaluate.asr import build_recognizer
 from evaluate.gpu_results import PIPELINE_NAMES
 from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
+from models.interface import SynthesisRequest
 from models.registry import get_family
 from texts import load_sentences
 
@@ -124,11 +126,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     calibration: list | None = None
     cpu_timed: list[str] = []  # variants whose CPU speed is measured (GPU-only precisions are not)
     pending_logs: dict[str, tuple] = {}  # logged once the interleaved speed rounds have run
-    cache, cache_note = (None, "evaluations are not kept: the family's own measures are not cached") \
-        if family.measure_variant is not None else EvaluationCache.for_run(
-            Path(settings.paths.root), Path(settings.paths.output_dir), family.name, resolved_config, sentences)
-    print(cache_note, flush=True)
-    origins: dict[str, str] = {}  # variant -> "this run" or where its reused evaluation was measured
+    cache: EvaluationCache | None = None  # finished evaluations of earlier runs (made with the evaluation set)
+    origins: dict[str, EvaluationOrigin] = {}  # variant -> scored in this run, or reused from when and where
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -158,22 +157,16 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 if evaluation_set is None:  # every variant of a run shares the voice's frontend
                     evaluation_set = EvaluationSet.build(sentences, variant.model, sampling)
                     recognizer = _recognizer(settings, [s.text for s in evaluation_set.sequences])
+                    if family.measure_variant is None:
+                        cache, cache_note = EvaluationCache.for_run(Path(settings.paths.output_dir), family.name,
+                                                                    resolved_config, evaluation_set)
+                    else:
+                        cache_note = "evaluations are not kept: the family's own measures are not cached"
+                    print(cache_note, flush=True)
                 timed = STAGES[name].timed_on_cpu if name in STAGES else True
-                # The reference's waveforms are read whole (later variants are scored against them).
-                kept_waveforms = None if name == reference_name else settings.evaluate.audio_samples
-                behind = (stage_settings_chain(name, resolved_config)
-                          | stage_settings_chain(reference_name, resolved_config))
-                reused = cache.load(name, behind, kept_waveforms) if cache is not None else None
-                if reused is None:
-                    result = evaluate_variant(variant, evaluation_set, settings.evaluate,
-                                              None if name == reference_name else reference, recognizer, timed)
-                    if cache is not None:
-                        cache.save(name, behind, result, kept_waveforms)
-                    evaluation_origin = "this run"
-                else:
-                    result, evaluation_origin = reused.evaluation, reused.origin
-                    print(f"{name}: {evaluation_origin}", flush=True)
-                origins[name] = evaluation_origin
+                result, origins[name] = _evaluate_or_reuse(
+                    variant, evaluation_set, settings, resolved_config,
+                    None if name == reference_name else reference, recognizer, timed, cache)
                 if name == reference_name:
                     reference = result
                 family_metrics = {}
@@ -194,7 +187,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                            **gpu.get("variants", {}).get(name, {})}
                 tags = {"engine": variant.engine, "device": variant.device,
                         "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
-                        "eval_sentences": str(len(evaluation_set.sequences)), "evaluation": evaluation_origin,
+                        "eval_sentences": str(len(evaluation_set.sequences)), "evaluation": origins[name].describe(),
                         **variant.stage_tags, **graph_tags}
                 if weights_note:
                     tags["weights_note"] = weights_note
@@ -219,7 +212,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         table = results_markdown(rows, tuple(family_columns), weights_note)
         write_text_atomic(run_dir / "results.md", table)
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
-        write_text_atomic(run_dir / "evaluation_origins.json", json.dumps(origins, indent=2))
+        write_text_atomic(run_dir / "evaluation_origins.json",
+                          json.dumps({name: dataclasses.asdict(origin) for name, origin in origins.items()}, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
         # The champion by conf/selection, logged and registered (a run with no eligible
@@ -250,17 +244,32 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.log_metrics({**quality, **speed})
 
 
-def stage_settings_chain(variant: str, resolved_config: dict) -> dict:
-    """``stages.<key>`` of every stage behind ``variant``, following each stage's source: what its
-    audio depends on besides the settings every variant shares."""
-    stages = resolved_config.get("stages") or {}
-    chain = {}
-    while variant in STAGES:
-        spec = STAGES[variant]
-        if spec.settings_key is not None:
-            chain[spec.settings_key] = stages.get(spec.settings_key)
-        variant = spec.source
-    return chain
+def _evaluate_or_reuse(variant: Variant, evaluation_set: EvaluationSet, settings: RunSettings, resolved_config: dict,
+                       reference: VariantEvaluation | None, recognizer, timed: bool,
+                       cache: EvaluationCache | None) -> tuple[VariantEvaluation, EvaluationOrigin]:
+    """The variant's evaluation: a finished one from ``cache`` when it matches (compress/evaluation_cache.py),
+    else measured here and kept. ``reference``: None when the variant is the reference itself."""
+    if cache is None:
+        return evaluate_variant(variant, evaluation_set, settings.evaluate, reference, recognizer, timed), \
+            EvaluationOrigin(reused=False)
+    stages_behind = (stage_settings_chain(variant.name, resolved_config)
+                     | stage_settings_chain(settings.evaluate.reference_variant, resolved_config))
+    dependencies: dict = {"stages": with_file_digests(stages_behind)}
+    if reference is not None:  # scored against the reference's audio: reused only against the same audio
+        dependencies["reference_audio"] = audio_digest(reference.waveforms)
+    # The reference's waveforms are read whole (later variants are scored against them); the others'
+    # only as logged samples.
+    kept_waveforms = None if reference is None else settings.evaluate.audio_samples
+    first = SynthesisRequest.from_utterances([evaluation_set.sequences[0]], sampling=evaluation_set.samplings[0])
+    reused = cache.load(variant.name, dependencies, utterances=len(evaluation_set.sequences),
+                        needed_waveforms=kept_waveforms, probe=lambda: variant.model.synthesize(first).waveforms()[0],
+                        same_processor_only=timed and settings.evaluate.speed_rounds == 0)
+    if reused is not None:
+        print(f"{variant.name}: {reused.origin.describe()}", flush=True)
+        return reused.evaluation, reused.origin
+    result = evaluate_variant(variant, evaluation_set, settings.evaluate, reference, recognizer, timed)
+    cache.save(variant.name, dependencies, result, kept_waveforms)
+    return result, EvaluationOrigin(reused=False)
 
 
 def _time_interleaved(variants: dict[str, Variant], evaluation_set: EvaluationSet, settings, rows: dict) -> None:

@@ -97,3 +97,16 @@ def stage_settings(variants: tuple[str, ...], raw: dict, family: Family) -> dict
         except (TypeError, ConfigError) as error:
             raise ConfigError(f"stages.{spec.settings_key} (variant {name!r}): {error}") from error
     return typed
+
+
+def stage_settings_chain(variant: str, resolved_config: dict) -> dict:
+    """``stages.<key>`` of every stage behind ``variant``, following each stage's source: what its
+    audio depends on besides the settings every variant shares."""
+    stages = resolved_config.get("stages") or {}
+    chain = {}
+    while variant in STAGES:
+        spec = STAGES[variant]
+        if spec.settings_key is not None:
+            chain[spec.settings_key] = stages.get(spec.settings_key)
+        variant = spec.source
+    return chain
