@@ -24,10 +24,18 @@ of the machine falls on every engine alike. Each speed figure is the median over
 than their spreads is not established. The engines stay resident for the later rounds, so a row's
 VRAM peaks include the engines built before it: per-variant VRAM comes from
 ``python -m evaluate.gpu_benchmark`` (evaluate/gpu_results.py merges the two).
+
+A pair in ``--only`` may name a convolution layout (models/conv_layout.py) after ``@``, e.g.
+``lite_fp16/compile@channels_last``: that engine is built from the variant with every 1-D
+convolution run as its channels-last 2-D twin, and its rows are keyed
+``<variant>@<layout>/<backend>``, beside the variant's own layout in the same call, its SNR taken
+against the variant's eager run. ``--cudnn-benchmark`` lets cuDNN time its convolution algorithms
+per shape for every engine of the call (the report records it).
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import math
@@ -42,10 +50,12 @@ from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.gpu_benchmark import save_audio
 from evaluate.rtf import measure_batch1, measure_batched
+from models.conv_layout import CONV_LAYOUTS, convert_convs
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.registry import get_family
 
 MIB = 1024 * 1024
+NATIVE_LAYOUT = "ncw"  # a variant's convolutions as its model builds them
 
 
 
@@ -164,7 +174,10 @@ def main() -> None:
                         "engines (see above): the figure is their median and its spread their range")
     parser.add_argument("--deadline-s", type=float, default=540, help="start no engine past this many seconds")
     parser.add_argument("--only", default="", help="comma-separated variant/backend pairs of the family's plan to "
-                        "run, e.g. teacher/eager,teacher/compile (all if empty)")
+                        "run, e.g. teacher/eager,teacher/compile (all if empty); a pair may add @<conv layout>, "
+                        "e.g. lite_fp16/compile@channels_last")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="cuDNN times its convolution algorithms "
+                        "per new shape, for every engine of the call")
     parser.add_argument("--package-dir", default="/tmp/aoti_packages", help="where AOTInductor packages go")
     parser.add_argument("--out", required=True)
     parser.add_argument("--save-audio", type=int, default=0, help="keep each engine's batch-1 audio of the first N "
@@ -193,12 +206,12 @@ def main() -> None:
     sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
     noises = [family.sampling(seed=inputs["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = bundle["sample_rate_hz"]
-    only = {key for key in args.only.split(",") if key}
-    unknown = only - {f"{variant}/{backend}" for variant, backend in suite.plan}
-    if unknown:
-        parser.error(f"--only names pairs not in the plan of family {family.name!r}: {sorted(unknown)}")
-    plan = [(variant, backend) for variant, backend in suite.plan
-            if variant in models and (not only or f"{variant}/{backend}" in only)]
+    try:
+        plan = _selected_plan(suite.plan, args.only, family.name)
+    except ValueError as error:
+        parser.error(str(error))
+    plan = [(variant, backend, layout) for variant, backend, layout in plan if variant in models]
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
     # Every engine stays built for the later rounds, so torch.compile's cache must hold every
     # variant's graphs at once (modules of one class share a code object): a generous limit, and an
@@ -209,36 +222,62 @@ def main() -> None:
     eager_outputs: dict[str, list[SynthesisResult]] = {}
     live: dict[str, tuple] = {}  # result key -> (engine, graphs mode), for the later rounds
     report = lambda: _write_report(args, results, len(sequences), inputs["eval_set"], origin)
-    for variant, backend in plan:
+    for variant, backend, layout in plan:
         if time.perf_counter() - started > args.deadline_s:
-            results[f"{variant}/{backend}"] = {"error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
+            results[f"{_variant_key(variant, layout)}/{backend}"] = {
+                "error": f"not run: the {args.deadline_s:.0f} s deadline had passed"}
         else:
-            _run_engines(suite, variant, backend, models[variant], sample_rate_hz, sequences, noises, args, results,
-                         eager_outputs, live, report)
+            _run_engines(suite, variant, backend, layout, models[variant], sample_rate_hz, sequences, noises, args,
+                         results, eager_outputs, live, report)
         report()  # after each engine: a timeout keeps the rest
     _later_rounds(live, sequences, noises, args, results, started, report)
     report()
 
 
-def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: int, sequences, noises,
-                 args: argparse.Namespace, results: dict, eager_outputs: dict, live: dict, report) -> None:
-    """Build one (variant, backend) engine; measure its first round in each of the family's graph
-    modes for that backend.
+def _variant_key(variant: str, layout: str) -> str:
+    return variant if layout == NATIVE_LAYOUT else f"{variant}@{layout}"
+
+
+def _selected_plan(plan, only: str, family_name: str) -> list[tuple[str, str, str]]:
+    """(variant, backend, conv layout) triples: the whole plan in the variants' own layout when
+    ``only`` is empty, else the pairs it names, each with the layout after its ``@`` if any."""
+    if not only:
+        return [(variant, backend, NATIVE_LAYOUT) for variant, backend in plan]
+    selected = []
+    for entry in (entry for entry in only.split(",") if entry):
+        pair, _, layout = entry.partition("@")
+        variant, _, backend = pair.partition("/")
+        if (variant, backend) not in plan:
+            raise ValueError(f"--only names {pair!r}, not in the plan of family {family_name!r}")
+        if layout and layout not in CONV_LAYOUTS:
+            raise ValueError(f"--only names conv layout {layout!r} in {entry!r}: use one of {list(CONV_LAYOUTS)}")
+        selected.append((variant, backend, layout or NATIVE_LAYOUT))
+    return selected
+
+
+def _run_engines(suite, variant: str, backend: str, layout: str, make_model, sample_rate_hz: int, sequences,
+                 noises, args: argparse.Namespace, results: dict, eager_outputs: dict, live: dict, report) -> None:
+    """Build one (variant, backend) engine with its convolutions in ``layout``; measure its first
+    round in each of the family's graph modes for that backend.
 
     Rows go into ``results`` (an error row when a measurement fails), eager outputs into
     ``eager_outputs``, each measured (engine, graphs mode) into ``live`` for the later rounds.
     """
+    variant_key = _variant_key(variant, layout)
     try:
-        model = make_model().to(args.device)
+        model = make_model()
+        if layout != NATIVE_LAYOUT:  # on a fresh copy: the variant's own engines keep their convolutions
+            model = convert_convs(copy.deepcopy(model), layout)
+        model = model.to(args.device)
         built = time.perf_counter()
         engine = suite.build_engine(model, backend, sample_rate_hz, Path(args.package_dir) / variant)
         build_s = time.perf_counter() - built
     except Exception as error:
-        results[f"{variant}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
-        print(f"{variant}/{backend}", "failed:", results[f"{variant}/{backend}"]["error"], flush=True)
+        results[f"{variant_key}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+        print(f"{variant_key}/{backend}", "failed:", results[f"{variant_key}/{backend}"]["error"], flush=True)
         return
     for graphs in suite.graph_modes[backend]:
-        key = f"{variant}/{backend}" + ("_cuda_graphs" if graphs and backend != "cuda_graphs" else "")
+        key = f"{variant_key}/{backend}" + ("_cuda_graphs" if graphs and backend != "cuda_graphs" else "")
         try:
             if hasattr(engine, "use_graphs"):
                 engine.use_graphs(graphs)
@@ -251,7 +290,7 @@ def _run_engines(suite, variant: str, backend: str, make_model, sample_rate_hz: 
             _summarise_rounds(row)
             row.update({"build_s": build_s, "first_pass_s": first_pass_s,
                         "compile_s": getattr(engine, "compile_s", 0.0)})
-            if backend == "eager":
+            if backend == "eager" and layout == NATIVE_LAYOUT:
                 eager_outputs[variant] = outputs
             elif variant in eager_outputs:
                 row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)
@@ -278,6 +317,7 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (CPU smoke test)"
     report = {"machine": {"gpu": gpu, "torch": torch.__version__,
                           "compile_mode": "default (torch.compile), dynamic shapes",
+                          "cudnn_benchmark": args.cudnn_benchmark,
                           "date": datetime.date.today().isoformat()},
               "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "rounds": args.rounds,
               "engines": results,

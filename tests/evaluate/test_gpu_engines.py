@@ -87,3 +87,35 @@ def test_the_teacher_rebuilt_from_a_bundle_is_the_teacher(bundle_and_inputs):
     original = tiny_vits(num_symbols=30, seed=0)
     for name, tensor in original.state_dict().items():
         assert torch.equal(rebuilt.state_dict()[name], tensor.half().float()), name
+
+
+def test_an_engine_in_another_conv_layout_runs_beside_the_variants_own(bundle_and_inputs, tmp_path, monkeypatch):
+    bundle_dir, inputs = bundle_and_inputs
+    out = tmp_path / "engines.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--only", "teacher/eager,teacher/eager@channels_last", "--warm-runs", "1",
+                                      "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu", "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        gpu_engines.main()
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    engines = report["engines"]
+    assert set(engines) == {"teacher/eager", "teacher@channels_last/eager"}
+    # The same arithmetic in another memory layout: the same durations, audio equal to rounding.
+    converted = engines["teacher@channels_last/eager"]
+    assert converted["durations_equal_vs_eager"] == 1.0
+    assert converted["snr_db_vs_eager"] > 60
+    assert report["machine"]["cudnn_benchmark"] is False
+
+
+@pytest.mark.parametrize("only, message", [("teacher/eager@nhwc", "conv layout 'nhwc'"),
+                                           ("teacher/warp", "not in the plan")])
+def test_an_unknown_pair_or_layout_is_refused(bundle_and_inputs, tmp_path, monkeypatch, capsys, only, message):
+    bundle_dir, inputs = bundle_and_inputs
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--only", only, "--device", "cpu", "--out", str(tmp_path / "engines.json")])
+    with pytest.raises(SystemExit):
+        gpu_engines.main()
+    assert message in capsys.readouterr().err
