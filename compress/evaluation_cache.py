@@ -125,19 +125,24 @@ def evaluation_key(resolved_config: dict, evaluation_set: str, code_identity: st
                     "evaluation_set": evaluation_set})
 
 
-def with_file_digests(settings: object, root: Path = REPO_ROOT) -> object:
+def with_file_digests(settings: object, root: Path = REPO_ROOT, known: dict[Path, str] | None = None) -> object:
     """``settings`` with every string that names a file (absolute, or relative to ``root`` as the
     stages resolve them) replaced by its path and content hash: a checkpoint retrained under the
-    same name is another variant."""
+    same name is another variant. ``known``: path -> sha256 already read in this run, filled in
+    here, so that a checkpoint several variants stand on is read once (files do not change within
+    a run: the stages write only under the run's outputs)."""
+    known = {} if known is None else known
     if isinstance(settings, dict):
-        return {key: with_file_digests(value, root) for key, value in settings.items()}
+        return {key: with_file_digests(value, root, known) for key, value in settings.items()}
     if isinstance(settings, list):
-        return [with_file_digests(value, root) for value in settings]
+        return [with_file_digests(value, root, known) for value in settings]
     if isinstance(settings, str) and settings:
         path = Path(settings) if Path(settings).is_absolute() else root / settings
-        if path.is_file():
+        if path not in known and path.is_file():
             with open(path, "rb") as handle:
-                return {"path": settings, "sha256": hashlib.file_digest(handle, "sha256").hexdigest()}
+                known[path] = hashlib.file_digest(handle, "sha256").hexdigest()
+        if path in known:
+            return {"path": settings, "sha256": known[path]}
     return settings
 
 

@@ -128,6 +128,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     pending_logs: dict[str, tuple] = {}  # logged once the interleaved speed rounds have run
     cache: EvaluationCache | None = None  # finished evaluations of earlier runs (made with the evaluation set)
     origins: dict[str, EvaluationOrigin] = {}  # variant -> scored in this run, or reused from when and where
+    reference_audio: str | None = None  # digest of the reference's audio, which the cache keys dependents on
+    file_digests: dict[Path, str] = {}  # checkpoints and voices the stages name, hashed once per run
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -166,9 +168,13 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 timed = STAGES[name].timed_on_cpu if name in STAGES else True
                 result, origins[name] = _evaluate_or_reuse(
                     variant, evaluation_set, settings, resolved_config,
-                    None if name == reference_name else reference, recognizer, timed, cache)
+                    None if name == reference_name else reference, reference_audio, recognizer, timed, cache,
+                    file_digests)
+                # As each variant finishes: a run stopped part way still says where its rows came from.
+                _write_origins(run_dir, origins)
                 if name == reference_name:
                     reference = result
+                    reference_audio = None if cache is None else audio_digest(result.waveforms)
                 family_metrics = {}
                 if family.measure_variant is not None:
                     measured = family.measure_variant(variant.model, evaluation_set.sequences, sampling,
@@ -212,8 +218,6 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         table = results_markdown(rows, tuple(family_columns), weights_note)
         write_text_atomic(run_dir / "results.md", table)
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
-        write_text_atomic(run_dir / "evaluation_origins.json",
-                          json.dumps({name: dataclasses.asdict(origin) for name, origin in origins.items()}, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
         # The champion by conf/selection, logged and registered (a run with no eligible
@@ -244,19 +248,26 @@ def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
             mlflow.log_metrics({**quality, **speed})
 
 
+def _write_origins(run_dir: Path, origins: dict[str, EvaluationOrigin]) -> None:
+    write_text_atomic(run_dir / "evaluation_origins.json",
+                      json.dumps({name: dataclasses.asdict(origin) for name, origin in origins.items()}, indent=2))
+
+
 def _evaluate_or_reuse(variant: Variant, evaluation_set: EvaluationSet, settings: RunSettings, resolved_config: dict,
-                       reference: VariantEvaluation | None, recognizer, timed: bool,
-                       cache: EvaluationCache | None) -> tuple[VariantEvaluation, EvaluationOrigin]:
+                       reference: VariantEvaluation | None, reference_audio: str | None, recognizer, timed: bool,
+                       cache: EvaluationCache | None,
+                       file_digests: dict[Path, str]) -> tuple[VariantEvaluation, EvaluationOrigin]:
     """The variant's evaluation: a finished one from ``cache`` when it matches (compress/evaluation_cache.py),
-    else measured here and kept. ``reference``: None when the variant is the reference itself."""
+    else measured here and kept. ``reference``: None when the variant is the reference itself;
+    ``reference_audio``: the digest of its audio (evaluation_cache.audio_digest)."""
     if cache is None:
         return evaluate_variant(variant, evaluation_set, settings.evaluate, reference, recognizer, timed), \
             EvaluationOrigin(reused=False)
     stages_behind = (stage_settings_chain(variant.name, resolved_config)
                      | stage_settings_chain(settings.evaluate.reference_variant, resolved_config))
-    dependencies: dict = {"stages": with_file_digests(stages_behind)}
+    dependencies: dict = {"stages": with_file_digests(stages_behind, known=file_digests)}
     if reference is not None:  # scored against the reference's audio: reused only against the same audio
-        dependencies["reference_audio"] = audio_digest(reference.waveforms)
+        dependencies["reference_audio"] = reference_audio
     # The reference's waveforms are read whole (later variants are scored against them); the others'
     # only as logged samples.
     kept_waveforms = None if reference is None else settings.evaluate.audio_samples

@@ -86,6 +86,19 @@ def test_a_checkpoint_counts_by_its_content_not_its_name(tmp_path):
     assert with_file_digests(settings, tmp_path) != first
 
 
+def test_a_file_is_hashed_once_per_run(tmp_path):
+    (tmp_path / "student.safetensors").write_bytes(b"weights one")
+    settings = {"distil": {"checkpoint": "student.safetensors"}, "lite_ort": {"from": "student.safetensors"}}
+    known: dict = {}
+    first = with_file_digests(settings, tmp_path, known)
+    assert list(known) == [tmp_path / "student.safetensors"]
+    assert first["distil"]["checkpoint"] == first["lite_ort"]["from"]
+    # What the run already read is not read again: the digest the run started with holds for it.
+    (tmp_path / "student.safetensors").write_bytes(b"weights two")
+    assert with_file_digests(settings, tmp_path, known) == first
+    assert with_file_digests(settings, tmp_path) != first  # a new run reads the file anew
+
+
 def test_round_trip_keeps_the_reference_whole_and_samples_of_the_others(tmp_path):
     cache = EvaluationCache(tmp_path, "abc123")
     reference, other = _evaluation(), _evaluation()
@@ -238,3 +251,23 @@ def test_families_with_their_own_measures_are_not_cached(tmp_path, monkeypatch, 
     assert "the family's own measures are not cached" in capsys.readouterr().out
     assert not (tmp_path / "outputs" / "evaluations").exists()
 
+
+
+def test_a_run_stopped_part_way_says_where_its_finished_rows_came_from(tmp_path, monkeypatch):
+    emotivoice = FAMILIES["emotivoice"]
+    monkeypatch.setitem(FAMILIES, "emotivoice", dataclasses.replace(
+        emotivoice, load_teacher=lambda voice, cache_dir: emotivoice.tiny_model(0)))
+    monkeypatch.setattr(evaluation_cache, "code_tree_identity", lambda root, pathspecs: "code:test")
+    evaluate_variant = pipeline.evaluate_variant
+
+    def failing_after_the_teacher(variant, *args, **kwargs):
+        if variant.name != "teacher":
+            raise RuntimeError("stopped")
+        return evaluate_variant(variant, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "evaluate_variant", failing_after_the_teacher)
+    resolved = compose_config(tmp_path, TINY_RUN)
+    with pytest.raises(RuntimeError, match="stopped"):
+        pipeline.run(settings_from_config(resolved), resolved)
+    origins = json.loads((tmp_path / "run" / "evaluation_origins.json").read_text(encoding="utf-8"))
+    assert list(origins) == ["teacher"] and origins["teacher"]["reused"] is False
