@@ -1,0 +1,131 @@
+r"""Where a Piper bucketed engine's batch goes on the GPU: the text stage (encoder, duration predictor)
+and the acoustic stage (flow, decoder) as timed on the device, and the rest of a synthesis call (noise,
+padding, copies to and from the device, the one host sync) as wall time minus both.
+
+Why: the Lite student's batch-16 RTF under torch.compile + CUDA graphs (docs/benchmarks.md, session 20)
+is 1.36x over issue #19's target, and only the acoustic stage is the student's own; the text stage is
+the teacher's. This says which part a faster engine must shrink.
+
+    # GPU machine, after `bash scripts/device_deps.sh --install && export PYTHONPATH=/tmp/site:.`
+    python3 scripts/profile_piper_engine_stages.py --bundle .device/engines_bundle \
+        --inputs .device/bench_inputs.json --student models/checkpoints/lite_gan_joe_medium.safetensors \
+        --variants lite_fp16 teacher --cudnn-benchmark --out $OUT/stages.json
+
+Each variant is built as evaluate.gpu_engines builds it (``--backend``, ``--conv-layout``), run once
+over every batch to compile and capture, then ``--repeats`` times; per batch the figures are medians
+over the repeats, and the JSON sums them over the batches.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from core.atomic_io import write_text_atomic
+from models.conv_layout import CONV_LAYOUTS, convert_convs
+from models.interface import SynthesisRequest, Utterance
+from models.piper import gpu_bundle
+from models.registry import get_family
+
+
+class StageTimer:
+    """Wraps an engine's ``_run`` (one call per stage) with CUDA events, keyed by the stage's name."""
+
+    def __init__(self, engine):
+        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        run = engine._run
+
+        def timed_run(key, fn, inputs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            outputs = run(key, fn, inputs)
+            end.record()
+            self.events.append((key[0], start, end))
+            return outputs
+
+        engine._run = timed_run
+
+    def take_ms(self) -> dict[str, float]:
+        """Device milliseconds per stage since the last call (synchronises)."""
+        torch.cuda.synchronize()
+        totals: dict[str, float] = {}
+        for stage, start, end in self.events:
+            totals[stage] = totals.get(stage, 0.0) + start.elapsed_time(end)
+        self.events.clear()
+        return totals
+
+
+def profile_variant(engine, batches: list[SynthesisRequest], repeats: int) -> dict:
+    timer = StageTimer(engine)
+    for request in batches:  # compile and capture every shape
+        engine.synthesize(request)
+    timer.take_ms()
+    per_batch = []
+    for request in batches:
+        walls, stages = [], []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            started = time.perf_counter()
+            engine.synthesize(request)  # returns after the read-back to the host
+            walls.append((time.perf_counter() - started) * 1e3)
+            stages.append(timer.take_ms())
+        text = statistics.median(s.get("text", 0.0) for s in stages)
+        acoustic = statistics.median(s.get("acoustic", 0.0) for s in stages)
+        wall = statistics.median(walls)
+        per_batch.append({"utterances": int(request.phoneme_ids.shape[0]), "wall_ms": wall, "text_ms": text,
+                          "acoustic_ms": acoustic, "host_and_copies_ms": max(wall - text - acoustic, 0.0)})
+    totals = {key: sum(row[key] for row in per_batch) for key in ("wall_ms", "text_ms", "acoustic_ms",
+                                                                  "host_and_copies_ms")}
+    shares = {key.replace("_ms", "_share"): value / totals["wall_ms"] for key, value in totals.items()
+              if key != "wall_ms"}
+    return {"totals": totals, "shares": shares, "batches": per_batch}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--bundle", required=True)
+    parser.add_argument("--inputs", required=True)
+    parser.add_argument("--student", default=None)
+    parser.add_argument("--variants", nargs="+", default=["lite_fp16"])
+    parser.add_argument("--backend", default="compile", choices=sorted(gpu_bundle.GRAPH_MODES))
+    parser.add_argument("--conv-layout", default="ncw", choices=CONV_LAYOUTS)
+    parser.add_argument("--cudnn-benchmark", action="store_true")
+    parser.add_argument("--utterances", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # as evaluate.gpu_engines
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+    torch._dynamo.config.recompile_limit = 64
+
+    bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
+    family = get_family(bundle["family"])
+    inputs = json.loads(Path(args.inputs).read_text(encoding="utf-8"))
+    sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in inputs["utterances"][: args.utterances]]
+    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
+    sampling = family.sampling(seed=inputs["seed"])
+    batches = [SynthesisRequest.from_utterances(ordered[i : i + args.batch], sampling=sampling)
+               for i in range(0, len(ordered), args.batch)]
+    models = gpu_bundle.engine_variants(Path(args.bundle), None if args.student is None else Path(args.student))
+    report = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
+              "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {}}
+    for name in args.variants:
+        model = models[name]()
+        if args.conv_layout != "ncw":
+            model = convert_convs(copy.deepcopy(model), args.conv_layout)
+        engine = gpu_bundle.build_engine(model.to("cuda"), args.backend, bundle["sample_rate_hz"], Path("/tmp/aoti") / name)
+        if hasattr(engine, "use_graphs"):
+            engine.use_graphs(True)
+        report["variants"][name] = profile_variant(engine, batches, args.repeats)
+        print(name, json.dumps({**report["variants"][name]["totals"], **report["variants"][name]["shares"]}), flush=True)
+        write_text_atomic(Path(args.out), json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
