@@ -21,12 +21,15 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
+from core.revision import provenance
 from models.conv_layout import CONV_LAYOUTS, convert_convs
 from models.interface import SynthesisRequest, Utterance
 from models.piper import gpu_bundle
@@ -114,7 +117,8 @@ def main() -> None:
                for i in range(0, len(ordered), args.batch)]
     models = gpu_bundle.engine_variants(Path(args.bundle), None if args.student is None else Path(args.student))
     report = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
-              "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {}}
+              "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {},
+              "provenance": provenance(REPO_ROOT, sys.argv)}
     for name in args.variants:
         model = models[name]()
         if args.conv_layout != "ncw":
