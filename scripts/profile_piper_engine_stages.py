@@ -13,7 +13,12 @@ the teacher's. This says which part a faster engine must shrink.
 
 Each variant is built as evaluate.gpu_engines builds it (``--backend``, ``--conv-layout``), run once
 over every batch to compile and capture, then ``--repeats`` times; per batch the figures are medians
-over the repeats, and the JSON sums them over the batches.
+over the repeats, and the JSON sums them over the batches. Two changes to the variant, each to see
+what a part is worth: ``--conv-layout-parts decoder flow`` converts only those parts' convolutions
+(the whole model by default), and ``--duration-student PATH`` swaps the stochastic duration predictor
+for a distilled NoiseAffineDurationPredictor (models/piper/duration_student.py; kept FP32 as the
+predictor it replaces). The student's durations differ from the teacher's, so with it the batches'
+frame counts, and hence the acoustic stage's work, differ a little too.
 """
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ from core.revision import provenance
 from models.conv_layout import CONV_LAYOUTS, convert_convs
 from models.interface import SynthesisRequest, Utterance
 from models.piper import gpu_bundle
+from models.piper.duration_student import load_duration_student
 from models.registry import get_family
 
 
@@ -97,6 +103,10 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["lite_fp16"])
     parser.add_argument("--backend", default="compile", choices=sorted(gpu_bundle.GRAPH_MODES))
     parser.add_argument("--conv-layout", default="ncw", choices=CONV_LAYOUTS)
+    parser.add_argument("--conv-layout-parts", nargs="+", default=None,
+                        help="parts whose convolutions --conv-layout converts (e.g. decoder flow); default: all")
+    parser.add_argument("--duration-student", type=Path, default=None,
+                        help="a NoiseAffineDurationPredictor's safetensors in place of the duration predictor")
     parser.add_argument("--cudnn-benchmark", action="store_true")
     parser.add_argument("--utterances", type=int, default=40)
     parser.add_argument("--batch", type=int, default=16)
@@ -120,9 +130,12 @@ def main() -> None:
               "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {},
               "provenance": provenance(REPO_ROOT, sys.argv)}
     for name in args.variants:
-        model = models[name]()
+        model = copy.deepcopy(models[name]())  # the teacher variant is the bundle's own object
+        if args.duration_student is not None:
+            model.replace_part("duration", load_duration_student(model.hp, args.duration_student))
         if args.conv_layout != "ncw":
-            model = convert_convs(copy.deepcopy(model), args.conv_layout)
+            for role in args.conv_layout_parts or (None,):
+                convert_convs(model if role is None else getattr(model, model.PART_ATTRIBUTES[role]), args.conv_layout)
         engine = gpu_bundle.build_engine(model.to("cuda"), args.backend, bundle["sample_rate_hz"], Path("/tmp/aoti") / name)
         if hasattr(engine, "use_graphs"):
             engine.use_graphs(True)
