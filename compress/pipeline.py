@@ -170,8 +170,6 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                     variant, evaluation_set, settings, resolved_config,
                     None if name == reference_name else reference, reference_audio, recognizer, timed, cache,
                     file_digests)
-                # As each variant finishes: a run stopped part way still says where its rows came from.
-                _write_origins(run_dir, origins)
                 if name == reference_name:
                     reference = result
                     reference_audio = None if cache is None else audio_digest(result.waveforms)
@@ -204,6 +202,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 pending_logs[name] = (tags, result.waveforms[:samples], sample_texts, result.sample_rate_hz,
                                       variant.model.hop_length, variant.artifacts)
                 rows[name] = metrics
+                # As each variant finishes: a run stopped part way still says where its rows came from.
+                _write_origins(run_dir, {finished: origins[finished] for finished in rows})
                 if timed and variant.device == "cpu":
                     cpu_timed.append(name)
             if settings.evaluate.speed_rounds and cpu_timed:

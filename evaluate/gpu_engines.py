@@ -28,14 +28,15 @@ VRAM peaks include the engines built before it: per-variant VRAM comes from
 A pair in ``--only`` may name a convolution layout (models/conv_layout.py) after ``@``, e.g.
 ``lite_fp16/compile@channels_last``: that engine is built from the variant with every 1-D
 convolution run as its channels-last 2-D twin, and its rows are keyed
-``<variant>@<layout>/<backend>``, beside the variant's own layout in the same call, its SNR taken
-against the variant's eager run. ``--cudnn-benchmark`` lets cuDNN time its convolution algorithms
-per shape for every engine of the call (the report records it).
+``<variant>@<layout>/<backend>``, beside the variant's own layout in the same call (``@ncw`` is the
+converted module in the NCW layout, the A side of an A/B: not the same as naming no layout). Its SNR
+is taken against the variant's own eager run when the call has that run: the selected pairs run in the
+plan's order, which puts eager first. ``--cudnn-benchmark`` lets cuDNN time its convolution
+algorithms per shape for every engine of the call; each row records whether it was on.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime
 import json
 import math
@@ -50,12 +51,12 @@ from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.gpu_benchmark import save_audio
 from evaluate.rtf import measure_batch1, measure_batched
-from models.conv_layout import CONV_LAYOUTS, convert_convs
+from models.conv_layout import CONV_LAYOUTS, converted_copy
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.registry import get_family
 
 MIB = 1024 * 1024
-NATIVE_LAYOUT = "ncw"  # a variant's convolutions as its model builds them
+NATIVE_LAYOUT = None  # a variant's convolutions as its model builds them, unconverted
 
 
 
@@ -234,25 +235,28 @@ def main() -> None:
     report()
 
 
-def _variant_key(variant: str, layout: str) -> str:
-    return variant if layout == NATIVE_LAYOUT else f"{variant}@{layout}"
+def _variant_key(variant: str, layout: str | None) -> str:
+    return variant if layout is NATIVE_LAYOUT else f"{variant}@{layout}"
 
 
-def _selected_plan(plan, only: str, family_name: str) -> list[tuple[str, str, str]]:
-    """(variant, backend, conv layout) triples: the whole plan in the variants' own layout when
-    ``only`` is empty, else the pairs it names, each with the layout after its ``@`` if any."""
+def _selected_plan(plan, only: str, family_name: str) -> list[tuple[str, str, str | None]]:
+    """(variant, backend, conv layout or NATIVE_LAYOUT) triples: the whole plan in the variants' own
+    layout when ``only`` is empty, else the entries it names (each pair with the layout after its
+    ``@``, if any), once each, in the plan's order and the native layout before the converted ones."""
     if not only:
         return [(variant, backend, NATIVE_LAYOUT) for variant, backend in plan]
-    selected = []
+    plan = list(plan)
+    selected = set()
     for entry in (entry for entry in only.split(",") if entry):
-        pair, _, layout = entry.partition("@")
+        pair, at, layout = entry.partition("@")
         variant, _, backend = pair.partition("/")
         if (variant, backend) not in plan:
-            raise ValueError(f"--only names {pair!r}, not in the plan of family {family_name!r}")
-        if layout and layout not in CONV_LAYOUTS:
+            raise ValueError(f"--only names {pair!r}, not in the plan of family {family_name!r}: "
+                             f"{', '.join(f'{v}/{b}' for v, b in plan)}")
+        if at and layout not in CONV_LAYOUTS:
             raise ValueError(f"--only names conv layout {layout!r} in {entry!r}: use one of {list(CONV_LAYOUTS)}")
-        selected.append((variant, backend, layout or NATIVE_LAYOUT))
-    return selected
+        selected.add((variant, backend, layout if at else NATIVE_LAYOUT))
+    return sorted(selected, key=lambda triple: (plan.index(triple[:2]), triple[2] is not NATIVE_LAYOUT, triple[2] or ""))
 
 
 def _run_engines(suite, variant: str, backend: str, layout: str, make_model, sample_rate_hz: int, sequences,
@@ -266,11 +270,11 @@ def _run_engines(suite, variant: str, backend: str, layout: str, make_model, sam
     variant_key = _variant_key(variant, layout)
     try:
         model = make_model()
-        if layout != NATIVE_LAYOUT:  # on a fresh copy: the variant's own engines keep their convolutions
-            model = convert_convs(copy.deepcopy(model), layout)
+        if layout is not NATIVE_LAYOUT:  # on a copy: the variant's own engines keep their convolutions
+            model = converted_copy(model, layout)
         model = model.to(args.device)
         built = time.perf_counter()
-        engine = suite.build_engine(model, backend, sample_rate_hz, Path(args.package_dir) / variant)
+        engine = suite.build_engine(model, backend, sample_rate_hz, Path(args.package_dir) / variant_key)
         build_s = time.perf_counter() - built
     except Exception as error:
         results[f"{variant_key}/{backend}"] = {"error": f"{type(error).__name__}: {error}"[:500]}
@@ -290,7 +294,8 @@ def _run_engines(suite, variant: str, backend: str, layout: str, make_model, sam
             _summarise_rounds(row)
             row.update({"build_s": build_s, "first_pass_s": first_pass_s,
                         "compile_s": getattr(engine, "compile_s", 0.0)})
-            if backend == "eager" and layout == NATIVE_LAYOUT:
+            row["cudnn_benchmark"] = args.cudnn_benchmark  # calls merged later keep each row's own setting
+            if backend == "eager" and layout is NATIVE_LAYOUT:
                 eager_outputs[variant] = outputs
             elif variant in eager_outputs:
                 row["snr_db_vs_eager"] = _snr_db(eager_outputs[variant], outputs)

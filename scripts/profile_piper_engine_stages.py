@@ -2,9 +2,8 @@ r"""Where a Piper bucketed engine's batch goes on the GPU: the text stage (encod
 and the acoustic stage (flow, decoder) as timed on the device, and the rest of a synthesis call (noise,
 padding, copies to and from the device, the one host sync) as wall time minus both.
 
-Why: the Lite student's batch-16 RTF under torch.compile + CUDA graphs (docs/benchmarks.md, session 20)
-is 1.36x over issue #19's target, and only the acoustic stage is the student's own; the text stage is
-the teacher's. This says which part a faster engine must shrink.
+Why: in the Lite student only the acoustic stage is the student's own; the text stage is the
+teacher's. Which part a faster student engine must shrink is a measurement, not a guess.
 
     # GPU machine, after `bash scripts/device_deps.sh --install && export PYTHONPATH=/tmp/site:.`
     python3 scripts/profile_piper_engine_stages.py --bundle .device/engines_bundle \
@@ -39,6 +38,7 @@ from models.conv_layout import CONV_LAYOUTS, convert_convs
 from models.interface import SynthesisRequest, Utterance
 from models.piper import gpu_bundle
 from models.piper.duration_student import load_duration_student
+from models.piper.vits import PiperVits
 from models.registry import get_family
 
 
@@ -101,11 +101,13 @@ def main() -> None:
     parser.add_argument("--inputs", required=True)
     parser.add_argument("--student", default=None)
     parser.add_argument("--variants", nargs="+", default=["lite_fp16"])
-    parser.add_argument("--backend", default="compile", choices=sorted(gpu_bundle.GRAPH_MODES))
-    parser.add_argument("--conv-layout", default="ncw", choices=CONV_LAYOUTS)
-    parser.add_argument("--conv-layout-parts", nargs="+", default=None,
+    # The stages are timed as CUDA-graph replays: the backends a bucketed engine captures.
+    parser.add_argument("--backend", default="compile", choices=("compile", "cuda_graphs"))
+    parser.add_argument("--conv-layout", default=None, choices=CONV_LAYOUTS,
+                        help="convert the convolutions to this layout (models/conv_layout.py); default: as built")
+    parser.add_argument("--conv-layout-parts", nargs="+", default=None, choices=sorted(PiperVits.PART_ATTRIBUTES),
                         help="parts whose convolutions --conv-layout converts (e.g. decoder flow); default: all")
-    parser.add_argument("--duration-student", type=Path, default=None,
+    parser.add_argument("--duration-student", default=None,
                         help="a NoiseAffineDurationPredictor's safetensors in place of the duration predictor")
     parser.add_argument("--cudnn-benchmark", action="store_true")
     parser.add_argument("--utterances", type=int, default=40)
@@ -113,12 +115,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    if args.conv_layout_parts and args.conv_layout is None:
+        parser.error("--conv-layout-parts needs --conv-layout")
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False  # as evaluate.gpu_engines
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
-    torch._dynamo.config.recompile_limit = 64
+    torch._dynamo.config.recompile_limit = 64  # as evaluate.gpu_engines: variants share the stages' code objects
+    torch._dynamo.config.fail_on_recompile_limit_hit = True  # an error, not a silent fall-back to eager
 
     bundle = json.loads((Path(args.bundle) / "bundle.json").read_text(encoding="utf-8"))
     family = get_family(bundle["family"])
+    if family.name != "piper":
+        parser.error(f"--bundle is of family {family.name!r}: this script times Piper's bucketed engine")
     inputs = json.loads(Path(args.inputs).read_text(encoding="utf-8"))
     sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in inputs["utterances"][: args.utterances]]
     ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
@@ -126,14 +133,17 @@ def main() -> None:
     batches = [SynthesisRequest.from_utterances(ordered[i : i + args.batch], sampling=sampling)
                for i in range(0, len(ordered), args.batch)]
     models = gpu_bundle.engine_variants(Path(args.bundle), None if args.student is None else Path(args.student))
+    unknown = [name for name in args.variants if name not in models]
+    if unknown:
+        parser.error(f"--variants {unknown}: available {sorted(models)} (the lite ones need --student)")
     report = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
               "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {},
               "provenance": provenance(REPO_ROOT, sys.argv)}
     for name in args.variants:
         model = copy.deepcopy(models[name]())  # the teacher variant is the bundle's own object
         if args.duration_student is not None:
-            model.replace_part("duration", load_duration_student(model.hp, args.duration_student))
-        if args.conv_layout != "ncw":
+            model.replace_part("duration", load_duration_student(model.hp, Path(args.duration_student)))
+        if args.conv_layout is not None:
             for role in args.conv_layout_parts or (None,):
                 convert_convs(model if role is None else getattr(model, model.PART_ATTRIBUTES[role]), args.conv_layout)
         engine = gpu_bundle.build_engine(model.to("cuda"), args.backend, bundle["sample_rate_hz"], Path("/tmp/aoti") / name)

@@ -252,7 +252,6 @@ def test_families_with_their_own_measures_are_not_cached(tmp_path, monkeypatch, 
     assert not (tmp_path / "outputs" / "evaluations").exists()
 
 
-
 def test_a_run_stopped_part_way_says_where_its_finished_rows_came_from(tmp_path, monkeypatch):
     emotivoice = FAMILIES["emotivoice"]
     monkeypatch.setitem(FAMILIES, "emotivoice", dataclasses.replace(

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from evaluate import gpu_engines
 from evaluate.score_gpu_audio import load_audio
+from models.conv_layout import LayoutConv, converted_copy
 from models.piper import gpu_bundle
 from models.piper.tiny import tiny_vits
 from models.registry import get_family
@@ -92,9 +93,19 @@ def test_the_teacher_rebuilt_from_a_bundle_is_the_teacher(bundle_and_inputs):
 def test_an_engine_in_another_conv_layout_runs_beside_the_variants_own(bundle_and_inputs, tmp_path, monkeypatch):
     bundle_dir, inputs = bundle_and_inputs
     out = tmp_path / "engines.json"
+    converted = []
+
+    def spy(model, layout):
+        copy = converted_copy(model, layout)
+        converted.append((model, copy, layout))
+        return copy
+
+    monkeypatch.setattr(gpu_engines, "converted_copy", spy)
+    # Named converted-first and twice: each engine runs once, in the plan's order (eager native first).
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--only", "teacher/eager,teacher/eager@channels_last", "--warm-runs", "1",
-                                      "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu", "--out", str(out)])
+                                      "--only", "teacher/eager@channels_last,teacher/eager,teacher/eager",
+                                      "--warm-runs", "1", "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu",
+                                      "--out", str(out)])
     threads = torch.get_num_threads()
     try:
         gpu_engines.main()
@@ -103,11 +114,16 @@ def test_an_engine_in_another_conv_layout_runs_beside_the_variants_own(bundle_an
     report = json.loads(out.read_text())
     engines = report["engines"]
     assert set(engines) == {"teacher/eager", "teacher@channels_last/eager"}
+    # The converted engine ran a channels-last copy; the variant's own model kept its Conv1d.
+    [(original, copy, layout)] = converted
+    assert layout == "channels_last" and copy is not original
+    assert any(isinstance(m, LayoutConv) for m in copy.modules())
+    assert not any(isinstance(m, LayoutConv) for m in original.modules())
     # The same arithmetic in another memory layout: the same durations, audio equal to rounding.
-    converted = engines["teacher@channels_last/eager"]
-    assert converted["durations_equal_vs_eager"] == 1.0
-    assert converted["snr_db_vs_eager"] > 60
-    assert report["machine"]["cudnn_benchmark"] is False
+    row = engines["teacher@channels_last/eager"]
+    assert row["durations_equal_vs_eager"] == 1.0
+    assert row["snr_db_vs_eager"] > 60
+    assert row["cudnn_benchmark"] is False and report["machine"]["cudnn_benchmark"] is False
 
 
 @pytest.mark.parametrize("only, message", [("teacher/eager@nhwc", "conv layout 'nhwc'"),
