@@ -259,7 +259,7 @@ def _selected_plan(plan, only: str, family_name: str) -> list[tuple[str, str, st
     return sorted(selected, key=lambda triple: (plan.index(triple[:2]), triple[2] is not NATIVE_LAYOUT, triple[2] or ""))
 
 
-def _run_engines(suite, variant: str, backend: str, layout: str, make_model, sample_rate_hz: int, sequences,
+def _run_engines(suite, variant: str, backend: str, layout: str | None, make_model, sample_rate_hz: int, sequences,
                  noises, args: argparse.Namespace, results: dict, eager_outputs: dict, live: dict, report) -> None:
     """Build one (variant, backend) engine with its convolutions in ``layout``; measure its first
     round in each of the family's graph modes for that backend.
