@@ -92,7 +92,8 @@ def prepare(eval_set: str, out: str, seed: int, family_name: str | None = None, 
     print(f"{len(payload['utterances'])} utterances, {len(payload['calibration_utterances'])} calibration -> {out}")
 
 
-def _sequences(utterances: list[dict]) -> list[Utterance]:
+def sequences_from_inputs(utterances: list[dict]) -> list[Utterance]:
+    """The utterances of a prepared inputs file (``prepare`` above) as the models take them."""
     return [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
 
 
@@ -210,7 +211,7 @@ def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: i
     if half_variants and "calibration_utterances" not in payload:
         raise ValueError(f"{inputs} has no calibration_utterances, which the {half_variants} sensitivity "
                          "table needs: re-run `python -m evaluate.gpu_benchmark prepare`")
-    sequences = _sequences(payload["utterances"])
+    sequences = sequences_from_inputs(payload["utterances"])
     texts = [sequence.text for sequence in sequences]
     noises = [family.sampling(seed=payload["seed"] + i) for i in range(len(sequences))]
     base = family.load_teacher(voice, Path(cache_dir)).eval()  # FP32 on the CPU; every variant is built from it
@@ -269,7 +270,7 @@ def run(voice: str, inputs: str, out: str, warm_runs: int, host_cpu_sentences: i
 
     # Which parts tolerate half precision, on this device: each part alone, calibration sentences.
     mcd_db, mcd_missing = _mcd_or_reason()
-    calibration = _sequences(payload.get("calibration_utterances", []))[:sensitivity_utterances]
+    calibration = sequences_from_inputs(payload.get("calibration_utterances", []))[:sensitivity_utterances]
     sensitivity = {
         HALF_VARIANTS[name]: part_sensitivity(base, calibration, HALF_VARIANTS[name], device, mcd_db=mcd_db)
         for name in half_variants if name not in skipped

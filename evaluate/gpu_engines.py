@@ -49,10 +49,10 @@ import torch
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
-from evaluate.gpu_benchmark import save_audio
-from evaluate.rtf import measure_batch1, measure_batched
+from evaluate.gpu_benchmark import save_audio, sequences_from_inputs
+from evaluate.rtf import length_sorted_batches, measure_batch1, measure_batched
 from models.conv_layout import CONV_LAYOUTS, converted_copy
-from models.interface import SynthesisRequest, SynthesisResult, Utterance
+from models.interface import SynthesisRequest, SynthesisResult
 from models.registry import get_family
 
 MIB = 1024 * 1024
@@ -129,9 +129,8 @@ def _first_pass(engine, sequences, noises) -> float:
     started = time.perf_counter()
     for sequence, noise in zip(sequences, noises):
         engine.synthesize(SynthesisRequest.from_utterances([sequence], sampling=noise))
-    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
-    for start in range(0, len(ordered), 16):
-        engine.synthesize(SynthesisRequest.from_utterances(ordered[start : start + 16], sampling=noises[0]))
+    for request in length_sorted_batches(sequences, 16, noises[0]):
+        engine.synthesize(request)
     return time.perf_counter() - started
 
 
@@ -204,7 +203,7 @@ def main() -> None:
     if inputs.get("family") != family.name:
         parser.error(f"--inputs were prepared for family {inputs.get('family')!r}, the bundle is {family.name!r}")
     utterances = inputs["utterances"][: args.utterances]
-    sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in utterances]
+    sequences = sequences_from_inputs(utterances)
     noises = [family.sampling(seed=inputs["seed"] + i) for i in range(len(sequences))]
     sample_rate_hz = bundle["sample_rate_hz"]
     try:

@@ -99,6 +99,16 @@ def measure_batch1(
     return report, results
 
 
+def length_sorted_batches(sequences: list[Utterance], batch_size: int, sampling) -> list[SynthesisRequest]:
+    """``sequences`` sorted by length and cut into requests of ``batch_size`` (the last one shorter),
+    each with ``sampling``: how every batched figure here is measured."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
+    return [SynthesisRequest.from_utterances(ordered[start : start + batch_size], sampling=sampling)
+            for start in range(0, len(ordered), batch_size)]
+
+
 def measure_batched(
     synthesize: Synthesize,
     sequences: list[Utterance],
@@ -109,12 +119,8 @@ def measure_batched(
     device: str = "cpu",
 ) -> float:
     """Aggregate RTF over length-sorted batches of ``batch_size``."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
     compute_s = audio_s = 0.0
-    for start in range(0, len(ordered), batch_size):
-        request = SynthesisRequest.from_utterances(ordered[start : start + batch_size], sampling=noise)
+    for request in length_sorted_batches(sequences, batch_size, noise):
         seconds, result = timed_median(lambda: synthesize(request), warm_runs, warmup_runs, device)
         compute_s += seconds
         audio_s += _audio_seconds(result)

@@ -34,8 +34,10 @@ import torch
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.revision import provenance
+from evaluate.gpu_benchmark import sequences_from_inputs
+from evaluate.rtf import length_sorted_batches
 from models.conv_layout import CONV_LAYOUTS, convert_convs
-from models.interface import SynthesisRequest, Utterance
+from models.interface import SynthesisRequest
 from models.piper import gpu_bundle
 from models.piper.duration_student import load_duration_student
 from models.piper.vits import PiperVits
@@ -127,11 +129,8 @@ def main() -> None:
     if family.name != "piper":
         parser.error(f"--bundle is of family {family.name!r}: this script times Piper's bucketed engine")
     inputs = json.loads(Path(args.inputs).read_text(encoding="utf-8"))
-    sequences = [Utterance(u["text"], (), tuple(u["phoneme_ids"])) for u in inputs["utterances"][: args.utterances]]
-    ordered = sorted(sequences, key=lambda s: len(s.phoneme_ids))
-    sampling = family.sampling(seed=inputs["seed"])
-    batches = [SynthesisRequest.from_utterances(ordered[i : i + args.batch], sampling=sampling)
-               for i in range(0, len(ordered), args.batch)]
+    sequences = sequences_from_inputs(inputs["utterances"][: args.utterances])
+    batches = length_sorted_batches(sequences, args.batch, family.sampling(seed=inputs["seed"]))
     models = gpu_bundle.engine_variants(Path(args.bundle), None if args.student is None else Path(args.student))
     unknown = [name for name in args.variants if name not in models]
     if unknown:
