@@ -164,8 +164,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", required=True, help="folder from `python -m compress.distil prepare --family <family>`")
     parser.add_argument("--inputs", required=True, help="JSON from `python -m evaluate.gpu_benchmark prepare`")
-    parser.add_argument("--student", default=None, help="distilled student weights (safetensors); without them "
-                        "the student variants are left out of the plan")
+    parser.add_argument("--student", nargs="+", default=[], help="distilled students' weights (safetensors, one "
+                        "file per student); the variants that need a student not given are left out of the plan")
     parser.add_argument("--utterances", type=int, default=100)
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--warmup-s", type=float, default=20.0, help="seconds of untimed batch-1 passes before "
@@ -198,7 +198,7 @@ def main() -> None:
         parser.error(f"family {family.name!r} registers no GPU engines (gpu_engines in its registry entry)")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: TF32 would flatter the teacher
     torch.backends.cudnn.allow_tf32 = False
-    models = suite.variants(Path(args.bundle), None if args.student is None else Path(args.student))
+    models = suite.variants(Path(args.bundle), tuple(map(Path, args.student)))
     inputs = json.loads(open(args.inputs, encoding="utf-8").read())
     if inputs.get("family") != family.name:
         parser.error(f"--inputs were prepared for family {inputs.get('family')!r}, the bundle is {family.name!r}")

@@ -7,7 +7,7 @@ line in models/registry.py, and joins tests/families/test_contract.py.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +37,7 @@ class GpuEngines:
 
     plan: tuple[tuple[str, str], ...]  # (variant, backend) in run order; each variant's eager run first
     graph_modes: dict[str, tuple[bool, ...]]  # backend -> runs of one engine without (False) / through (True) CUDA graphs
-    variants: Callable[[Path, Path | None], dict]  # (bundle_dir, student_weights) -> variant name -> builder
+    variants: Callable[[Path, Sequence[Path]], dict]  # (bundle_dir, students' weights files) -> variant name -> builder
     build_engine: Callable[..., object]  # (model on device, backend, sample_rate_hz, package_dir) -> engine
 
 

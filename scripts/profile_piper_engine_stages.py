@@ -101,7 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bundle", required=True)
     parser.add_argument("--inputs", required=True)
-    parser.add_argument("--student", default=None)
+    parser.add_argument("--student", nargs="+", default=[], help="students' safetensors (gpu_bundle.engine_variants)")
     parser.add_argument("--variants", nargs="+", default=["lite_fp16"])
     # The stages are timed as CUDA-graph replays: the backends a bucketed engine captures.
     parser.add_argument("--backend", default="compile", choices=("compile", "cuda_graphs"))
@@ -131,10 +131,10 @@ def main() -> None:
     inputs = json.loads(Path(args.inputs).read_text(encoding="utf-8"))
     sequences = sequences_from_inputs(inputs["utterances"][: args.utterances])
     batches = length_sorted_batches(sequences, args.batch, family.sampling(seed=inputs["seed"]))
-    models = gpu_bundle.engine_variants(Path(args.bundle), None if args.student is None else Path(args.student))
+    models = gpu_bundle.engine_variants(Path(args.bundle), tuple(map(Path, args.student)))
     unknown = [name for name in args.variants if name not in models]
     if unknown:
-        parser.error(f"--variants {unknown}: available {sorted(models)} (the lite ones need --student)")
+        parser.error(f"--variants {unknown}: available {sorted(models)} (the lite ones need their students in --student)")
     report = {"machine": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__},
               "settings": {key: value for key, value in vars(args).items() if key != "out"}, "variants": {},
               "provenance": provenance(REPO_ROOT, sys.argv)}

@@ -33,6 +33,7 @@ from models.piper.vits import LRELU_SLOPE, ResBlock, ResidualCouplingFlow, VitsH
 
 
 STUDENT_PARTS = ("flow", "decoder")  # the parts the Lite student replaces; weights keyed "<part>.<param>"
+LITE_CONFIG_METADATA_KEY = "lite_student_config"  # safetensors metadata: the student's LiteStudentConfig as JSON
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def slice_segments(z: torch.Tensor, starts: torch.Tensor, frames: int) -> torch.
 def load_student(teacher_hp: VitsHyperParams, weights_path: Path) -> tuple[dict[str, nn.Module], LiteStudentConfig]:
     """The Lite parts from a safetensors file whose metadata holds their LiteStudentConfig."""
     with safe_open(str(weights_path), framework="pt") as handle:
-        config = LiteStudentConfig.from_dict(json.loads(handle.metadata()["lite_student_config"]))
+        config = LiteStudentConfig.from_dict(json.loads(handle.metadata()[LITE_CONFIG_METADATA_KEY]))
     parts = build_lite_parts(teacher_hp, config)
     student = LiteStudent(parts["flow"], parts["decoder"])
     student.load_state_dict(load_file(str(weights_path)), strict=True)

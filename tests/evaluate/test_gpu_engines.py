@@ -14,7 +14,11 @@ from evaluate import gpu_engines
 from evaluate.score_gpu_audio import load_audio
 from models.conv_layout import LayoutConv, converted_copy
 from models.piper import gpu_bundle
+from models.piper.duration_student import NoiseAffineDurationPredictor, save_duration_student
+from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts
 from models.piper.tiny import tiny_vits
+from models.piper.training.lite_training import save_student
+from models.precision import PrecisionIsland
 from models.registry import get_family
 
 FAMILY_NAME = "piper"  # the family whose suite is measured; its tiny architecture keeps this fast
@@ -135,3 +139,49 @@ def test_an_unknown_pair_or_layout_is_refused(bundle_and_inputs, tmp_path, monke
     with pytest.raises(SystemExit):
         gpu_engines.main()
     assert message in capsys.readouterr().err
+
+
+@pytest.fixture()
+def students(tmp_path):
+    """A tiny Lite student and a duration student distilled from nothing: weights for the variants' shapes."""
+    teacher = tiny_vits(num_symbols=30, seed=0)
+    config = LiteStudentConfig(decoder_initial_channels=32, upsample_rates=(2,), upsample_kernel_sizes=(4,),
+                               istft_hop=4, flow_hidden_channels=16, flow_wn_layers=1)  # hop 8, as the tiny voice's
+    torch.manual_seed(0)
+    acoustic, duration = tmp_path / "lite.safetensors", tmp_path / "duration.safetensors"
+    save_student(LiteStudent(*build_lite_parts(teacher.hp, config).values()), config, acoustic, {"steps": 0})
+    save_duration_student(NoiseAffineDurationPredictor.from_teacher(teacher.hp, teacher.parts()["duration"]),
+                          duration, {"steps": 0})
+    return acoustic, duration
+
+
+def test_each_student_given_adds_the_variants_it_completes(bundle_and_inputs, students):
+    bundle_dir, _ = bundle_and_inputs
+    acoustic, duration = students
+    assert set(gpu_bundle.engine_variants(bundle_dir, ())) == {"teacher", "fp16"}
+    assert set(gpu_bundle.engine_variants(bundle_dir, (duration,))) == {"teacher", "fp16"}
+    assert set(gpu_bundle.engine_variants(bundle_dir, (acoustic,))) == {"teacher", "fp16", "lite", "lite_fp16"}
+    variants = gpu_bundle.engine_variants(bundle_dir, (duration, acoustic))  # in any order
+    assert set(variants) == {"teacher", "fp16", "lite", "lite_fp16", "lite_dur_fp16"}
+    model = variants["lite_dur_fp16"]()
+    parts = model.parts()
+    # Only the distilled duration predictor stays in float32; the acoustic parts run channels-last.
+    assert isinstance(parts["duration"], NoiseAffineDurationPredictor)
+    assert all(isinstance(parts[role], PrecisionIsland) and parts[role].dtype == torch.float16
+               for role in ("encoder", "flow", "decoder"))
+    layouts = {role: {m.layout for m in parts[role].modules() if isinstance(m, LayoutConv)} for role in parts}
+    assert layouts == {"encoder": set(), "duration": set(), "flow": {"channels_last"}, "decoder": {"channels_last"}}
+    assert variants["lite_dur_fp16"]() is not model  # a fresh copy per call: engines do not share modules
+    # The Lite variants keep the teacher's duration predictor and their own layout.
+    assert not any(isinstance(m, (LayoutConv, NoiseAffineDurationPredictor)) for m in variants["lite_fp16"]().modules())
+
+
+def test_students_must_be_known_and_one_of_each_kind(bundle_and_inputs, students, tmp_path):
+    bundle_dir, _ = bundle_and_inputs
+    acoustic, _ = students
+    with pytest.raises(ValueError, match="two acoustic students"):
+        gpu_bundle.engine_variants(bundle_dir, (acoustic, acoustic))
+    stranger = tmp_path / "stranger.safetensors"
+    save_file({"w": torch.zeros(1)}, str(stranger))
+    with pytest.raises(ValueError, match="neither a Lite student"):
+        gpu_bundle.engine_variants(bundle_dir, (stranger,))

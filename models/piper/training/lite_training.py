@@ -47,7 +47,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from core.atomic_io import atomic_write
-from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts, load_student, slice_segments
+from models.piper.lite import (LITE_CONFIG_METADATA_KEY, LiteStudent, LiteStudentConfig, build_lite_parts, load_student,
+                               slice_segments)
 from models.piper.training.decoder_student import DISTILLATION_NOISE
 from models.piper.vits import PiperVits, hyperparams_from_dict
 from models.sampling import VitsSampling
@@ -353,7 +354,7 @@ def write_eval_audio(path: Path, teacher: PiperVits, student: LiteStudent, phone
 
 
 def save_student(student: LiteStudent, config: LiteStudentConfig, path: Path, card: dict) -> None:
-    metadata = {"lite_student_config": json.dumps(config.to_dict()), "training": json.dumps(card)}
+    metadata = {LITE_CONFIG_METADATA_KEY: json.dumps(config.to_dict()), "training": json.dumps(card)}
     atomic_write(Path(path), lambda tmp: save_file(student_state(student), tmp, metadata=metadata))
 
 
