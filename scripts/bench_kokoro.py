@@ -16,6 +16,8 @@ recovered from the int8 graph and the voice pack are read from this machine's ca
     # CUDA, the bucketed engine (models/kokoro/engines.py) against eager, random full-size weights
     # and fixed durations (6-8 frames per token): speed is real, sound is not
     PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --out $OUT/kokoro_engines.json
+    # ... and the same engine with its stages through torch.compile before capture
+    PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --compiled --out $OUT/kokoro_compiled.json
 
 ``--engines`` times the bucketed engine (FP32 text stage per exact shape, frame stage per frame
 bucket in FP32 or FP16 with FP32 islands, each a CUDA graph) against the eager model, both with
@@ -185,22 +187,30 @@ def timed(run, repeats: int) -> tuple[list[float], object]:
 
 
 def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroConfig, batches: list[int],
-                  repeats: int, forced: bool, device: str = "cuda") -> dict:
-    """RTF of eager FP32 and of the bucketed engine (graphs FP32, graphs FP16, eager FP16) over the
-    sentences, and each engine's SNR against eager FP32 on every sentence (audio on the host)."""
+                  repeats: int, forced: bool, device: str = "cuda", compiled: bool = False,
+                  sentences: int | None = None) -> dict:
+    """RTF of eager FP32 and of the bucketed engine (graphs FP32, graphs FP16, eager FP16; with
+    ``compiled`` also graphs FP32 of torch.compile'd stages) over the sentences, and each
+    engine's SNR against eager FP32 on every sentence (audio on the host)."""
     torch.backends.cudnn.benchmark = True  # fixed shapes per bucket: let cuDNN time its kernels once
     model = model.to(device)
     cuda = device == "cuda"
     engines = {"graphs_fp32": BucketedEngine(model, graphs=cuda, frame_dtype=torch.float32),
                "graphs_fp16": BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16),
                "eager_buckets_fp16": BucketedEngine(model, graphs=False, frame_dtype=torch.float16)}
+    if compiled:
+        # FP32 only: the FP16 frame stage's phase error (module docstring of models/kokoro/engines.py)
+        # is what keeps it from being the default, and each compiled shape costs a compile.
+        engines["compiled_graphs_fp32"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float32,
+                                                         compile_stages=True)
     results: dict = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu (smoke run)", "forced_frames_per_token": list(RANDOM_FRAMES_PER_TOKEN)
-                     if forced else None}
+                     if forced else None, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+                     "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "sentences": sentences}
     for batch in batches:
         seconds = {name: 0.0 for name in ("eager_fp32", *engines)}
         snrs: dict[str, list[float]] = {name: [] for name in engines}
         total_audio = 0.0
-        for ids in token_ids(config):
+        for ids in token_ids(config)[:sentences]:
             style = style_pack[len(ids) - 3].unsqueeze(0).expand(batch, -1).to(device)  # (B, 2S)
             input_ids = torch.tensor([ids] * batch, device=device)  # (B, T)
             frames = fixed_durations(len(ids), batch).to(device) if forced else None
@@ -239,6 +249,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--random-weights", action="store_true",
                         help="full-size random weights and fixed durations: timing only, no shards needed")
     parser.add_argument("--engines", action="store_true", help="CUDA: time the bucketed engine against eager")
+    parser.add_argument("--sentences", type=int, default=None, help="with --engines: the first N sentences only "
+                        "(each sentence's shapes cost a compile per compiled stage)")
+    parser.add_argument("--compiled", action="store_true", help="with --engines: also the engine with its stages "
+                        "through torch.compile before capture")
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
     origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
@@ -252,7 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.engines:
         if args.device != "cuda":
             parser.error("--engines needs --device cuda (the engine's graphs are CUDA graphs)")
-        results = bench_engines(model, style_pack, config, args.batches, args.repeats, forced=args.random_weights)
+        results = bench_engines(model, style_pack, config, args.batches, args.repeats, forced=args.random_weights,
+                                compiled=args.compiled, sentences=args.sentences)
     elif args.device == "cpu":
         results = bench_cpu(model, style_pack, config, args.threads, args.repeats)
     else:

@@ -27,6 +27,12 @@ the last projection with its exp and the inverse STFT (exp overflows float16 abo
 (docs/results/h200_7_kokoro_engines.json), it buys no speed on the H200 (the islands and the
 model's FP32 masks keep much of the traffic in FP32) and costs accuracy (real weights: 17.6 dB
 waveform SNR, 30.3 dB on STFT magnitudes, against 113 dB for FP32 buckets), so FP32 is the default.
+
+``compile_stages`` runs each stage shape through torch.compile (static shapes) before it is captured:
+a graph replays the kernels eager mode launched, so the many small elementwise kernels around the
+convolutions (Snake, AdaIN's scale and shift, the masks) stay separate passes over memory unless
+the compiler fuses them. The LSTMs stay eager inside the compiled stage (torch.compile leaves
+recurrent modules to eager mode), which the CUDA graph captures all the same.
 """
 from __future__ import annotations
 
@@ -44,6 +50,7 @@ from models.kokoro.model import KokoroModel
 from models.kokoro.prosody import alignment_matrix, durations_from_logits
 
 FRAME_BUCKET = 16  # frames round up to a multiple of this (0.4 s at 600 samples per frame, 24 kHz)
+COMPILED_SHAPES = 256  # compiled stage shapes kept before torch.compile would fall back to eager
 
 
 def _cast(outputs, dtype: torch.dtype | None):
@@ -195,18 +202,28 @@ class BucketedEngine:
     """
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
-                 frame_bucket: int = FRAME_BUCKET):
+                 frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False):
+        """``compile_stages``: both stages through torch.compile, one compile per shape (module
+        docstring); the first batch of a new shape pays it."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
         self.graphs, self.frame_bucket = graphs, frame_bucket
         self.samples_per_frame = model.config.samples_per_frame
-        self.text_stage = TextStage(model).eval()
+        self.compile_stages = compile_stages
+        if compile_stages:
+            # Every shape of a stage shares its forward's code object, whose compiled graphs
+            # torch.compile caps at 8 before it silently runs eager: a server meets more shapes.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
+        self.text_stage = self._compiled(TextStage(model).eval())
         self.frame_model = frame_side_copy(model, frame_dtype)
         self.shared_lstm = MaskedBiLstm(model.predictor.shared).to(self.device, frame_dtype).eval()
-        self.frame_stages: dict[int, FrameStage] = {}  # frame bucket -> stage (they share frame_model)
+        self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
+
+    def _compiled(self, stage: nn.Module) -> nn.Module:
+        return torch.compile(stage, dynamic=False) if self.compile_stages else stage
 
     def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
@@ -228,7 +245,7 @@ class BucketedEngine:
             frames = int(frame_counts.max())  # the one host sync
             bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
             if bucket not in self.frame_stages:
-                self.frame_stages[bucket] = FrameStage(self.frame_model, self.shared_lstm, bucket)
+                self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
             audio, = self._run(("frames", batch, length, bucket), self.frame_stages[bucket],
                                (d, t_en, frames_per_token, style))
             return {"audio": audio[:, : frames * self.samples_per_frame].float().cpu(),
