@@ -100,7 +100,7 @@ def build(teacher: Variant, settings: DistilSettings, ctx: StageContext) -> Vari
     metrics |= {f"{role}_params_after": parameter_count(parts[role]) for role in hooks.student_parts}
     return Variant("lite", model, "torch", teacher.device, parameter_count(model) / 1e6, state_dict_size_mb(model),
                    stage_metrics=metrics, stage_tags=tags | {"lite_config": json.dumps(config)},
-                   artifacts={"lite_weights": weights_path})
+                   artifacts={"lite_weights": weights_path}, trained_weights=(weights_path,))
 
 
 def _training_phoneme_ids(model, count: int, seed: int) -> list[list[int]]:

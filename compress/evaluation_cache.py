@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from core.atomic_io import atomic_write, write_text_atomic
+from core.file_digest import file_sha256
 from core.revision import code_tree_identity, cpu_model, git_revision
 from evaluate.runner import EvaluationSet, VariantEvaluation
 from models.precision import waveform_snr_db
@@ -139,8 +140,7 @@ def with_file_digests(settings: object, root: Path = REPO_ROOT, known: dict[Path
     if isinstance(settings, str) and settings:
         path = Path(settings) if Path(settings).is_absolute() else root / settings
         if path not in known and path.is_file():
-            with open(path, "rb") as handle:
-                known[path] = hashlib.file_digest(handle, "sha256").hexdigest()
+            known[path] = file_sha256(path)
         if path in known:
             return {"path": settings, "sha256": known[path]}
     return settings

@@ -23,8 +23,9 @@ from compress.stages import STAGES, stage_settings_chain
 from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from core.atomic_io import write_text_atomic
+from core.file_digest import file_sha256
 from evaluate.asr import build_recognizer
-from evaluate.gpu_results import PIPELINE_NAMES
+from evaluate.gpu_results import PIPELINE_NAMES, STUDENTS_KEY
 from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from models.interface import SynthesisRequest
@@ -130,6 +131,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     origins: dict[str, EvaluationOrigin] = {}  # variant -> scored in this run, or reused from when and where
     reference_audio: str | None = None  # digest of the reference's audio, which the cache keys dependents on
     file_digests: dict[Path, str] = {}  # checkpoints and voices the stages name, hashed once per run
+    withheld_gpu: set[str] = set()  # variants whose GPU figures ran other weights than theirs
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -187,16 +189,21 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 graph_metrics, graph_tags, graph_artifacts = variant_graph(
                     variant, settings, calibration_sequences(), graph_dir(settings.paths.output_dir, family.name, name))
                 variant.artifacts.update(graph_artifacts)
+                gpu_figures = _gpu_figures_of(gpu, variant, file_digests)
+                if gpu_figures is None:
+                    withheld_gpu.add(name)
                 metrics = {**variant.stage_metrics, **result.metrics, **family_metrics, **graph_metrics,
-                           **gpu.get("variants", {}).get(name, {})}
+                           **(gpu_figures or {})}
                 tags = {"engine": variant.engine, "device": variant.device,
                         "cpu_threads": str(settings.evaluate.cpu_threads), "eval_set": settings.data.eval_set,
                         "eval_sentences": str(len(evaluation_set.sequences)), "evaluation": origins[name].describe(),
                         **variant.stage_tags, **graph_tags}
                 if weights_note:
                     tags["weights_note"] = weights_note
-                if name in gpu.get("variants", {}):
+                if gpu_figures:
                     tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
+                elif gpu_figures is None:
+                    tags["gpu_figures"] = "withheld: the GPU call did not run this variant's trained weights"
                 samples = settings.evaluate.audio_samples
                 sample_texts = [s.text for s in evaluation_set.sequences][:samples]
                 pending_logs[name] = (tags, result.waveforms[:samples], sample_texts, result.sample_rate_hz,
@@ -212,7 +219,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
             for name, (tags, waveforms, texts, sample_rate_hz, hop_length, artifacts) in pending_logs.items():
                 log_variant_run(name, rows[name], tags, waveforms, texts, sample_rate_hz, hop_length, len(waveforms),
                                 artifacts)
-        _log_engine_runs(gpu, rows)
+        _log_engine_runs(gpu, {name: row for name, row in rows.items() if name not in withheld_gpu})
         if weights_note:
             mlflow.set_tag("weights_note", weights_note)
         table = results_markdown(rows, tuple(family_columns), weights_note)
@@ -228,23 +235,46 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     return rows
 
 
+def _gpu_figures_of(gpu: dict, variant: Variant, file_digests: dict[Path, str]) -> dict[str, float] | None:
+    """The variant's figures from the GPU results file; None (withheld, with a line saying why)
+    when the variant stands on trained weights that the GPU call's rows for it did not run
+    (evaluate/gpu_results.py records them by content)."""
+    figures = gpu.get("variants", {}).get(variant.name, {})
+    if not figures or not variant.trained_weights:
+        return figures
+    timed = set(gpu.get(STUDENTS_KEY, {}).get(variant.name, []))
+    for path in variant.trained_weights:
+        if path not in file_digests:
+            file_digests[path] = file_sha256(path)
+    untimed = [path.name for path in variant.trained_weights if file_digests[path] not in timed]
+    if untimed:
+        print(f"{variant.name}: GPU figures withheld: the GPU call's rows for it did not run {', '.join(untimed)} "
+              f"(by sha256; they ran {sorted(timed) or 'weights it did not record'})", flush=True)
+        return None
+    return figures
+
+
 def _log_engine_runs(gpu: dict, rows: dict[str, dict[str, float]]) -> None:
     """One nested run per (variant x engine) the GPU call measured (evaluate/gpu_engines.py).
 
     Metric names are the variants' own, so the MLflow UI compares pairs and variants alike: the
-    engine's speed, and the quality the same weights scored in this run (an engine runs the
-    variant's weights; its output SNR against eager is logged beside, ``snr_db_vs_eager``).
+    engine's speed, and the quality the same weights at the same precision scored in this run (its
+    output SNR against eager is logged beside, ``snr_db_vs_eager``). An engine of the variant in
+    another precision (``lite_fp16`` for ``lite``) gets no quality figures: its audio was not
+    scored here (evaluate/score_gpu_audio.py scores what the GPU call saved).
     """
     for pair, figures in gpu.get("engines", {}).items():
         engine_variant, engine = pair.split("/")
         variant = PIPELINE_NAMES.get(engine_variant)
         if variant not in rows or "error" in figures:
             continue
-        quality = {k: rows[variant][k] for k in QUALITY_COLUMNS if k in rows[variant]}
+        same_precision = engine_variant == variant
+        quality = {k: rows[variant][k] for k in QUALITY_COLUMNS if k in rows[variant]} if same_precision else {}
         speed = {k: float(v) for k, v in figures.items() if isinstance(v, (int, float))}
         with mlflow.start_run(run_name=f"{engine_variant}@{engine}", nested=True):
             mlflow.set_tags({"variant": variant, "engine": engine, "weights": engine_variant,
-                             "gpu_machine": gpu["machine"].get("gpu", "unknown")})
+                             "gpu_machine": gpu["machine"].get("gpu", "unknown"),
+                             "quality": "of the variant's CPU audio" if same_precision else "not measured in this run"})
             mlflow.log_metrics({**quality, **speed})
 
 

@@ -33,6 +33,9 @@ class Variant:
     stage_metrics: dict[str, float] = field(default_factory=dict)
     stage_tags: dict[str, str] = field(default_factory=dict)
     artifacts: dict[str, Path] = field(default_factory=dict)  # files to log: ONNX, checkpoints, tables
+    # Weights files the variant was trained into beyond the voice (a distilled student's): figures
+    # measured elsewhere (an H200 call) describe this variant only if they ran these same files.
+    trained_weights: tuple[Path, ...] = ()
 
 
 @dataclass

@@ -47,6 +47,7 @@ from pathlib import Path
 import torch
 
 from core.atomic_io import write_text_atomic
+from core.file_digest import file_sha256
 from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.gpu_benchmark import save_audio, sequences_from_inputs
@@ -221,7 +222,10 @@ def main() -> None:
     results: dict[str, dict] = {}
     eager_outputs: dict[str, list[SynthesisResult]] = {}
     live: dict[str, tuple] = {}  # result key -> (engine, graphs mode), for the later rounds
-    report = lambda: _write_report(args, results, len(sequences), inputs["eval_set"], origin)
+    # Which students' weights these engines ran, by content: a merge into the pipeline's table
+    # (evaluate/gpu_results.py) checks a variant's figures against the weights that run scored.
+    students_sha256 = {Path(path).name: file_sha256(path) for path in args.student}
+    report = lambda: _write_report(args, results, len(sequences), inputs["eval_set"], origin, students_sha256)
     for variant, backend, layout in plan:
         if time.perf_counter() - started > args.deadline_s:
             results[f"{_variant_key(variant, layout)}/{backend}"] = {
@@ -313,7 +317,7 @@ def _run_engines(suite, variant: str, backend: str, layout: str | None, make_mod
 
 
 def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances: int, eval_set: str,
-                  origin: dict) -> None:
+                  origin: dict, students_sha256: dict[str, str]) -> None:
     baseline = results.get("teacher/eager", {}).get("rtf_cuda_b1")
     for row in results.values():
         if baseline and "rtf_cuda_b1" in row:
@@ -324,7 +328,7 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
                           "cudnn_benchmark": args.cudnn_benchmark,
                           "date": datetime.date.today().isoformat()},
               "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "rounds": args.rounds,
-              "engines": results,
+              "students_sha256": students_sha256, "engines": results,
               "provenance": origin}
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
 

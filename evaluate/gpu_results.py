@@ -17,6 +17,12 @@ in rounds (``gpu_engines --rounds``) gives each speed its ``_spread`` too, under
 ``_spread`` (``rtf_cuda_b1_spread``, ``rtf_cuda_b1_compile_spread``), which the selection rule reads.
 VRAM comes from the benchmark call, which measures each variant alone on the device (the
 engines call keeps earlier models and graph pools resident, so its peaks are not per variant).
+
+A variant built on trained weights (the Lite student) is only as timed as those weights: each
+engines call records its students' sha256, the merge keeps them per variant
+(``students_sha256``), and the pipeline takes a variant's GPU figures only when they name the
+weights it scored (compress/pipeline.py). Calls older than that record carry no digests, so their
+student rows cannot be matched and stay out of a run's table.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from core.publishing import add_allow_dirty_argument, publication_or_exit
 
 SPEED_KEYS = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
 VRAM_KEYS = ("vram_peak_mib", "vram_peak_mib_b16", "vram_weights_mib")
+STUDENTS_KEY = "students_sha256"  # a row's or a variant's students' weights, by content
 # Engine-run variants that are the pipeline's variants under another name.
 PIPELINE_NAMES = {"teacher": "teacher", "fp16": "fp16", "lite": "lite", "lite_fp16": "lite"}
 
@@ -48,25 +55,32 @@ def combine_engine_calls(calls: list[dict], drop: tuple[str, ...] = ()) -> dict:
     rows: dict[str, dict] = {}
     unused = set(drop)
     for number, call in enumerate(calls, start=1):
+        students = sorted(call.get("students_sha256", {}).values())
         for pair, row in call["engines"].items():
             dropped = {f"{number}:{pair}", pair} & set(drop)
             unused -= dropped
             if not dropped:
-                rows[pair] = row
+                rows[pair] = {**row, STUDENTS_KEY: students}  # each row keeps its own call's students
     if unused:
         raise ValueError(f"--drop names rows no call has: {sorted(unused)}")
     return {**calls[-1], "engines": rows}
 
 
 def merge(benchmark: dict, engines: dict) -> dict:
+    """``engines``: from combine_engine_calls. ``students_sha256`` of a variant: the students that
+    every row feeding it ran (rows of calls with other students leave those out)."""
     variants: dict[str, dict[str, float]] = {}
+    students: dict[str, set[str]] = {}
     for name, row in benchmark["variants"].items():
         variants[name] = {k: v for k, v in row.items() if k in VRAM_KEYS + SPEED_KEYS}
     for pair, row in engines["engines"].items():
         engine_variant, engine = pair.split("/")
         if "error" in row or engine_variant not in PIPELINE_NAMES:
             continue
-        target = variants.setdefault(PIPELINE_NAMES[engine_variant], {})
+        name = PIPELINE_NAMES[engine_variant]
+        row_students = set(row.get(STUDENTS_KEY, []))
+        students[name] = students.get(name, row_students) & row_students
+        target = variants.setdefault(name, {})
         precision = "_fp16" if engine_variant == "lite_fp16" else ""
         for key in SPEED_KEYS:
             for suffix in ("", "_spread"):
@@ -76,7 +90,9 @@ def merge(benchmark: dict, engines: dict) -> dict:
                     target[f"{key}{suffix}"] = row[f"{key}{suffix}"]
                 target[f"{key}_{engine}{precision}{suffix}"] = row[f"{key}{suffix}"]
     return {"machine": engines["machine"] | {"vram_from": benchmark.get("date", "benchmark call")},
-            "variants": variants, "engines": engines["engines"], "utterances": engines["utterances"],
+            "variants": variants, STUDENTS_KEY: {name: sorted(digests) for name, digests in students.items()},
+            "engines": engines["engines"],
+            "utterances": engines["utterances"],
             "eval_set": engines["eval_set"]}
 
 

@@ -51,8 +51,10 @@ def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_p
         gpu_engines.main()
     finally:
         torch.set_num_threads(threads)
-    engines = json.loads(out.read_text())["engines"]
+    report = json.loads(out.read_text())
+    engines = report["engines"]
     assert set(engines) == {"teacher/eager", "fp16/eager"}
+    assert report["students_sha256"] == {}  # no student ran: none to match a table's Lite rows against
     assert engines["teacher/eager"]["speedup_b1_vs_teacher_eager"] == 1.0
     assert "error" not in engines["fp16/eager"]
     # Three rounds per engine; each figure is their median and its spread their range.

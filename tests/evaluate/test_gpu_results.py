@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import pytest
 
-from evaluate.gpu_results import combine_engine_calls, merge
+from evaluate.gpu_results import STUDENTS_KEY, combine_engine_calls, merge
 
 
-def _call(rows: dict, utterances: int = 100) -> dict:
-    return {"machine": {"gpu": "NVIDIA H200"}, "utterances": utterances, "eval_set": "harvard", "engines": rows}
+def _call(rows: dict, utterances: int = 100, students: dict[str, str] | None = None) -> dict:
+    call = {"machine": {"gpu": "NVIDIA H200"}, "utterances": utterances, "eval_set": "harvard", "engines": rows}
+    return call if students is None else call | {STUDENTS_KEY: students}
+
+
+def _figures(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != STUDENTS_KEY}
 
 
 def _row(rtf_b1: float) -> dict:
@@ -19,8 +24,8 @@ def test_later_calls_win_and_drops_apply_per_call():
     second = _call({"teacher/eager": _row(0.008), "lite/compile": _row(0.003),
                     "lite/aoti": {"error": "UserError"}})
     combined = combine_engine_calls([first, second], drop=("2:lite/compile",))
-    assert combined["engines"]["teacher/eager"] == _row(0.008)  # the later call
-    assert combined["engines"]["lite/compile"] == _row(0.006)  # the second call's row was dropped
+    assert _figures(combined["engines"]["teacher/eager"]) == _row(0.008)  # the later call
+    assert _figures(combined["engines"]["lite/compile"]) == _row(0.006)  # the second call's row was dropped
     assert "lite/compile" not in combine_engine_calls([first, second], drop=("lite/compile",))["engines"]
     merged = merge({"variants": {"teacher": {"vram_peak_mib": 140.0}}}, combined)
     assert merged["variants"]["lite"]["rtf_cuda_b1_compile"] == 0.006
@@ -45,3 +50,15 @@ def test_bad_merges_are_refused():
         combine_engine_calls([_call({}, 100), _call({}, 50)])
     with pytest.raises(ValueError, match="at least one"):
         combine_engine_calls([])
+
+
+def test_a_variant_keeps_only_the_students_every_row_of_it_ran():
+    """Rows of the Lite variant from a call with another student, or from a call that recorded none,
+    leave that student out, so the pipeline cannot take the figures for the wrong weights."""
+    gan = _call({"teacher/eager": _row(0.008), "lite/eager": _row(0.006)}, students={"lite.safetensors": "aa"})
+    same = _call({"lite_fp16/compile": _row(0.002)}, students={"lite.safetensors": "aa", "duration.safetensors": "dd"})
+    spectral = _call({"lite_fp16/compile": _row(0.002)}, students={"lite.safetensors": "bb"})
+    unrecorded = _call({"lite_fp16/compile": _row(0.002)})
+    assert merge({"variants": {}}, combine_engine_calls([gan, same]))[STUDENTS_KEY] == {"teacher": ["aa"], "lite": ["aa"]}
+    assert merge({"variants": {}}, combine_engine_calls([gan, spectral]))[STUDENTS_KEY]["lite"] == []
+    assert merge({"variants": {}}, combine_engine_calls([gan, unrecorded]))[STUDENTS_KEY]["lite"] == []
