@@ -25,7 +25,7 @@ from compress.variants import StageContext, Variant, build_variant, set_cpu_thre
 from core.atomic_io import write_text_atomic
 from core.file_digest import file_sha256
 from evaluate.asr import build_recognizer
-from evaluate.gpu_results import PIPELINE_NAMES, STUDENTS_KEY
+from evaluate.gpu_results import PIPELINE_NAMES, VARIANT_STUDENTS_KEY
 from evaluate.rtf import interleaved_rtf
 from evaluate.runner import EvaluationSet, VariantEvaluation, evaluate_variant
 from models.interface import SynthesisRequest
@@ -130,8 +130,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
     cache: EvaluationCache | None = None  # finished evaluations of earlier runs (made with the evaluation set)
     origins: dict[str, EvaluationOrigin] = {}  # variant -> scored in this run, or reused from when and where
     reference_audio: str | None = None  # digest of the reference's audio, which the cache keys dependents on
-    file_digests: dict[Path, str] = {}  # checkpoints and voices the stages name, hashed once per run
-    withheld_gpu: set[str] = set()  # variants whose GPU figures ran other weights than theirs
+    file_digests: dict[Path, str] = {}  # checkpoints, voices and trained weights, hashed once per run
+    withheld_gpu: set[str] = set()  # variants whose GPU figures are not shown to have run their weights
 
     def calibration_sequences() -> list:  # the calibration set through the voice's frontend, once
         nonlocal calibration
@@ -203,7 +203,7 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
                 if gpu_figures:
                     tags["gpu_machine"] = gpu["machine"].get("gpu", "unknown")
                 elif gpu_figures is None:
-                    tags["gpu_figures"] = "withheld: the GPU call did not run this variant's trained weights"
+                    tags["gpu_figures"] = "withheld: not shown to have run this variant's trained weights"
                 samples = settings.evaluate.audio_samples
                 sample_texts = [s.text for s in evaluation_set.sequences][:samples]
                 pending_logs[name] = (tags, result.waveforms[:samples], sample_texts, result.sample_rate_hz,
@@ -242,14 +242,16 @@ def _gpu_figures_of(gpu: dict, variant: Variant, file_digests: dict[Path, str]) 
     figures = gpu.get("variants", {}).get(variant.name, {})
     if not figures or not variant.trained_weights:
         return figures
-    timed = set(gpu.get(STUDENTS_KEY, {}).get(variant.name, []))
+    timed = set(gpu.get(VARIANT_STUDENTS_KEY, {}).get(variant.name, []))
     for path in variant.trained_weights:
         if path not in file_digests:
             file_digests[path] = file_sha256(path)
     untimed = [path.name for path in variant.trained_weights if file_digests[path] not in timed]
     if untimed:
-        print(f"{variant.name}: GPU figures withheld: the GPU call's rows for it did not run {', '.join(untimed)} "
-              f"(by sha256; they ran {sorted(timed) or 'weights it did not record'})", flush=True)
+        given = (f"its calls were given {sorted(timed)}" if timed else
+                 "its calls recorded no students, or were given different ones (evaluate/gpu_results.py)")
+        print(f"{variant.name}: GPU figures withheld: not measured on {', '.join(untimed)} (by sha256; {given})",
+              flush=True)
         return None
     return figures
 

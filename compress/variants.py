@@ -35,6 +35,7 @@ class Variant:
     artifacts: dict[str, Path] = field(default_factory=dict)  # files to log: ONNX, checkpoints, tables
     # Weights files the variant was trained into beyond the voice (a distilled student's): figures
     # measured elsewhere (an H200 call) describe this variant only if they ran these same files.
+    # Set where GPU figures are merged by name (``lite``); the CPU graphs built from it carry none.
     trained_weights: tuple[Path, ...] = ()
 
 

@@ -51,6 +51,7 @@ from core.file_digest import file_sha256
 from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.gpu_benchmark import save_audio, sequences_from_inputs
+from evaluate.gpu_results import CALL_STUDENTS_KEY
 from evaluate.rtf import length_sorted_batches, measure_batch1, measure_batched
 from models.conv_layout import CONV_LAYOUTS, converted_copy
 from models.interface import SynthesisRequest, SynthesisResult
@@ -328,7 +329,7 @@ def _write_report(args: argparse.Namespace, results: dict[str, dict], utterances
                           "cudnn_benchmark": args.cudnn_benchmark,
                           "date": datetime.date.today().isoformat()},
               "utterances": utterances, "eval_set": eval_set, "warm_runs": args.warm_runs, "rounds": args.rounds,
-              "students_sha256": students_sha256, "engines": results,
+              CALL_STUDENTS_KEY: students_sha256, "engines": results,
               "provenance": origin}
     write_text_atomic(Path(args.out), json.dumps(report, indent=2))
 

@@ -19,10 +19,13 @@ VRAM comes from the benchmark call, which measures each variant alone on the dev
 engines call keeps earlier models and graph pools resident, so its peaks are not per variant).
 
 A variant built on trained weights (the Lite student) is only as timed as those weights: each
-engines call records its students' sha256, the merge keeps them per variant
-(``students_sha256``), and the pipeline takes a variant's GPU figures only when they name the
-weights it scored (compress/pipeline.py). Calls older than that record carry no digests, so their
-student rows cannot be matched and stay out of a run's table.
+engines call records the sha256 of the students it was given (``students_sha256``), each merged
+row carries its call's (``call_students_sha256``), and the merge keeps per pipeline variant the
+students that every call feeding it was given (``variant_students_sha256``). The pipeline takes a
+variant's GPU figures only when that set holds the weights it scored (compress/pipeline.py). One
+row from a call that was given other students, or that recorded none (calls before the record),
+empties the set and so withholds the whole variant: the merge prints such rows, which ``--drop``
+can leave out.
 """
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ from core.publishing import add_allow_dirty_argument, publication_or_exit
 
 SPEED_KEYS = ("rtf_cuda_b1", "rtf_cuda_b16", "latency_first_audio_ms_cuda")
 VRAM_KEYS = ("vram_peak_mib", "vram_peak_mib_b16", "vram_weights_mib")
-STUDENTS_KEY = "students_sha256"  # a row's or a variant's students' weights, by content
+CALL_STUDENTS_KEY = "students_sha256"  # an engines call: student file name -> sha256 of its bytes
+ROW_STUDENTS_KEY = "call_students_sha256"  # a merged row: the sha256s its call was given, sorted
+VARIANT_STUDENTS_KEY = "variant_students_sha256"  # merged: variant -> the sha256s every call feeding it was given
 # Engine-run variants that are the pipeline's variants under another name.
 PIPELINE_NAMES = {"teacher": "teacher", "fp16": "fp16", "lite": "lite", "lite_fp16": "lite"}
 
@@ -55,22 +60,25 @@ def combine_engine_calls(calls: list[dict], drop: tuple[str, ...] = ()) -> dict:
     rows: dict[str, dict] = {}
     unused = set(drop)
     for number, call in enumerate(calls, start=1):
-        students = sorted(call.get("students_sha256", {}).values())
+        students = sorted(call.get(CALL_STUDENTS_KEY, {}).values())
         for pair, row in call["engines"].items():
             dropped = {f"{number}:{pair}", pair} & set(drop)
             unused -= dropped
             if not dropped:
-                rows[pair] = {**row, STUDENTS_KEY: students}  # each row keeps its own call's students
+                rows[pair] = {**row, ROW_STUDENTS_KEY: students}  # each row keeps its own call's students
     if unused:
         raise ValueError(f"--drop names rows no call has: {sorted(unused)}")
-    return {**calls[-1], "engines": rows}
+    combined = {key: value for key, value in calls[-1].items() if key != CALL_STUDENTS_KEY}  # per row now
+    return {**combined, "engines": rows}
 
 
 def merge(benchmark: dict, engines: dict) -> dict:
-    """``engines``: from combine_engine_calls. ``students_sha256`` of a variant: the students that
-    every row feeding it ran (rows of calls with other students leave those out)."""
+    """``engines``: from combine_engine_calls. ``variant_students_sha256`` (module docstring); a
+    variant whose rows' calls were given different students (or recorded none) is listed under
+    ``student_disagreements`` with each row's students."""
     variants: dict[str, dict[str, float]] = {}
     students: dict[str, set[str]] = {}
+    rows_students: dict[str, dict[str, list[str]]] = {}
     for name, row in benchmark["variants"].items():
         variants[name] = {k: v for k, v in row.items() if k in VRAM_KEYS + SPEED_KEYS}
     for pair, row in engines["engines"].items():
@@ -78,8 +86,9 @@ def merge(benchmark: dict, engines: dict) -> dict:
         if "error" in row or engine_variant not in PIPELINE_NAMES:
             continue
         name = PIPELINE_NAMES[engine_variant]
-        row_students = set(row.get(STUDENTS_KEY, []))
-        students[name] = students.get(name, row_students) & row_students
+        row_students = row.get(ROW_STUDENTS_KEY, [])
+        students[name] = students.get(name, set(row_students)) & set(row_students)
+        rows_students.setdefault(name, {})[pair] = row_students
         target = variants.setdefault(name, {})
         precision = "_fp16" if engine_variant == "lite_fp16" else ""
         for key in SPEED_KEYS:
@@ -90,7 +99,9 @@ def merge(benchmark: dict, engines: dict) -> dict:
                     target[f"{key}{suffix}"] = row[f"{key}{suffix}"]
                 target[f"{key}_{engine}{precision}{suffix}"] = row[f"{key}{suffix}"]
     return {"machine": engines["machine"] | {"vram_from": benchmark.get("date", "benchmark call")},
-            "variants": variants, STUDENTS_KEY: {name: sorted(digests) for name, digests in students.items()},
+            "variants": variants, VARIANT_STUDENTS_KEY: {name: sorted(digests) for name, digests in students.items()},
+            "student_disagreements": {name: by_row for name, by_row in rows_students.items()
+                                      if len({tuple(row) for row in by_row.values()}) > 1},
             "engines": engines["engines"],
             "utterances": engines["utterances"],
             "eval_set": engines["eval_set"]}
@@ -111,6 +122,10 @@ def main() -> None:
     merged["provenance"] = origin  # of this merge; each call's own provenance stays in its file
     write_text_atomic(Path(args.out), json.dumps(merged, indent=2))
     print(f"wrote {args.out}: {sorted(merged['variants'])}")
+    for name, by_row in merged["student_disagreements"].items():
+        print(f"variant {name!r}: its rows' calls were given different students (or recorded none), so the "
+              f"pipeline withholds its GPU figures if it stands on trained weights: {by_row}; --drop n:pair "
+              "leaves a call's row out")
 
 
 if __name__ == "__main__":

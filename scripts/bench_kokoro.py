@@ -17,7 +17,8 @@ recovered from the int8 graph and the voice pack are read from this machine's ca
     # and fixed durations (6-8 frames per token): speed is real, sound is not
     PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --out $OUT/kokoro_engines.json
     # ... and the same engine with its stages through torch.compile before capture
-    PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --compiled --out $OUT/kokoro_compiled.json
+    PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --compiled \
+        --out $OUT/kokoro_compiled.json
 
 ``--engines`` times the bucketed engine (FP32 text stage per exact shape, frame stage per frame
 bucket in FP32 or FP16 with FP32 islands, each a CUDA graph) against the eager model, both with
@@ -205,7 +206,8 @@ def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroCo
                                                          compile_stages=True)
     results: dict = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu (smoke run)", "forced_frames_per_token": list(RANDOM_FRAMES_PER_TOKEN)
                      if forced else None, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
-                     "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "sentences": sentences}
+                     "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+                     "sentences_timed": len(token_ids(config)[:sentences])}
     for batch in batches:
         seconds = {name: 0.0 for name in ("eager_fp32", *engines)}
         snrs: dict[str, list[float]] = {name: [] for name in engines}
@@ -255,6 +257,12 @@ def main(argv: list[str] | None = None) -> None:
                         "through torch.compile before capture")
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
+    if (args.compiled or args.sentences is not None) and not args.engines:
+        parser.error("--compiled and --sentences apply to --engines only")
+    if args.sentences is not None and args.sentences < 1:
+        parser.error(f"--sentences must be >= 1, got {args.sentences}")
+    if args.engines and args.device != "cuda":
+        parser.error("--engines needs --device cuda (the engine's graphs are CUDA graphs)")
     origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     config = official_config()
@@ -264,8 +272,6 @@ def main(argv: list[str] | None = None) -> None:
         state, style_pack = load_inputs(args.weights, args.voice)
         model = load_model_state(KokoroModel(config), state)
     if args.engines:
-        if args.device != "cuda":
-            parser.error("--engines needs --device cuda (the engine's graphs are CUDA graphs)")
         results = bench_engines(model, style_pack, config, args.batches, args.repeats, forced=args.random_weights,
                                 compiled=args.compiled, sentences=args.sentences)
     elif args.device == "cpu":

@@ -7,7 +7,7 @@ from pathlib import Path
 from compress.pipeline import _gpu_figures_of
 from compress.variants import Variant
 from core.file_digest import file_sha256
-from evaluate.gpu_results import STUDENTS_KEY
+from evaluate.gpu_results import VARIANT_STUDENTS_KEY
 
 FIGURES = {"rtf_cuda_b1": 0.006, "rtf_cuda_b16": 0.0006}
 
@@ -19,7 +19,7 @@ def _variant(name: str, trained_weights: tuple[Path, ...] = ()) -> Variant:
 
 def _gpu(students: dict[str, list[str]] | None) -> dict:
     gpu = {"machine": {"gpu": "NVIDIA H200"}, "variants": {"lite": FIGURES, "teacher": FIGURES}}
-    return gpu if students is None else gpu | {STUDENTS_KEY: students}
+    return gpu if students is None else gpu | {VARIANT_STUDENTS_KEY: students}
 
 
 def test_figures_join_when_the_call_ran_the_same_weights(tmp_path):

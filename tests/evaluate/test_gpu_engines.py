@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from core.file_digest import file_sha256
 from evaluate import gpu_engines
 from evaluate.score_gpu_audio import load_audio
 from models.conv_layout import LayoutConv, converted_copy
@@ -187,3 +188,23 @@ def test_students_must_be_known_and_one_of_each_kind(bundle_and_inputs, students
     save_file({"w": torch.zeros(1)}, str(stranger))
     with pytest.raises(ValueError, match="neither a Lite student"):
         gpu_bundle.engine_variants(bundle_dir, (stranger,))
+
+
+def test_the_report_names_the_students_it_was_given_by_content(bundle_and_inputs, students, tmp_path, monkeypatch):
+    """What a merge into the pipeline's table checks a Lite row against (evaluate/gpu_results.py)."""
+    bundle_dir, inputs = bundle_and_inputs
+    acoustic, duration = students
+    out = tmp_path / "engines.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
+                                      "--student", str(acoustic), str(duration), "--only", "teacher/eager",
+                                      "--warm-runs", "1", "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu",
+                                      "--out", str(out)])
+    threads = torch.get_num_threads()
+    try:
+        gpu_engines.main()
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    assert report["students_sha256"] == {"lite.safetensors": file_sha256(acoustic),
+                                         "duration.safetensors": file_sha256(duration)}
+    assert set(report["engines"]) == {"teacher/eager"}

@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from evaluate.gpu_results import STUDENTS_KEY, combine_engine_calls, merge
+from evaluate.gpu_results import (CALL_STUDENTS_KEY, ROW_STUDENTS_KEY, VARIANT_STUDENTS_KEY, combine_engine_calls,
+                                  merge)
 
 
 def _call(rows: dict, utterances: int = 100, students: dict[str, str] | None = None) -> dict:
     call = {"machine": {"gpu": "NVIDIA H200"}, "utterances": utterances, "eval_set": "harvard", "engines": rows}
-    return call if students is None else call | {STUDENTS_KEY: students}
+    return call if students is None else call | {CALL_STUDENTS_KEY: students}
 
 
 def _figures(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key != STUDENTS_KEY}
+    return {key: value for key, value in row.items() if key != ROW_STUDENTS_KEY}
 
 
 def _row(rtf_b1: float) -> dict:
@@ -52,13 +53,19 @@ def test_bad_merges_are_refused():
         combine_engine_calls([])
 
 
-def test_a_variant_keeps_only_the_students_every_row_of_it_ran():
-    """Rows of the Lite variant from a call with another student, or from a call that recorded none,
-    leave that student out, so the pipeline cannot take the figures for the wrong weights."""
+def test_a_variant_keeps_only_the_students_every_call_feeding_it_was_given():
+    """One Lite row from a call given another student, or from a call that recorded none, empties the
+    variant's set (so the pipeline withholds it) and is listed with every row's students."""
     gan = _call({"teacher/eager": _row(0.008), "lite/eager": _row(0.006)}, students={"lite.safetensors": "aa"})
     same = _call({"lite_fp16/compile": _row(0.002)}, students={"lite.safetensors": "aa", "duration.safetensors": "dd"})
     spectral = _call({"lite_fp16/compile": _row(0.002)}, students={"lite.safetensors": "bb"})
     unrecorded = _call({"lite_fp16/compile": _row(0.002)})
-    assert merge({"variants": {}}, combine_engine_calls([gan, same]))[STUDENTS_KEY] == {"teacher": ["aa"], "lite": ["aa"]}
-    assert merge({"variants": {}}, combine_engine_calls([gan, spectral]))[STUDENTS_KEY]["lite"] == []
-    assert merge({"variants": {}}, combine_engine_calls([gan, unrecorded]))[STUDENTS_KEY]["lite"] == []
+    agreed = merge({"variants": {}}, combine_engine_calls([gan, same]))
+    assert agreed[VARIANT_STUDENTS_KEY] == {"teacher": ["aa"], "lite": ["aa"]}
+    assert agreed["student_disagreements"] == {"lite": {"lite/eager": ["aa"], "lite_fp16/compile": ["aa", "dd"]}}
+    for other in (spectral, unrecorded):
+        combined = combine_engine_calls([gan, other])
+        assert CALL_STUDENTS_KEY not in combined  # the last call's students travel on its rows only
+        merged = merge({"variants": {}}, combined)
+        assert merged[VARIANT_STUDENTS_KEY]["lite"] == []
+        assert set(merged["student_disagreements"]["lite"]) == {"lite/eager", "lite_fp16/compile"}
