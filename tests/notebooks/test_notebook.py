@@ -7,7 +7,7 @@ import pytest
 
 from compress.pipeline import run
 from compress.run_config import settings_from_config
-from notebooks.execute import COMPARE_VARIANTS, SERVING_LOADTESTS, execute_notebook
+from notebooks.execute import COMPARE_VARIANTS, H200_ENGINES, SERVING_LOADTESTS, execute_notebook
 
 pytestmark = pytest.mark.slow  # loads the real voice
 
@@ -85,3 +85,24 @@ def test_serving_notebook_names_a_folder_without_reports(tmp_path):
     with pytest.raises(CellExecutionError, match="no serve.loadtest reports"):
         execute_notebook(SERVING_LOADTESTS, loadtest_dir=tmp_path, output_path=tmp_path / "serving.ipynb",
                          timeout_s=120)
+
+
+def test_h200_engines_notebook_reads_the_recorded_calls(tmp_path):
+    """Against the committed engines reports: every row, the batch-16 plot, and the verdict on #19's
+    target, where only session 22's duration-student engine meets 1e-4 beside the teacher."""
+    results = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+    executed = execute_notebook(H200_ENGINES, results_dir=results, output_path=tmp_path / "h200.ipynb", timeout_s=120)
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 1
+    notes = [o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
+    assert notes[-1] == "**Meets the target:** lite_dur_fp16/compile_cuda_graphs in h200_22_engines_compile"
+    tables = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    assert "not measured" in tables  # session 20's autotuning call saved no audio
+
+
+def test_h200_engines_notebook_names_a_folder_without_reports(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError, match="no gpu_engines reports"):
+        execute_notebook(H200_ENGINES, results_dir=tmp_path, output_path=tmp_path / "h200.ipynb", timeout_s=120)
