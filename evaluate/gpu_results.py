@@ -74,8 +74,8 @@ def combine_engine_calls(calls: list[dict], drop: tuple[str, ...] = ()) -> dict:
 
 def merge(benchmark: dict, engines: dict) -> dict:
     """``engines``: from combine_engine_calls. ``variant_students_sha256`` (module docstring); a
-    variant whose rows' calls were given different students (or recorded none) is listed under
-    ``student_disagreements`` with each row's students."""
+    variant with students given to only some of the calls feeding it (or rows that recorded none) is
+    listed under ``student_disagreements``: those students and each row's."""
     variants: dict[str, dict[str, float]] = {}
     students: dict[str, set[str]] = {}
     rows_students: dict[str, dict[str, list[str]]] = {}
@@ -100,11 +100,17 @@ def merge(benchmark: dict, engines: dict) -> dict:
                 target[f"{key}_{engine}{precision}{suffix}"] = row[f"{key}{suffix}"]
     return {"machine": engines["machine"] | {"vram_from": benchmark.get("date", "benchmark call")},
             "variants": variants, VARIANT_STUDENTS_KEY: {name: sorted(digests) for name, digests in students.items()},
-            "student_disagreements": {name: by_row for name, by_row in rows_students.items()
-                                      if len({tuple(row) for row in by_row.values()}) > 1},
+            "student_disagreements": _disagreements(rows_students, students),
             "engines": engines["engines"],
             "utterances": engines["utterances"],
             "eval_set": engines["eval_set"]}
+
+
+def _disagreements(rows_students: dict[str, dict[str, list[str]]], kept: dict[str, set[str]]) -> dict[str, dict]:
+    """variant -> the students some of its rows' calls were given and others not, with each row's."""
+    partial = {name: set().union(*map(set, by_row.values())) - kept[name] for name, by_row in rows_students.items()}
+    return {name: {"partial_students": sorted(partial[name]), "rows": rows_students[name]}
+            for name in rows_students if partial[name]}
 
 
 def main() -> None:
@@ -122,10 +128,10 @@ def main() -> None:
     merged["provenance"] = origin  # of this merge; each call's own provenance stays in its file
     write_text_atomic(Path(args.out), json.dumps(merged, indent=2))
     print(f"wrote {args.out}: {sorted(merged['variants'])}")
-    for name, by_row in merged["student_disagreements"].items():
-        print(f"variant {name!r}: its rows' calls were given different students (or recorded none), so the "
-              f"pipeline withholds its GPU figures if it stands on trained weights: {by_row}; --drop n:pair "
-              "leaves a call's row out")
+    for name, disagreement in merged["student_disagreements"].items():
+        print(f"variant {name!r}: students {disagreement['partial_students']} were given to only some of the calls "
+              f"feeding it (rows: {disagreement['rows']}); the pipeline withholds its GPU figures if it stands on one "
+              "of them: --drop n:pair leaves a call's row out")
 
 
 if __name__ == "__main__":

@@ -62,10 +62,13 @@ def test_a_variant_keeps_only_the_students_every_call_feeding_it_was_given():
     unrecorded = _call({"lite_fp16/compile": _row(0.002)})
     agreed = merge({"variants": {}}, combine_engine_calls([gan, same]))
     assert agreed[VARIANT_STUDENTS_KEY] == {"teacher": ["aa"], "lite": ["aa"]}
-    assert agreed["student_disagreements"] == {"lite": {"lite/eager": ["aa"], "lite_fp16/compile": ["aa", "dd"]}}
+    # The duration student was given to one of the two calls only: listed, the acoustic student kept.
+    assert agreed["student_disagreements"] == {"lite": {"partial_students": ["dd"], "rows": {
+        "lite/eager": ["aa"], "lite_fp16/compile": ["aa", "dd"]}}}
     for other in (spectral, unrecorded):
         combined = combine_engine_calls([gan, other])
         assert CALL_STUDENTS_KEY not in combined  # the last call's students travel on its rows only
         merged = merge({"variants": {}}, combined)
         assert merged[VARIANT_STUDENTS_KEY]["lite"] == []
-        assert set(merged["student_disagreements"]["lite"]) == {"lite/eager", "lite_fp16/compile"}
+        assert "aa" in merged["student_disagreements"]["lite"]["partial_students"]
+        assert set(merged["student_disagreements"]["lite"]["rows"]) == {"lite/eager", "lite_fp16/compile"}
