@@ -40,19 +40,25 @@ def bundle_and_inputs(tmp_path):
     return bundle_dir, inputs
 
 
-def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_path, monkeypatch):
+def _run_on_cpu(monkeypatch, bundle_and_inputs, out, *arguments: str) -> dict:
+    """``python -m evaluate.gpu_engines`` on this CPU with one warm run and a short warm-up: its report.
+    The script sets torch's thread count; the test process gets its own back."""
     bundle_dir, inputs = bundle_and_inputs
-    assert get_family(FAMILY_NAME).gpu_engines.plan == gpu_bundle.ENGINE_PLAN  # the registry carries the suite
-    out = tmp_path / "engines.json"
     monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--only", "teacher/eager,fp16/eager", "--warm-runs", "1", "--rounds", "3", "--warmup-s", "0.1",
-                                      "--device", "cpu", "--save-audio", "2", "--out", str(out)])
+                                      "--warm-runs", "1", "--warmup-s", "0.1", "--device", "cpu", *arguments,
+                                      "--out", str(out)])
     threads = torch.get_num_threads()
     try:
         gpu_engines.main()
     finally:
         torch.set_num_threads(threads)
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_engines_of_a_family_run_and_compare_with_eager(bundle_and_inputs, tmp_path, monkeypatch):
+    assert get_family(FAMILY_NAME).gpu_engines.plan == gpu_bundle.ENGINE_PLAN  # the registry carries the suite
+    report = _run_on_cpu(monkeypatch, bundle_and_inputs, tmp_path / "engines.json",
+                         "--only", "teacher/eager,fp16/eager", "--rounds", "3", "--save-audio", "2")
     engines = report["engines"]
     assert set(engines) == {"teacher/eager", "fp16/eager"}
     assert report["students_sha256"] == {}  # no student ran: none to match a table's Lite rows against
@@ -98,7 +104,6 @@ def test_the_teacher_rebuilt_from_a_bundle_is_the_teacher(bundle_and_inputs):
 
 
 def test_an_engine_in_another_conv_layout_runs_beside_the_variants_own(bundle_and_inputs, tmp_path, monkeypatch):
-    bundle_dir, inputs = bundle_and_inputs
     out = tmp_path / "engines.json"
     converted = []
 
@@ -109,16 +114,8 @@ def test_an_engine_in_another_conv_layout_runs_beside_the_variants_own(bundle_an
 
     monkeypatch.setattr(gpu_engines, "converted_copy", spy)
     # Named converted-first and twice: each engine runs once, in the plan's order (eager native first).
-    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--only", "teacher/eager@channels_last,teacher/eager,teacher/eager",
-                                      "--warm-runs", "1", "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu",
-                                      "--out", str(out)])
-    threads = torch.get_num_threads()
-    try:
-        gpu_engines.main()
-    finally:
-        torch.set_num_threads(threads)
-    report = json.loads(out.read_text())
+    report = _run_on_cpu(monkeypatch, bundle_and_inputs, out,
+                         "--only", "teacher/eager@channels_last,teacher/eager,teacher/eager", "--rounds", "1")
     engines = report["engines"]
     assert set(engines) == {"teacher/eager", "teacher@channels_last/eager"}
     # The converted engine ran a channels-last copy; the variant's own model kept its Conv1d.
@@ -192,19 +189,9 @@ def test_students_must_be_known_and_one_of_each_kind(bundle_and_inputs, students
 
 def test_the_report_names_the_students_it_was_given_by_content(bundle_and_inputs, students, tmp_path, monkeypatch):
     """What a merge into the pipeline's table checks a Lite row against (evaluate/gpu_results.py)."""
-    bundle_dir, inputs = bundle_and_inputs
     acoustic, duration = students
-    out = tmp_path / "engines.json"
-    monkeypatch.setattr(sys, "argv", ["gpu_engines", "--bundle", str(bundle_dir), "--inputs", str(inputs),
-                                      "--student", str(acoustic), str(duration), "--only", "teacher/eager",
-                                      "--warm-runs", "1", "--rounds", "1", "--warmup-s", "0.1", "--device", "cpu",
-                                      "--out", str(out)])
-    threads = torch.get_num_threads()
-    try:
-        gpu_engines.main()
-    finally:
-        torch.set_num_threads(threads)
-    report = json.loads(out.read_text())
+    report = _run_on_cpu(monkeypatch, bundle_and_inputs, tmp_path / "engines.json",
+                         "--student", str(acoustic), str(duration), "--only", "teacher/eager", "--rounds", "1")
     assert report["students_sha256"] == {"lite.safetensors": file_sha256(acoustic),
                                          "duration.safetensors": file_sha256(duration)}
     assert set(report["engines"]) == {"teacher/eager"}
