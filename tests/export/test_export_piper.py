@@ -26,7 +26,7 @@ from models.piper.voice import PiperVoice
 pytestmark = pytest.mark.slow  # loads the real voice
 
 LINES = ["Could you leave the porch light on until midnight?", "Stop."]
-MAX_DIFF_OF_PEAK = 1e-4  # the fp32 export budget; measured about 5e-5
+MAX_DIFF_OF_PEAK = 2e-4  # fp32 export budget; measured 5e-5 (Intel Xeon), 1.07e-4 (AMD EPYC: other CPU kernels)
 FORBIDDEN_OPS = ("RandomNormal", "RandomNormalLike", "NonZero", "DFT", "STFT")
 
 
