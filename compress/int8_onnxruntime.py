@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -71,6 +70,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
 from core.atomic_io import write_text_atomic
+from core.file_digest import file_sha256
 from compress.stage_cache import inputs_key, read_keyed_json, write_sensitivity_table
 from compress.variants import StageContext, Variant
 from evaluate.mcd import mel_cepstral_distortion
@@ -183,14 +183,6 @@ def sentence_requests(sequences: list[Utterance], family: Family) -> list[Synthe
             for i, sequence in enumerate(sequences)]
 
 
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 
@@ -387,7 +379,7 @@ def build(source: Variant, settings: Int8OrtSettings, ctx: StageContext, variant
     work_dir = Path(ctx.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     voice_name = source.model.voice
-    graph_sha = _file_sha256(source.model.graph_path)
+    graph_sha = file_sha256(source.model.graph_path)
     calibration_texts = [s.text for s in ctx.calibration_sequences[: settings.calibration_sentences]]
     sensitivity_texts = [s.text for s in ctx.calibration_sequences[: settings.sensitivity_sentences]]
     calibration_key = inputs_key(graph_sha, onnxruntime.__version__, settings.calibrator, settings.op_types,

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from core.atomic_io import write_text_atomic
+from core.file_digest import file_sha256
 
 
 def _git(root: str | Path, *args: str) -> str:
@@ -48,7 +49,7 @@ def working_tree_diff(root: str | Path) -> str:
 
 def _file_sha256(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path)
     except OSError:  # removed between the listing and the read
         return "unreadable"
 

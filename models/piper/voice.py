@@ -15,7 +15,6 @@ that gets files by the megabyte): ``<name>.safetensors`` with ``<name>.onnx.json
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 from dataclasses import asdict
@@ -27,6 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from core.file_digest import file_sha256
 from models.interface import SynthesisRequest, SynthesisResult, Utterance
 from models.sampling import VitsSampling
 from models.piper.capabilities import CAPABILITIES, FAMILY_NAME
@@ -39,14 +39,6 @@ from core.paths import DEFAULT_CACHE_DIR
 
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
-
-
 def _hyperparams_from_json(text: str) -> VitsHyperParams:
     fields = json.loads(text)
     fields["resblock_dilations"] = tuple(tuple(d) for d in fields["resblock_dilations"])
@@ -57,7 +49,7 @@ def _hyperparams_from_json(text: str) -> VitsHyperParams:
 
 def load_converted_weights(files: PiperVoiceFiles, cache_dir: Path = DEFAULT_CACHE_DIR):
     """(hyperparams, state dict) for a voice, converting and caching on first use."""
-    cache_path = Path(cache_dir) / f"{files.onnx_path.stem}-{_file_digest(files.onnx_path)}.safetensors"
+    cache_path = Path(cache_dir) / f"{files.onnx_path.stem}-{file_sha256(files.onnx_path)[:16]}.safetensors"
     if cache_path.is_file():
         state = load_file(cache_path)
         return _hyperparams_from_json(_metadata(cache_path)["hyperparams"]), state
