@@ -189,10 +189,12 @@ def timed(run, repeats: int) -> tuple[list[float], object]:
 
 def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroConfig, batches: list[int],
                   repeats: int, forced: bool, device: str = "cuda", compiled: bool = False,
-                  sentences: int | None = None) -> dict:
+                  sentences: int | None = None, only: tuple[str, ...] = (), profile_dir: Path | None = None) -> dict:
     """RTF of eager FP32 and of the bucketed engine (graphs FP32, graphs FP16, eager FP16; with
     ``compiled`` also graphs FP32 of torch.compile'd stages) over the sentences, and each
-    engine's SNR against eager FP32 on every sentence (audio on the host)."""
+    engine's SNR against eager FP32 on every sentence (audio on the host). ``only``: time these
+    engines alone (eager FP32 always runs: it is the reference). ``profile_dir``: after timing, each
+    engine's CUDA kernels over one more pass at the last batch size, as JSON tables there."""
     torch.backends.cudnn.benchmark = True  # fixed shapes per bucket: let cuDNN time its kernels once
     model = model.to(device)
     cuda = device == "cuda"
@@ -200,10 +202,17 @@ def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroCo
                "graphs_fp16": BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16),
                "eager_buckets_fp16": BucketedEngine(model, graphs=False, frame_dtype=torch.float16)}
     if compiled:
-        # FP32 only: the FP16 frame stage's phase error (module docstring of models/kokoro/engines.py)
-        # is what keeps it from being the default, and each compiled shape costs a compile.
         engines["compiled_graphs_fp32"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float32,
                                                          compile_stages=True)
+        # FP16 frame stage: its waveform SNR is low (the generator's phase moves), but on the real
+        # voice its sound holds (scripts/kokoro_frame_precision_quality.py): worth timing compiled.
+        engines["compiled_graphs_fp16"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16,
+                                                         compile_stages=True)
+    if only:
+        unknown = set(only) - set(engines)
+        if unknown:
+            raise ValueError(f"--only names no engine of this run: {sorted(unknown)}; choose from {list(engines)}")
+        engines = {name: engine for name, engine in engines.items() if name in only}
     results: dict = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu (smoke run)", "forced_frames_per_token": list(RANDOM_FRAMES_PER_TOKEN)
                      if forced else None, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                      "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
@@ -235,8 +244,35 @@ def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroCo
         results[f"audio_seconds_b{batch}"] = total_audio
     if cuda:
         results["vram_peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    if profile_dir is not None:
+        results["kernel_profiles"] = {name: profile_kernels(engine, style_pack, config, batches[-1], sentences, forced,
+                                                            device, profile_dir / f"kernels_{name}_b{batches[-1]}.json")
+                                      for name, engine in engines.items()}
     results["graphs_captured"] = {name: len(engine.cache.captured) for name, engine in engines.items() if engine.graphs}
     return results
+
+
+def profile_kernels(engine: BucketedEngine, style_pack: torch.Tensor, config: KokoroConfig, batch: int,
+                    sentences: int | None, forced: bool, device: str, path: Path, top: int = 25) -> str:
+    """CUDA time per kernel name over one pass of every sentence at ``batch`` (shapes already
+    captured, so no compile or capture is in it), the ``top`` largest written to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for ids in token_ids(config)[:sentences]:
+            style = style_pack[len(ids) - 3].unsqueeze(0).expand(batch, -1).to(device)  # (B, 2S)
+            frames = fixed_durations(len(ids), batch).to(device) if forced else None
+            engine.synthesize(torch.tensor([ids] * batch, device=device), style, frames_per_token=frames)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    total_us = sum(e.device_time_total for e in events)
+    rows = [{"kernel": e.key[:160], "calls": e.count, "cuda_ms": round(e.device_time_total / 1000, 3),
+             "share": round(e.device_time_total / total_us, 4)}
+            for e in sorted(events, key=lambda e: -e.device_time_total)[:top]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"batch": batch, "cuda_ms_total": total_us / 1000, "kernels": rows}, indent=2) + "\n",
+                    encoding="utf-8")
+    return path.name
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -255,10 +291,14 @@ def main(argv: list[str] | None = None) -> None:
                         "(each sentence's shapes cost a compile per compiled stage)")
     parser.add_argument("--compiled", action="store_true", help="with --engines: also the engine with its stages "
                         "through torch.compile before capture")
+    parser.add_argument("--only", nargs="+", default=(), help="with --engines: time these engines alone "
+                        "(graphs_fp32, graphs_fp16, eager_buckets_fp16, compiled_graphs_fp32, compiled_graphs_fp16)")
+    parser.add_argument("--profile-dir", type=Path, default=None, help="with --engines: CUDA kernel tables "
+                        "of each engine at the last batch size, written there")
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
-    if (args.compiled or args.sentences is not None) and not args.engines:
-        parser.error("--compiled and --sentences apply to --engines only")
+    if (args.compiled or args.sentences is not None or args.only or args.profile_dir) and not args.engines:
+        parser.error("--compiled, --sentences, --only and --profile-dir apply to --engines only")
     if args.sentences is not None and args.sentences < 1:
         parser.error(f"--sentences must be >= 1, got {args.sentences}")
     if args.engines and args.device != "cuda":
@@ -273,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
         model = load_model_state(KokoroModel(config), state)
     if args.engines:
         results = bench_engines(model, style_pack, config, args.batches, args.repeats, forced=args.random_weights,
-                                compiled=args.compiled, sentences=args.sentences)
+                                compiled=args.compiled, sentences=args.sentences, only=tuple(args.only),
+                                profile_dir=args.profile_dir)
     elif args.device == "cpu":
         results = bench_cpu(model, style_pack, config, args.threads, args.repeats)
     else:
