@@ -208,6 +208,9 @@ def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroCo
         # voice its sound holds (scripts/kokoro_frame_precision_quality.py): worth timing compiled.
         engines["compiled_graphs_fp16"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16,
                                                          compile_stages=True)
+        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):  # without cuDNN's layout transposes
+            engines[f"compiled_graphs_{name}_channels_last"] = BucketedEngine(
+                model, graphs=cuda, frame_dtype=dtype, compile_stages=True, conv_layout="channels_last")
     if only:
         unknown = set(only) - set(engines)
         if unknown:
@@ -292,7 +295,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compiled", action="store_true", help="with --engines: also the engine with its stages "
                         "through torch.compile before capture")
     parser.add_argument("--only", nargs="+", default=(), help="with --engines: time these engines alone "
-                        "(graphs_fp32, graphs_fp16, eager_buckets_fp16, compiled_graphs_fp32, compiled_graphs_fp16)")
+                        "(graphs_fp32, graphs_fp16, eager_buckets_fp16, compiled_graphs_fp32, compiled_graphs_fp16, "
+                        "compiled_graphs_fp32_channels_last, compiled_graphs_fp16_channels_last)")
     parser.add_argument("--profile-dir", type=Path, default=None, help="with --engines: CUDA kernel tables "
                         "of each engine at the last batch size, written there")
     add_allow_dirty_argument(parser)

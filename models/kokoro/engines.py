@@ -43,6 +43,7 @@ import threading
 import torch
 from torch import nn
 
+from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple
 from models.kokoro.layers import AdaIN1d
 from models.kokoro.lstm import length_mask
@@ -202,9 +203,13 @@ class BucketedEngine:
     """
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
-                 frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False):
+                 frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw"):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
-        docstring); the first batch of a new shape pays it."""
+        docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
+        convolutions in that layout (models/conv_layout.py); "channels_last" spares cuDNN the
+        NCHW <-> NHWC transposes it otherwise runs around each tensor-core convolution (15-18 % of
+        the compiled batch-16 frame stage's kernel time on the H200,
+        docs/results/kernels_compiled_graphs_fp16_b16.json)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -217,6 +222,8 @@ class BucketedEngine:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.text_stage = self._compiled(TextStage(model).eval())
         self.frame_model = frame_side_copy(model, frame_dtype)
+        if conv_layout != "ncw":  # the text side of this copy is never run: converting it all is harmless
+            convert_convs(self.frame_model, conv_layout)
         self.shared_lstm = MaskedBiLstm(model.predictor.shared).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None

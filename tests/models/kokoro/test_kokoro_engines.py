@@ -63,6 +63,19 @@ def test_float16_frame_stage_stays_close(model):
 
 
 @torch.no_grad()
+def test_channels_last_frame_stage_equals_the_ncw_one_on_a_padded_batch(model):
+    durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 37 and 22 frames
+    ids, ref_s, frames = request(model, durations)
+    ncw = BucketedEngine(model, graphs=False, frame_bucket=BUCKET).synthesize(ids, ref_s, frames_per_token=frames)
+    engine = BucketedEngine(model, graphs=False, frame_bucket=BUCKET, conv_layout="channels_last")
+    converted = sum(type(m).__name__ == "LayoutConv" for m in engine.frame_model.decoder.modules())
+    assert converted == sum(isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)) for m in model.decoder.modules())
+    out = engine.synthesize(ids, ref_s, frames_per_token=frames)
+    assert out["audio_lengths"].tolist() == ncw["audio_lengths"].tolist()
+    torch.testing.assert_close(out["audio"], ncw["audio"], rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
 def test_batch_rows_of_different_durations_equal_their_single_runs(model):
     durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 2, 2], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 32 and 22 frames
     ids, ref_s, frames = request(model, durations)
