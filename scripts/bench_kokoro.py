@@ -278,6 +278,24 @@ def profile_kernels(engine: BucketedEngine, style_pack: torch.Tensor, config: Ko
     return path.name
 
 
+def count_flops(model: KokoroModel, style_pack: torch.Tensor, config: KokoroConfig) -> dict:
+    """Floating-point operations of one synthesis of the first sentence (forced durations), per
+    second of audio, in all and by the model's top-level parts: what an RTF target asks of a GPU."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = token_ids(config)[0]
+    counter = FlopCounterMode(display=False, depth=2)
+    with torch.no_grad(), counter:
+        out = model.eval().forward_with_tokens(torch.tensor([ids]), style_pack[len(ids) - 3].unsqueeze(0),
+                                               frames_per_token=fixed_durations(len(ids), 1))
+    audio_seconds = out.audio.shape[-1] / config.sample_rate_hz
+    per_part = {name: sum(ops.values()) / audio_seconds / 1e9 for name, ops in counter.get_flop_counts().items()
+                if name != "Global" and name.count(".") <= 1}
+    return {"flops_audio_seconds": audio_seconds,
+            "gflop_per_audio_second": counter.get_total_flops() / audio_seconds / 1e9,
+            "gflop_per_audio_second_by_part": per_part}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), required=True)
@@ -294,6 +312,8 @@ def main(argv: list[str] | None = None) -> None:
                         "(each sentence's shapes cost a compile per compiled stage)")
     parser.add_argument("--compiled", action="store_true", help="with --engines: also the engine with its stages "
                         "through torch.compile before capture")
+    parser.add_argument("--count-flops", action="store_true", help="only count the model's FLOPs per second of "
+                        "audio on the first sentence (any device; no timing)")
     parser.add_argument("--only", nargs="+", default=(), help="with --engines: time these engines alone "
                         "(graphs_fp32, graphs_fp16, eager_buckets_fp16, compiled_graphs_fp32, compiled_graphs_fp16, "
                         "compiled_graphs_fp32_channels_last, compiled_graphs_fp16_channels_last)")
@@ -315,7 +335,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         state, style_pack = load_inputs(args.weights, args.voice)
         model = load_model_state(KokoroModel(config), state)
-    if args.engines:
+    if args.count_flops:
+        results = count_flops(model, style_pack, config)
+    elif args.engines:
         results = bench_engines(model, style_pack, config, args.batches, args.repeats, forced=args.random_weights,
                                 compiled=args.compiled, sentences=args.sentences, only=tuple(args.only),
                                 profile_dir=args.profile_dir)
