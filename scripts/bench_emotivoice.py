@@ -231,6 +231,11 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
         pool_ms = median_ms(lambda: [engine.synthesize(*rows) for rows in batches], args.device,
                             max(3, args.repeats // 4), 1)
         section[f"sorted{len(pool)}_by{chunk}_sentences_per_s"] = len(pool) / (pool_ms / 1000.0)
+    if args.kernel_profile:
+        # The largest batch once more, its shapes already captured: where a warm engine's time goes.
+        largest = make_inputs(generator, batch_lengths(args, max(args.engine_batches)), args.device, args.seed)
+        section[f"kernels_b{max(args.engine_batches)}"] = top_kernels(lambda: engine.synthesize(*largest),
+                                                                      args.device.startswith("cuda"), count=25)
     if args.device.startswith("cuda"):
         section["graphs_captured"] = len(engine.cache.captured) if graphs else 0
     torch.backends.cudnn.benchmark = False
@@ -423,6 +428,8 @@ def main() -> None:
                         help="also the compiled FP16 engine with the Lite student's vocoder width (random weights)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
+    parser.add_argument("--kernel-profile", action="store_true", help="each engine's 25 heaviest kernels over one "
+                        "more run of the largest --engine-batches batch (torch.profiler)")
     parser.add_argument("--only-engines", nargs="+", default=None,
                         help="measure only these engines (names as in the report), e.g. for a side-by-side A/B")
     parser.add_argument("--engine-batches", type=int, nargs="+", default=[64, 128, 256],
