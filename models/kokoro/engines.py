@@ -48,12 +48,14 @@ from torch import nn
 
 from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple
+from models.kokoro.decoder import SourceNoise, samples_of
 from models.kokoro.layers import AdaIN1d
 from models.kokoro.lstm import length_mask
 from models.kokoro.model import KokoroModel
 from models.kokoro.prosody import alignment_matrix, durations_from_logits
 
 FRAME_BUCKET = 16  # frames round up to a multiple of this (0.4 s at 600 samples per frame, 24 kHz)
+TOKEN_BUCKET = 16  # synthesize_rows pads the frame stage's token axis to a multiple of this
 COMPILED_SHAPES = 256  # compiled stage shapes kept before torch.compile would fall back to eager
 
 
@@ -147,20 +149,22 @@ class FrameStage(nn.Module):
         self.model, self.shared_lstm, self.frames = model, shared_lstm, frames
         self.dtype = model.bert_encoder.weight.dtype
 
-    def forward(self, d, t_en, frames_per_token, ref_s):
+    def forward(self, d, t_en, frames_per_token, ref_s, *noise):
+        """``noise``: nothing (no source noise, as the shipped graph), or the two SourceNoise draws
+        as tensors, initial phases (B, HARMONICS) and additive noise (B, frames * spf, HARMONICS)."""
         # Autocast as well as half weights: the model's masks are FP32 and promote what they
         # multiply, and autocast casts such tensors back before each convolution.
         with torch.autocast(d.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            return self._forward(d, t_en, frames_per_token, ref_s)
+            return self._forward(d, t_en, frames_per_token, ref_s, SourceNoise(*noise) if noise else None)
 
-    def _forward(self, d, t_en, frames_per_token, ref_s):
+    def _forward(self, d, t_en, frames_per_token, ref_s, noise=None):
         acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
         alignment = alignment_matrix(frames_per_token, self.frames).to(self.dtype)  # (B, T, F_bucket)
         frame_lengths = frames_per_token.sum(dim=-1).clamp_max(self.frames)  # (B,)
         en = d.to(self.dtype).transpose(-1, -2) @ alignment  # (B, H + S, F)
         f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
         asr = t_en.to(self.dtype) @ alignment  # (B, H, F)
-        return self.model.decoder(asr, f0_curve, energy, acoustic_style, None, frame_lengths)[:, 0]  # (B, F * spf)
+        return self.model.decoder(asr, f0_curve, energy, acoustic_style, noise, frame_lengths)[:, 0]  # (B, F * spf)
 
     def f0_and_energy(self, en, style, frame_lengths):
         """ProsodyPredictor.F0Ntrain with its frame lengths, the BiLSTM run without packing (packing
@@ -261,3 +265,59 @@ class BucketedEngine:
             return {"audio": audio[:, : frames * self.samples_per_frame].float().cpu(),
                     "audio_lengths": (frame_counts * self.samples_per_frame).cpu(),
                     "frames_per_token": frames_per_token.cpu()}
+
+    @torch.inference_mode()
+    def synthesize_rows(self, rows: list[torch.Tensor], ref_s: torch.Tensor, speed: float = 1.0,
+                        noise: SourceNoise | None = None,
+                        batch_buckets: tuple[int, ...] | None = None) -> dict[str, torch.Tensor]:
+        """Sentences of different lengths in one batch: ``rows`` the ids of each (L_i,) with their 0
+        pads, ``ref_s`` (B, 2S), ``noise`` the voice's SourceNoise draws for the B rows (None: none)
+        -> ``audio`` (B, max frames * spf) float32 on the host, ``audio_lengths`` (B,),
+        ``frames_per_token`` (B, T_bucket) with zeros past each row's ids.
+
+        The text side has no padding mask, so each row's text stage runs at its own length
+        (batch 1, a graph per length). The frame stage takes the token axis only through the
+        alignment, where a token of zero frames adds nothing: rows are padded to a multiple of
+        TOKEN_BUCKET tokens with zero durations and run as one batch, each as it would run alone.
+        ``batch_buckets``: the batch padded with copies of its first row up to the next size, so a
+        server's frame-stage graphs stay few."""
+        batch = len(rows)
+        if batch == 0 or ref_s.shape[0] != batch:
+            raise ValueError(f"synthesize_rows: {batch} rows and {ref_s.shape[0]} styles; give one style per row")
+        padded_batch = batch if not batch_buckets else next((size for size in sorted(batch_buckets) if size >= batch), None)
+        if padded_batch is None:
+            raise ValueError(f"batch of {batch} rows: larger than the largest batch bucket {max(batch_buckets)}")
+        filler = [0] * (padded_batch - batch)  # rows copied into the padding
+        order = [*range(batch), *filler]
+        style = ref_s.to(self.device, torch.float32)[order]  # (B_bucket, 2S)
+        speed_t = torch.full((1,), float(speed), device=self.device)
+        tokens = math.ceil(max(len(row) for row in rows) / TOKEN_BUCKET) * TOKEN_BUCKET
+        with self.device_lock:
+            d_rows, t_en_rows, durations = [], [], []
+            for index in range(batch):
+                ids = rows[index].to(self.device).unsqueeze(0)  # (1, L_i)
+                d, t_en, predicted = self._run(("text", 1, ids.shape[1]), self.text_stage,
+                                               (ids, style[index:index + 1], speed_t))
+                pad = tokens - ids.shape[1]
+                # Copied out of the graph's buffers before the next replay of the same length.
+                d_rows.append(torch.nn.functional.pad(d, (0, 0, 0, pad)))  # (1, T_bucket, H + S)
+                t_en_rows.append(torch.nn.functional.pad(t_en, (0, pad)))  # (1, H, T_bucket)
+                durations.append(torch.nn.functional.pad(predicted, (0, pad)))  # (1, T_bucket), zeros past L_i
+            d = torch.cat(d_rows)[order]
+            t_en = torch.cat(t_en_rows)[order]
+            frames_per_token = torch.cat(durations)[order]  # (B_bucket, T_bucket)
+            frame_counts = frames_per_token.sum(dim=-1)  # (B_bucket,)
+            frames = int(frame_counts.max())  # the one host sync
+            bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
+            if bucket not in self.frame_stages:
+                self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
+            inputs = (d, t_en, frames_per_token, style)
+            if noise is not None:
+                samples = bucket * self.samples_per_frame  # the stage's source length: cut or zero-extended to it
+                inputs += (noise.initial_phase.to(self.device, torch.float32)[order],
+                           samples_of(noise.additive, samples).to(self.device, torch.float32)[order])
+            audio, = self._run(("frames", padded_batch, tokens, bucket, noise is not None),
+                               self.frame_stages[bucket], inputs)
+            return {"audio": audio[:batch, : frames * self.samples_per_frame].float().cpu(),
+                    "audio_lengths": (frame_counts[:batch] * self.samples_per_frame).cpu(),
+                    "frames_per_token": frames_per_token[:batch].cpu()}

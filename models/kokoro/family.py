@@ -6,6 +6,7 @@ from pathlib import Path
 
 from models.family import Family
 from models.kokoro.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
+from models.kokoro.engine_voice import bucketed_engine
 from models.kokoro.frontend import KokoroFrontend
 from models.kokoro.onnx_contract import GRAPH_VARIANTS, graph_contracts
 from models.kokoro.quantization import QUANTIZATION
@@ -35,4 +36,5 @@ FAMILY = Family(
     graph_contracts=graph_contracts,
     graph_variants=GRAPH_VARIANTS,  # "cpu" first: the fastest on CPU at the reference graph's quality (onnx_contract.py)
     quantization=QUANTIZATION,  # INT8 of our exported graph (teacher_int8); not the shipped one, already int8
+    torch_engine=bucketed_engine,  # serve.torch_engine=cuda_graphs: per-sentence text stage, batched frame stage
 )
