@@ -16,6 +16,11 @@ from omegaconf import OmegaConf
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# scripts/test.sh runs two pytest-xdist workers on two cores: each gets this many torch intra-op
+# threads (TTS_TEST_TORCH_THREADS; unset or 0 keeps torch's default).
+if int(os.environ.get("TTS_TEST_TORCH_THREADS") or 0) > 0 and os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["TTS_TEST_TORCH_THREADS"]))
+
 
 def compose_config(tmp_path: Path, overrides: list[str]) -> dict:
     """The resolved config of `python -m compress <overrides>`, writing under ``tmp_path``."""

@@ -357,12 +357,12 @@ def test_persistent_step_phases_give_the_official_tokens_in_the_interpreter(fixt
         assert result.official_idx == idx, name
 
 
-def test_persistent_engine_refuses_a_grid_without_a_program_per_role(fixture_model):
+def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 
-    config, state_dict, _ = fixture_model
-    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)  # random weights: no shared fixtures needed
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cpu")
     with pytest.raises(ValueError, match="programs"):
         PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=2 * config.num_heads,
                             phased=True)
