@@ -16,9 +16,14 @@ recovered from the int8 graph and the voice pack are read from this machine's ca
     # CUDA, the bucketed engine (models/kokoro/engines.py) against eager, random full-size weights
     # and fixed durations (6-8 frames per token): speed is real, sound is not
     PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --out $OUT/kokoro_engines.json
-    # ... and the same engine with its stages through torch.compile before capture
+    # ... and the same engine with its stages through torch.compile before capture (FP32 and FP16
+    # frame stages, NCW and channels-last); --only picks engines, --profile-dir adds kernel tables
     PYTHONPATH=. python scripts/bench_kokoro.py --device cuda --random-weights --engines --compiled \
+        --only compiled_graphs_fp32 compiled_graphs_fp16 --batches 16 --sentences 2 --profile-dir $OUT \
         --out $OUT/kokoro_compiled.json
+
+    # the model's FLOPs per second of audio (any device, no timing): what an RTF target asks of a GPU
+    PYTHONPATH=. python scripts/bench_kokoro.py --device cpu --random-weights --count-flops
 
 ``--engines`` times the bucketed engine (FP32 text stage per exact shape, frame stage per frame
 bucket in FP32 or FP16 with FP32 islands, each a CUDA graph) against the eager model, both with
