@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from core.atomic_io import write_text_atomic
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import CharacterErrorRate, WhisperRecognizer
@@ -113,8 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n", encoding="utf-8")
+        write_text_atomic(args.out, text + "\n")
 
 
 if __name__ == "__main__":
