@@ -213,10 +213,11 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw"):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
-        convolutions in that layout (models/conv_layout.py); "channels_last" spares cuDNN the
-        NCHW <-> NHWC transposes it otherwise runs around each tensor-core convolution (15-18 % of
-        the compiled batch-16 frame stage's kernel time on the H200,
-        docs/results/kernels_compiled_graphs_fp16_b16.json)."""
+        convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
+        transposes cuDNN runs around each tensor-core convolution (15-19 % of the compiled batch-16
+        frame stage's kernel time on the H200) but measured no faster: the compiled AdaIN and Snake
+        passes, which reduce over time, then read channels-fastest tensors and take that time
+        (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_last_b16.json). NCW stays the default."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
