@@ -1,7 +1,7 @@
 """The Kokoro voice on its bucketed engine (models/kokoro/engine_voice.py), as the server runs it:
 sentences of different lengths in one batch, with and without SineGen noise, give what the voice
-itself gives, row for row. Eager buckets on the CPU; the CUDA-graph replay of the same stages is
-tested in test_kokoro_engines.py."""
+itself gives, row for row. Eager buckets on the CPU; the last test replays CUDA graphs (``gpu``),
+and test_kokoro_engines.py checks the stages' replay alone."""
 from __future__ import annotations
 
 import pytest
