@@ -20,9 +20,11 @@ end, and the code that ran is the code the run started with.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 from pathlib import Path
 
+from core.atomic_io import write_text_atomic
 from core.revision import provenance, save_diff
 
 PUBLISHED_DIRS = ("docs/results",)  # relative to the repository root
@@ -99,3 +101,11 @@ def publication_or_exit(parser: argparse.ArgumentParser, root: str | Path, out: 
         return publication_provenance(root, out, allow_dirty)
     except UnpublishableTreeError as error:
         parser.error(str(error))
+
+
+def print_and_save_report(report: dict, out: str | Path | None) -> None:
+    """``report`` as indented JSON on stdout and, with ``out``, written there atomically."""
+    text = json.dumps(report, indent=2, ensure_ascii=False)
+    print(text)
+    if out is not None:
+        write_text_atomic(Path(out), text + "\n")

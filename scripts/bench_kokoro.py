@@ -45,9 +45,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.publishing import add_allow_dirty_argument, publication_or_exit
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from models.kokoro.checkpoint import load_model_state
 from models.kokoro.config import KokoroConfig
 from models.kokoro.engines import BucketedEngine
@@ -204,24 +203,23 @@ def bench_engines(model: KokoroModel, style_pack: torch.Tensor, config: KokoroCo
     torch.backends.cudnn.benchmark = True  # fixed shapes per bucket: let cuDNN time its kernels once
     model = model.to(device)
     cuda = device == "cuda"
-    engines = {"graphs_fp32": BucketedEngine(model, graphs=cuda, frame_dtype=torch.float32),
-               "graphs_fp16": BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16),
-               "eager_buckets_fp16": BucketedEngine(model, graphs=False, frame_dtype=torch.float16)}
+    # name -> BucketedEngine settings; each engine copies the model, so only the selected are built.
+    settings = {"graphs_fp32": dict(graphs=cuda, frame_dtype=torch.float32),
+                "graphs_fp16": dict(graphs=cuda, frame_dtype=torch.float16),
+                "eager_buckets_fp16": dict(graphs=False, frame_dtype=torch.float16)}
     if compiled:
-        engines["compiled_graphs_fp32"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float32,
-                                                         compile_stages=True)
         # FP16 frame stage: its waveform SNR is low (the generator's phase moves), but on the real
         # voice its sound holds (scripts/kokoro_frame_precision_quality.py): worth timing compiled.
-        engines["compiled_graphs_fp16"] = BucketedEngine(model, graphs=cuda, frame_dtype=torch.float16,
-                                                         compile_stages=True)
-        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):  # without cuDNN's layout transposes
-            engines[f"compiled_graphs_{name}_channels_last"] = BucketedEngine(
-                model, graphs=cuda, frame_dtype=dtype, compile_stages=True, conv_layout="channels_last")
-    if only:
-        unknown = set(only) - set(engines)
-        if unknown:
-            raise ValueError(f"--only names no engine of this run: {sorted(unknown)}; choose from {list(engines)}")
-        engines = {name: engine for name, engine in engines.items() if name in only}
+        # channels_last: without cuDNN's layout transposes.
+        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+            settings[f"compiled_graphs_{name}"] = dict(graphs=cuda, frame_dtype=dtype, compile_stages=True)
+        for name, dtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+            settings[f"compiled_graphs_{name}_channels_last"] = dict(graphs=cuda, frame_dtype=dtype, compile_stages=True,
+                                                                     conv_layout="channels_last")
+    unknown = set(only) - set(settings)
+    if unknown:
+        raise ValueError(f"--only names no engine of this run: {sorted(unknown)}; choose from {list(settings)}")
+    engines = {name: BucketedEngine(model, **options) for name, options in settings.items() if not only or name in only}
     results: dict = {"gpu": torch.cuda.get_device_name(0) if cuda else "cpu (smoke run)", "forced_frames_per_token": list(RANDOM_FRAMES_PER_TOKEN)
                      if forced else None, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                      "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
@@ -354,10 +352,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {"device": args.device, "machine": platform.node(), "provenance": origin, "voice": args.voice,
               "sentences": len(PHONEMES_JA), "weights": "random (timing only)" if args.random_weights else str(args.weights or "recovered cache (float32)"),
               "torch": torch.__version__, **results}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        write_text_atomic(args.out, text + "\n")
+    print_and_save_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,8 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from core.atomic_io import atomic_write
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
-from core.publishing import add_allow_dirty_argument, publication_or_exit
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from evaluate.dnsmos import dnsmos_p808, dnsmos_p835
 from evaluate.speaker import speaker_similarity
 from export.onnx_export import export_graph
@@ -248,10 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     if args.profile:
         report["profile_ms_by_op_type_one_sentence"] = profile_graphs(paths, voice, utterances[0], args.threads)
-    text = json.dumps(report, indent=2, ensure_ascii=False)
-    print(text)
-    if args.out is not None:
-        atomic_write(args.out, lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    print_and_save_report(report, args.out)
 
 
 def profile_graphs(paths: dict[str, Path], voice: KokoroVoice, utterance: Utterance, threads: int) -> dict:

@@ -25,9 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core.atomic_io import write_text_atomic
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
-from core.publishing import add_allow_dirty_argument, publication_or_exit
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from evaluate.asr import CharacterErrorRate, WhisperRecognizer
 from evaluate.dnsmos import dnsmos_p808
 from evaluate.mcd import mel_cepstral_distortion
@@ -96,10 +95,10 @@ def main(argv: list[str] | None = None) -> None:
             pairs = list(zip(audio["float32"], audio[name]))
             if any(len(r) != len(e) for r, e in pairs):
                 raise RuntimeError(f"{name}: lengths differ from float32 although the text stage is FP32 in both")
-            row |= {"waveform_snr_db_min": min(snr_db(r, e) for r, e in pairs),
-                    "waveform_snr_db_median": statistics.median(snr_db(r, e) for r, e in pairs),
-                    "magnitude_snr_db_min": min(magnitude_snr_db(r, e) for r, e in pairs),
-                    "magnitude_snr_db_median": statistics.median(magnitude_snr_db(r, e) for r, e in pairs),
+            waveform = [snr_db(r, e) for r, e in pairs]
+            magnitude = [magnitude_snr_db(r, e) for r, e in pairs]
+            row |= {"waveform_snr_db_min": min(waveform), "waveform_snr_db_median": statistics.median(waveform),
+                    "magnitude_snr_db_min": min(magnitude), "magnitude_snr_db_median": statistics.median(magnitude),
                     "mcd_db_vs_float32": statistics.mean(mel_cepstral_distortion(e, r, rate) for r, e in pairs),
                     "spk_sim_vs_float32": statistics.mean(speaker_similarity(e, r, rate) for r, e in pairs)}
         results[name] = row
@@ -111,10 +110,7 @@ def main(argv: list[str] | None = None) -> None:
               "recognizer": f"whisper {args.recognizer} (ja)", "threads": args.threads,
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
               "origin": origin, "frame_dtypes": results}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        write_text_atomic(args.out, text + "\n")
+    print_and_save_report(report, args.out)
 
 
 if __name__ == "__main__":

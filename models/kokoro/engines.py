@@ -240,6 +240,13 @@ class BucketedEngine:
     def _compiled(self, stage: nn.Module) -> nn.Module:
         return torch.compile(stage, dynamic=False) if self.compile_stages else stage
 
+    def _frame_stage(self, frames: int) -> tuple[int, nn.Module]:
+        """(the frame bucket ``frames`` rounds up to, its stage, built on first use)."""
+        bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
+        if bucket not in self.frame_stages:
+            self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
+        return bucket, self.frame_stages[bucket]
+
     def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
 
@@ -258,11 +265,8 @@ class BucketedEngine:
             frames_per_token = predicted if frames_per_token is None else frames_per_token.to(self.device)
             frame_counts = frames_per_token.sum(dim=-1)  # (B,)
             frames = int(frame_counts.max())  # the one host sync
-            bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
-            if bucket not in self.frame_stages:
-                self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
-            audio, = self._run(("frames", batch, length, bucket), self.frame_stages[bucket],
-                               (d, t_en, frames_per_token, style))
+            bucket, stage = self._frame_stage(frames)
+            audio, = self._run(("frames", batch, length, bucket), stage, (d, t_en, frames_per_token, style))
             return {"audio": audio[:, : frames * self.samples_per_frame].float().cpu(),
                     "audio_lengths": (frame_counts * self.samples_per_frame).cpu(),
                     "frames_per_token": frames_per_token.cpu()}
@@ -309,16 +313,13 @@ class BucketedEngine:
             frames_per_token = torch.cat(durations)[order]  # (B_bucket, T_bucket)
             frame_counts = frames_per_token.sum(dim=-1)  # (B_bucket,)
             frames = int(frame_counts.max())  # the one host sync
-            bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
-            if bucket not in self.frame_stages:
-                self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
+            bucket, stage = self._frame_stage(frames)
             inputs = (d, t_en, frames_per_token, style)
             if noise is not None:
                 samples = bucket * self.samples_per_frame  # the stage's source length: cut or zero-extended to it
                 inputs += (noise.initial_phase.to(self.device, torch.float32)[order],
                            samples_of(noise.additive, samples).to(self.device, torch.float32)[order])
-            audio, = self._run(("frames", padded_batch, tokens, bucket, noise is not None),
-                               self.frame_stages[bucket], inputs)
+            audio, = self._run(("frames", padded_batch, tokens, bucket, noise is not None), stage, inputs)
             return {"audio": audio[:batch, : frames * self.samples_per_frame].float().cpu(),
                     "audio_lengths": (frame_counts[:batch] * self.samples_per_frame).cpu(),
                     "frames_per_token": frames_per_token[:batch].cpu()}
