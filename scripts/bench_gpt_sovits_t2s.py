@@ -1,6 +1,8 @@
 """T2S decode speed of GPT-SoVITS v2 at full size (random weights from the official manifest).
 
     PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --out $OUT/gpt_sovits_t2s_h200.json
+    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --only-streams --rounds 3 \
+        --out $OUT/gpt_sovits_streams_h200.json      # 64 streams: cuBLAS step vs tensor-core fused step
     PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cpu --threads 2 --tokens 60 --repeats 3 \\
         --out docs/results/cpu_16_gpt_sovits_t2s.json
 
@@ -164,8 +166,10 @@ def time_to_first_tokens(engine: T2SEngine, request: T2SRequest, repeats: int) -
     return {"ms_median": round(1000 * statistics.median(times[1:]), 3), "ms_runs": [round(1000 * t, 3) for t in times[1:]]}
 
 
-def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, requests: int) -> dict:
-    """Requests of different lengths through 64 slots: rows leave and new ones join between steps."""
+def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, requests: int,
+                        tokens_out: list | None = None) -> dict:
+    """Requests of different lengths through 64 slots: rows leave and new ones join between steps.
+    ``tokens_out``: receives each request's tokens (to compare engines)."""
     lengths = np.linspace(tokens // 2, tokens, requests).astype(int)
     batch = [make_request(config, int(length), seed=1000 + index) for index, length in enumerate(lengths)]
     engine.generate(batch[:STREAMS])  # warm
@@ -175,6 +179,8 @@ def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, reque
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     made = sum(result.tokens.shape[0] for result in results)
+    if tokens_out is not None:
+        tokens_out[:] = [result.tokens for result in results]
     # Every slot full and no turnover: the decode ceiling at 64 rows.
     for index in range(STREAMS):
         engine.submit(make_request(config, tokens, seed=2000 + index))
@@ -192,6 +198,63 @@ def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, reque
         "wall_s": round(elapsed, 3),
         "full_batch_decode_tokens_per_s": round(STREAMS * (tokens - 1) / decode_s, 1),
     }
+
+
+def stream_agreement(tokens: list[torch.Tensor], reference: list[torch.Tensor]) -> dict:
+    """How far two engines' greedy tokens agree over the same requests."""
+    prefixes = []
+    for mine, theirs in zip(tokens, reference):
+        differs = (mine[: theirs.shape[0]] != theirs[: mine.shape[0]]).nonzero()
+        prefixes.append(int(differs[0]) if differs.numel() else min(mine.shape[0], theirs.shape[0]))
+    return {"requests_identical": sum(torch.equal(a, b) for a, b in zip(tokens, reference)),
+            "requests": len(reference),
+            "median_tokens_before_first_difference": statistics.median(prefixes)}
+
+
+# Continuous-batching rows of ``--only-streams``: the cuBLAS products with the attention kernel
+# (the best 64-stream step so far) against the fused step on tensor cores at three tile widths.
+DOT_STREAM_ROWS = {
+    "cublas_triton_attention": {"fused_max_batch": 1},
+    "fused_dot_n16": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 16},
+    "fused_dot_n32": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 32},
+    "fused_dot_n64": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 64},
+}
+
+
+def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, result: dict) -> None:
+    """Each DOT_STREAM_ROWS engine through the continuous-batching run ``--rounds`` times,
+    visiting the engines in a rotated order each round (a drift of the machine falls on each alike);
+    a row's figure is the median of its rounds and ``*_spread`` their range."""
+    rows = result["continuous_batching_fp16_rounds"] = {}
+    engines, tokens = {}, {}
+    for name, knobs in DOT_STREAM_ROWS.items():
+        try:
+            engines[name] = engine_for(torch.float16, fused=True, max_batch=STREAMS, **knobs)
+            rows[name] = {"knobs": knobs, "rounds": []}
+        except Exception as error:  # noqa: BLE001 - recorded in the results, the others go on
+            rows[name] = {"knobs": knobs, "error": f"{type(error).__name__}: {error}"[:800]}
+    names = list(engines)
+    for round_index in range(args.rounds):
+        for name in names[round_index % len(names):] + names[: round_index % len(names)]:
+            made: list = []
+            try:
+                rows[name]["rounds"].append(continuous_batching(engines[name], config, args.tokens,
+                                                                args.stream_requests, made))
+                tokens[name] = made
+            except Exception as error:  # noqa: BLE001
+                rows[name]["error"] = f"{type(error).__name__}: {error}"[:800]
+            write(result, args.out)
+    for name in names:
+        measured = rows[name]["rounds"]
+        for figure in ("aggregate_tokens_per_s", "full_batch_decode_tokens_per_s"):
+            values = [run[figure] for run in measured]
+            if values:
+                rows[name][figure] = statistics.median(values)
+                rows[name][f"{figure}_spread"] = round(max(values) - min(values), 1)
+        if name != "cublas_triton_attention" and name in tokens and "cublas_triton_attention" in tokens:
+            rows[name]["agreement_with_cublas_triton_attention"] = stream_agreement(
+                tokens[name], tokens["cublas_triton_attention"])
+    write(result, args.out)
 
 
 def write(result: dict, path: Path) -> None:
@@ -279,6 +342,9 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
         write(result, args.out)
         return engine
 
+    if args.only_streams:
+        stream_rounds(args, config, engine_for, result)
+        return
     baseline = fresh_memory()
     eager.cuda()
     time_eager(eager, make_request(config, 20, seed=99), "cuda")  # warm
@@ -450,6 +516,9 @@ def main() -> None:
     parser.add_argument("--stream-requests", type=int, default=5 * STREAMS,
                         help="requests through the 64 slots in the continuous-batching run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random full-size weights")
+    parser.add_argument("--only-streams", action="store_true", help="CUDA: only the continuous-batching rows of "
+                        "DOT_STREAM_ROWS, in --rounds interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --only-streams")
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)
     args = parser.parse_args()

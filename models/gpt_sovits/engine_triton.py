@@ -46,16 +46,37 @@ def _linear_kernel(
     BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PRO_LN: tl.constexpr, WRITE_NORMED: tl.constexpr, HAS_BIAS: tl.constexpr, RELU: tl.constexpr,
     ADD_RESIDUAL: tl.constexpr, TO_CACHE: tl.constexpr, EPS: tl.constexpr,
+    DOT: tl.constexpr = False, DOT_IEEE: tl.constexpr = False,
 ):
     """out[b, n] = f(x[b]) . W[n] (+ bias, relu, residual); x[b] is LayerNorm(in[b]) when PRO_LN.
-    With TO_CACHE, columns >= SPLIT go to cache[b, pos[b], n - SPLIT] instead of out."""
+    With TO_CACHE, columns >= SPLIT go to cache[b, pos[b], n - SPLIT] instead of out.
+
+    DOT: the product on tensor cores (``tl.dot``, the activations rounded to the weights' dtype as
+    the cuBLAS step does; DOT_IEEE keeps float32 weights' products in full float32), for row
+    blocks of 16 to 64; the LayerNorm statistics are then gathered chunk by chunk, since a whole
+    64-row block of activations would not fit in registers."""
     # Row blocks vary fastest, so the programs that share a weight tile run side by side (L2 hits).
     row = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     pid = tl.program_id(1)
     row_ok = row < rows
     col = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = col < n_out
-    if PRO_LN:
+    if PRO_LN and DOT:
+        total = tl.zeros((BLOCK_B,), dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            chunk_ok = row_ok[:, None] & (k < K)[None, :]
+            total += tl.sum(tl.load(in_ptr + row[:, None] * K + k[None, :], mask=chunk_ok, other=0.0), axis=1)
+        mean = total / K
+        spread = tl.zeros((BLOCK_B,), dtype=tl.float32)
+        for k0 in tl.static_range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            chunk_ok = row_ok[:, None] & (k < K)[None, :]
+            chunk = tl.load(in_ptr + row[:, None] * K + k[None, :], mask=chunk_ok, other=0.0)
+            centred = tl.where(chunk_ok, chunk - mean[:, None], 0.0)
+            spread += tl.sum(centred * centred, axis=1)
+        rstd = 1.0 / tl.sqrt(spread / K + EPS)
+    elif PRO_LN:
         full = tl.arange(0, K_PAD)
         full_ok = row_ok[:, None] & (full < K)[None, :]
         values = tl.load(in_ptr + row[:, None] * K + full[None, :], mask=full_ok, other=0.0)
@@ -76,7 +97,13 @@ def _linear_kernel(
             if pid == 0:
                 tl.store(normed_ptr + row[:, None] * K + k[None, :], x, mask=x_ok)
         w = tl.load(weight_ptr + col[:, None] * K + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (BLOCK_B, BLOCK_N)
+        if DOT:
+            if DOT_IEEE:
+                acc += tl.dot(x, tl.trans(w), input_precision="ieee")  # (BLOCK_B, BLOCK_N)
+            else:
+                acc += tl.dot(x.to(w.dtype), tl.trans(w))
+        else:
+            acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)  # (BLOCK_B, BLOCK_N)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + col, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if RELU:
@@ -198,12 +225,23 @@ class TritonT2SEngine(T2SEngine):
     uses the torch sampler after the fused layers. Batches above ``fused_max_batch`` run cuBLAS
     products with the attention kernel (``_wide_step``): the fused products re-read each weight tile
     per 8 rows, and on the H200 they lost at 64 rows (11,400 vs 37,900 tokens/s for the cuBLAS
-    step) while winning at 1 (1,950 vs 960); between, unmeasured."""
+    step) while winning at 1 (1,950 vs 960); between, unmeasured.
+
+    ``dot_min_batch``: from this many rows on, the fused products run on tensor cores (``DOT`` in
+    ``_linear_kernel``: one program per ``dot_block_n`` output columns and up to 64 rows, so each
+    weight tile is read once per 64 rows rather than once per 8); it applies to batches up to
+    ``fused_max_batch``, so ``fused_max_batch=64, dot_min_batch=16`` runs a 64-row step as five
+    fused kernels a layer instead of about eleven cuBLAS and elementwise ones."""
 
     def __init__(self, weights: T2SWeights, *args, linear_programs: int = 256, num_warps: int = 4,
-                 attention_block: int = 128, fused_max_batch: int = 8, **kwargs):
+                 attention_block: int = 128, fused_max_batch: int = 8, dot_min_batch: int = 16,
+                 dot_block_n: int = 32, **kwargs):
         super().__init__(weights, *args, **kwargs)
+        if dot_block_n < 16 or dot_block_n & (dot_block_n - 1):
+            raise ValueError(f"dot_block_n {dot_block_n} must be a power of two >= 16 (tl.dot's smallest tile)")
         self.fused_max_batch = fused_max_batch
+        self.dot_min_batch = dot_min_batch
+        self.dot_block_n = dot_block_n
         self.linear_programs = linear_programs
         self.num_warps = num_warps
         self.attention_block = attention_block
@@ -224,13 +262,23 @@ class TritonT2SEngine(T2SEngine):
                 normed: torch.Tensor | None = None, relu: bool = False, residual: torch.Tensor | None = None,
                 cache: torch.Tensor | None = None) -> None:
         n_out, k = weight.shape
-        block_b = min(triton.next_power_of_2(batch), 8)  # more rows a program would spill registers
-        block_n = min(32, max(4, _pow2_at_most(n_out // self.linear_programs)))
         split = self.config.hidden_dim if cache is not None else n_out
-        while split % block_n:
-            block_n //= 2
+        dot = batch >= self.dot_min_batch
+        if dot:  # tl.dot tiles are at least 16 x 16 x 16; masked rows and columns cost nothing
+            block_b = min(max(triton.next_power_of_2(batch), 16), 64)
+            block_n = self.dot_block_n
+            while cache is not None and split % block_n and block_n > 16:  # a tile may not straddle q | kv
+                block_n //= 2
+            if cache is not None and split % block_n:
+                raise ValueError(f"the tensor-core products split {split} columns, not a multiple of 16")
+            block_k = 64
+        else:
+            block_b = min(triton.next_power_of_2(batch), 8)  # more rows a program would spill registers
+            block_n = min(32, max(4, _pow2_at_most(n_out // self.linear_programs)))
+            while split % block_n:
+                block_n //= 2
+            block_k = min(triton.next_power_of_2(k), max(32, 8192 // (block_b * block_n)))
         k_pad = triton.next_power_of_2(k)
-        block_k = min(k_pad, max(32, 8192 // (block_b * block_n)))
         dummy = source
         grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
         _linear_kernel[grid](
@@ -242,7 +290,7 @@ class TritonT2SEngine(T2SEngine):
             K=k, K_PAD=k_pad, SPLIT=split, BLOCK_B=block_b, BLOCK_N=block_n, BLOCK_K=block_k,
             PRO_LN=norm is not None, WRITE_NORMED=normed is not None, HAS_BIAS=bias is not None, RELU=relu,
             ADD_RESIDUAL=residual is not None, TO_CACHE=cache is not None, EPS=LAYER_NORM_EPS,
-            num_warps=self.num_warps,
+            DOT=dot, DOT_IEEE=dot and weight.dtype == torch.float32, num_warps=self.num_warps,
         )
 
     @torch.no_grad()

@@ -297,8 +297,10 @@ def test_cuda_graph_sampling_is_reproducible_and_matches_eager_steps():
 @pytest.mark.gpu
 @needs_cuda
 @needs_fixtures
-@pytest.mark.parametrize("fused_max_batch", [2, 1])  # 1: two rows take the cuBLAS + attention-kernel step
-def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, fused_max_batch):
+# (2, 16): the fused step; (1, 16): two rows take the cuBLAS + attention-kernel step; (2, 1): the
+# fused products on tensor cores (float32 weights: tl.dot in full float32).
+@pytest.mark.parametrize(("fused_max_batch", "dot_min_batch"), [(2, 16), (1, 16), (2, 1)])
+def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, fused_max_batch, dot_min_batch):
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_triton import (
         TritonT2SEngine,  # Triton is a GPU-machine-only package
@@ -307,7 +309,7 @@ def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_mode
     config, state_dict, cases = fixture_model
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
     engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
-                             fused_max_batch=fused_max_batch)
+                             fused_max_batch=fused_max_batch, dot_min_batch=dot_min_batch)
     engine.capture_graphs()
     cases_by_name = fixture_requests(cases)
     results = engine.generate([request for request, _, _ in cases_by_name.values()])
@@ -337,6 +339,35 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
         assert torch.equal(result.tokens, expected), name
         assert result.official_idx == idx, name
     assert not engine.barrier_timed_out()
+
+
+@pytest.mark.slow
+@needs_fixtures
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels run on the CPU under TRITON_INTERPRET=1")
+def test_fused_products_on_tensor_cores_give_the_official_tokens_in_the_interpreter(fixture_model):
+    """The ``DOT`` products (tl.dot, LayerNorm statistics chunk by chunk) on the CPU (minutes)."""
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_triton import TritonT2SEngine
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
+    engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
+                             fused_max_batch=2, dot_min_batch=1)
+    cases_by_name = list(fixture_requests(cases).items())[:2]
+    results = engine.generate([request for _, (request, _, _) in cases_by_name])
+    for (name, (_, expected, idx)), result in zip(cases_by_name, results):
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+
+
+def test_tensor_core_tiles_narrower_than_16_are_refused():
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_triton import TritonT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="dot_block_n"):
+        TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], dot_block_n=8)
 
 
 @pytest.mark.slow
