@@ -1,0 +1,99 @@
+"""Where the 64-stream T2S engine's admission time goes: one admission (the eager prefill of a group
+of new requests into free slots) by group size, with its CUDA kernel count, and one full-slot decode
+step (CUDA graphs), on full-size random weights. GPU machine only (torch + numpy):
+
+    PYTHONPATH=. python3 scripts/gpt_sovits_admission_cost.py --out $OUT/gpt_sovits_admission.json
+
+Why it exists: the continuous-batching run (scripts/bench_gpt_sovits_t2s.py --only-streams) makes
+about two thirds of the tokens per second that the same step makes with every slot full; this
+splits that gap between admission and the schedule's tail.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from models.gpt_sovits.engine_triton import TritonT2SEngine
+from models.gpt_sovits.engine_weights import MANIFEST_PATH, T2SWeights, random_state_dict
+from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
+from scripts.bench_gpt_sovits_t2s import PHONEMES, PROMPT_TOKENS, STREAMS, make_request
+
+GROUP_SIZES = (1, 2, 4, 8, 16, 32)
+REPEATS = 6  # the first of each size is a warm-up
+
+
+def cuda_kernels(engine: TritonT2SEngine, slots: list[int], requests: list) -> int:
+    """CUDA kernels one prefill of ``requests`` into ``slots`` launches."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        engine.prefill(slots, requests)
+        torch.cuda.synchronize()
+    return sum(event.count for event in profile.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def admission_costs(engine: TritonT2SEngine, config) -> dict:
+    rows = {}
+    for group in GROUP_SIZES:
+        admit_s, prefill_s = [], []
+        for _ in range(REPEATS):
+            for index in range(group):
+                engine.submit(make_request(config, 300, seed=5000 + index))
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.admit()  # slot bookkeeping + prefill
+            torch.cuda.synchronize()
+            admit_s.append(time.perf_counter() - start)
+            slots = [slot for slot, request in enumerate(engine._slot_request) if request is not None]
+            requests = [make_request(config, 300, seed=5000 + index) for index in range(group)]
+            start = time.perf_counter()
+            engine.prefill(slots, requests)  # the same group's prefill alone
+            torch.cuda.synchronize()
+            prefill_s.append(time.perf_counter() - start)
+            engine.done.fill_(True)
+            engine.collect()
+        kernels = cuda_kernels(engine, slots, requests)
+        engine.done.fill_(True)
+        engine.collect()
+        rows[str(group)] = {"admit_ms": round(1000 * statistics.median(admit_s[1:]), 2),
+                            "prefill_ms": round(1000 * statistics.median(prefill_s[1:]), 2),
+                            "cuda_kernels_per_prefill": kernels}
+        print(group, rows[str(group)], flush=True)
+    return rows
+
+
+def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> float:
+    for index in range(STREAMS):
+        engine.submit(make_request(config, 500, seed=7000 + index))
+    engine.admit()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.advance(steps)
+    torch.cuda.synchronize()
+    return round(1000 * (time.perf_counter() - start) / steps, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    config = t2s_from_manifest(MANIFEST_PATH).config
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float16, "cuda")
+    max_len = ((PHONEMES + PROMPT_TOKENS + 500 + 15) // 16) * 16
+    # The best 64-stream step so far: cuBLAS products with the attention kernel over valid keys.
+    engine = TritonT2SEngine(weights, max_batch=STREAMS, max_len=max_len, length_buckets=[max_len], fused_max_batch=1)
+    engine.capture_graphs(greedy_modes=(True,))
+    result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill), FP16",
+              "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "admission": admission_costs(engine, config)}
+    result["decode_step_ms_64_rows"] = full_slot_step_ms(engine, config)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
