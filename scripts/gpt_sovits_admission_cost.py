@@ -6,7 +6,10 @@ step (CUDA graphs), on full-size random weights. GPU machine only (torch + numpy
 
 Why it exists: the continuous-batching run (scripts/bench_gpt_sovits_t2s.py --only-streams) makes
 about two thirds of the tokens per second that the same step makes with every slot full; this
-splits that gap between admission and the schedule's tail.
+splits that gap between admission and the schedule's tail. ``--schedule`` (no GPU) counts the
+decode steps the engine's admission rule takes for that run's requests (FIFO into the lowest free
+slots, stop flags read every ``sync_every`` steps): at the full-slot step time, the most that
+schedule can make per second whatever admission costs.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from models.gpt_sovits.engine_triton import TritonT2SEngine
@@ -24,7 +28,22 @@ from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 from scripts.bench_gpt_sovits_t2s import PHONEMES, PROMPT_TOKENS, STREAMS, make_request
 
 GROUP_SIZES = (1, 2, 4, 8, 16, 32)
+BENCH_REQUESTS, BENCH_TOKENS, SYNC_EVERY = 5 * STREAMS, 500, 16  # bench_gpt_sovits_t2s's continuous-batching run
 REPEATS = 6  # the first of each size is a warm-up
+
+
+def schedule_steps(lengths: list[int], slots: int = STREAMS, sync_every: int = SYNC_EVERY) -> int:
+    """Decode steps to finish ``lengths`` (tokens per request, in arrival order) under the engine's
+    rule (T2SEngine.run): admit into free slots, run ``sync_every`` steps, free the rows that
+    finished. A request's first token comes from its prefill, the rest one a step."""
+    waiting, left, steps = list(lengths), [None] * slots, 0
+    while waiting or any(remaining is not None for remaining in left):
+        for slot in range(slots):
+            if left[slot] is None and waiting:
+                left[slot] = waiting.pop(0) - 1
+        steps += sync_every
+        left = [None if remaining is None or remaining <= sync_every else remaining - sync_every for remaining in left]
+    return steps
 
 
 def cuda_kernels(engine: TritonT2SEngine, slots: list[int], requests: list) -> int:
@@ -79,7 +98,17 @@ def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--schedule", action="store_true", help="only count the benchmark run's decode steps (no GPU)")
     args = parser.parse_args()
+    lengths = [int(length) for length in np.linspace(BENCH_TOKENS // 2, BENCH_TOKENS, BENCH_REQUESTS).astype(int)]
+    steps = schedule_steps(lengths)
+    schedule = {"requests": BENCH_REQUESTS, "tokens": sum(lengths), "decode_steps": steps,
+                "tokens_per_step": round(sum(lengths) / steps, 2)}
+    if args.schedule:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"schedule_of_the_continuous_batching_run": schedule}, indent=1) + "\n")
+        print(json.dumps(schedule))
+        return
     config = t2s_from_manifest(MANIFEST_PATH).config
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float16, "cuda")
     max_len = ((PHONEMES + PROMPT_TOKENS + 500 + 15) // 16) * 16
@@ -88,7 +117,7 @@ def main() -> None:
     engine.capture_graphs(greedy_modes=(True,))
     result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill), FP16",
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "admission": admission_costs(engine, config)}
+              "admission": admission_costs(engine, config), "schedule_of_the_continuous_batching_run": schedule}
     result["decode_step_ms_64_rows"] = full_slot_step_ms(engine, config)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
