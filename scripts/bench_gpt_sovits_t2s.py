@@ -211,28 +211,39 @@ def stream_agreement(tokens: list[torch.Tensor], reference: list[torch.Tensor]) 
             "median_tokens_before_first_difference": statistics.median(prefixes)}
 
 
-# Continuous-batching rows of ``--only-streams``: the cuBLAS products with the attention kernel
-# (the best 64-stream step so far) against the fused step on tensor cores at three tile widths.
-DOT_STREAM_ROWS = {
-    "cublas_triton_attention": {"fused_max_batch": 1},
-    "fused_dot_n16": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 16},
-    "fused_dot_n32": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 32},
-    "fused_dot_n64": {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 64},
+# Continuous-batching rows of ``--only-streams``: name -> (shards, engine knobs). One shard of 64
+# slots on the cuBLAS products with the attention kernel (the best 64-stream step before), the fused
+# step on tensor cores at three tile widths, and the 64 slots split into shards of 32, 16 or 8 on
+# their own CUDA streams (models/gpt_sovits/engine_shards.py) with the cuBLAS or the fused step.
+STREAM_ROWS = {
+    "cublas_triton_attention": (1, {"fused_max_batch": 1}),
+    "fused_dot_n16": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 16}),
+    "fused_dot_n32": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 32}),
+    "fused_dot_n64": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 64}),
+    "shards_2x32_cublas_triton_attention": (2, {"fused_max_batch": 1}),
+    "shards_4x16_cublas_triton_attention": (4, {"fused_max_batch": 1}),
+    "shards_4x16_fused": (4, {"fused_max_batch": 16, "dot_min_batch": 17}),
+    "shards_4x16_fused_dot": (4, {"fused_max_batch": 16, "dot_min_batch": 16, "dot_block_n": 16}),
+    "shards_8x8_fused": (8, {"fused_max_batch": 8}),
 }
 
 
 def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, result: dict) -> None:
-    """Each DOT_STREAM_ROWS engine through the continuous-batching run ``--rounds`` times,
+    """Each ``--stream-rows`` engine through the continuous-batching run ``--rounds`` times,
     visiting the engines in a rotated order each round (a drift of the machine falls on each alike);
     a row's figure is the median of its rounds and ``*_spread`` their range."""
+    from models.gpt_sovits.engine_shards import ShardedT2SEngines  # CUDA streams: GPU machine only
+
     rows = result["continuous_batching_fp16_rounds"] = {}
     engines, tokens = {}, {}
-    for name, knobs in DOT_STREAM_ROWS.items():
+    for name in args.stream_rows:
+        shards, knobs = STREAM_ROWS[name]
         try:
-            engines[name] = engine_for(torch.float16, fused=True, max_batch=STREAMS, **knobs)
-            rows[name] = {"knobs": knobs, "rounds": []}
+            built = [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, **knobs) for _ in range(shards)]
+            engines[name] = built[0] if shards == 1 else ShardedT2SEngines(built)
+            rows[name] = {"shards": shards, "knobs": knobs, "rounds": []}
         except Exception as error:  # noqa: BLE001 - recorded in the results, the others go on
-            rows[name] = {"knobs": knobs, "error": f"{type(error).__name__}: {error}"[:800]}
+            rows[name] = {"shards": shards, "knobs": knobs, "error": f"{type(error).__name__}: {error}"[:800]}
     names = list(engines)
     for round_index in range(args.rounds):
         for name in names[round_index % len(names):] + names[: round_index % len(names)]:
@@ -244,6 +255,7 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             except Exception as error:  # noqa: BLE001
                 rows[name]["error"] = f"{type(error).__name__}: {error}"[:800]
             write(result, args.out)
+    reference = names[0] if names else None
     for name in names:
         measured = rows[name]["rounds"]
         for figure in ("aggregate_tokens_per_s", "full_batch_decode_tokens_per_s"):
@@ -251,9 +263,8 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             if values:
                 rows[name][figure] = statistics.median(values)
                 rows[name][f"{figure}_spread"] = round(max(values) - min(values), 1)
-        if name != "cublas_triton_attention" and name in tokens and "cublas_triton_attention" in tokens:
-            rows[name]["agreement_with_cublas_triton_attention"] = stream_agreement(
-                tokens[name], tokens["cublas_triton_attention"])
+        if name != reference and name in tokens and reference in tokens:
+            rows[name][f"agreement_with_{reference}"] = stream_agreement(tokens[name], tokens[reference])
     write(result, args.out)
 
 
@@ -516,8 +527,10 @@ def main() -> None:
     parser.add_argument("--stream-requests", type=int, default=5 * STREAMS,
                         help="requests through the 64 slots in the continuous-batching run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random full-size weights")
-    parser.add_argument("--only-streams", action="store_true", help="CUDA: only the continuous-batching rows of "
-                        "DOT_STREAM_ROWS, in --rounds interleaved rounds")
+    parser.add_argument("--only-streams", action="store_true", help="CUDA: only the continuous-batching rows "
+                        "--stream-rows names, in --rounds interleaved rounds")
+    parser.add_argument("--stream-rows", nargs="+", default=list(STREAM_ROWS), choices=list(STREAM_ROWS),
+                        help="rows of --only-streams (the first is the reference for token agreement)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --only-streams")
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)

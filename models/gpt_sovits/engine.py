@@ -346,6 +346,13 @@ class T2SEngine:
 
     def submit(self, request: T2SRequest) -> int:
         """Queue ``request``; returns its id. Admission happens between decode steps."""
+        self.check_request(request)
+        request_id = next(self._request_ids)
+        self._waiting.append((request_id, request))
+        return request_id
+
+    def check_request(self, request: T2SRequest) -> None:
+        """Raise ValueError naming what this engine cannot decode in ``request``."""
         text_len = request.phoneme_ids.shape[0]
         prompt_len = 0 if request.prompt_tokens is None else request.prompt_tokens.shape[0]
         if tuple(request.bert_features.shape) != (self.weights.bert_proj_weight.shape[1], text_len):
@@ -363,12 +370,13 @@ class T2SEngine:
             raise ValueError(f"max_steps {request.max_steps} must be in 1..{OFFICIAL_MAX_STEPS}")
         if request.top_k < 1:
             raise ValueError(f"top_k {request.top_k} must be >= 1 (1 is greedy)")
-        request_id = next(self._request_ids)
-        self._waiting.append((request_id, request))
-        return request_id
 
     def has_work(self) -> bool:
         return bool(self._waiting) or any(request is not None for request in self._slot_request)
+
+    def free_slots(self) -> int:
+        """Slots neither decoding nor promised to a waiting request."""
+        return sum(request is None for request in self._slot_request) - len(self._waiting)
 
     def admit(self) -> None:
         """Prefill waiting requests into free slots, lowest slot first, in batches of at most

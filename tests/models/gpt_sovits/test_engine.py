@@ -321,6 +321,56 @@ def test_fused_triton_step_in_cuda_graphs_gives_the_official_tokens(fixture_mode
 @pytest.mark.gpu
 @needs_cuda
 @needs_fixtures
+def test_shards_on_their_own_streams_give_the_official_tokens(fixture_model):
+    """Every fixture case through three one-to-two-slot shards on separate CUDA streams: requests wait
+    in one queue and take whichever shard frees a slot, and each still gets its official tokens."""
+    from models.gpt_sovits.engine_shards import ShardedT2SEngines
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    engines = [T2SEngine(weights, max_batch=batch, max_len=256, length_buckets=[256], sync_every=5)
+               for batch in (1, 2, 1)]
+    for engine in engines:
+        engine.capture_graphs()
+    sharded = ShardedT2SEngines(engines)
+    cases_by_name = fixture_requests(cases)
+    results = sharded.generate([request for request, _, _ in cases_by_name.values()])
+    for (name, (_, expected, idx)), result in zip(cases_by_name.items(), results):
+        assert torch.equal(result.tokens, expected), name
+        assert result.official_idx == idx, name
+    assert not sharded.has_work()
+
+
+def test_shards_refuse_engines_off_cuda_or_busy():
+    from models.gpt_sovits.engine_shards import ShardedT2SEngines
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        ShardedT2SEngines([T2SEngine(weights, max_batch=2, max_len=256)])
+    with pytest.raises(ValueError, match="at least one"):
+        ShardedT2SEngines([])
+
+
+def test_free_slots_counts_waiting_requests_as_taken():
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cpu")
+    engine = T2SEngine(weights, max_batch=3, max_len=256)
+    generator = torch.Generator().manual_seed(0)
+    request = T2SRequest(torch.randint(0, config.phoneme_vocab_size, (5,), generator=generator),
+                         torch.randn(config.bert_feature_dim, 5, generator=generator), None, max_steps=4, eos_from_step=4)
+    assert engine.free_slots() == 3
+    engine.submit(request)
+    assert engine.free_slots() == 2  # waiting: promised a slot
+    engine.admit()
+    assert engine.free_slots() == 2  # decoding
+    engine.run()
+    assert engine.free_slots() == 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
 @pytest.mark.parametrize("asm_barrier", [True, False])
 def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, asm_barrier):
     """Every fixture case at batch 1 through the one-kernel step, with either grid barrier."""
