@@ -1,12 +1,14 @@
 """Several T2S engines on one GPU, each on its own CUDA stream, run as one continuously batched decoder.
 
-Why: a 64-row decode step is bound by latency, not by the GPU's arithmetic or memory bandwidth. Its
-~270 small kernels (products of 64 rows, LayerNorms, the attention over each row's keys) each
-leave most of the 132 SMs idle, and an admission (an eager prefill of several hundred kernel
-launches, 9-21 ms on the H200) stops every row's decoding while the host issues it
-(docs/benchmarks.md, "GPT-SoVITS v2: the 64-stream step on tensor cores"). Shards of 16 or 32 slots
-on separate streams run their steps side by side on the idle SMs, and while the host prefills one
-shard's new requests, the steps it queued for the others keep the GPU busy.
+The idea: a 64-row decode step is ~270 small kernels (products of 64 rows, LayerNorms, the
+attention over each row's keys), and an admission (an eager prefill of several hundred kernel
+launches, 9-21 ms on the H200) stops every row's decoding while the host issues it. Shards of 16 or
+32 slots on separate streams could run their steps side by side, and while the host prefills one
+shard, the steps queued for the others would keep the GPU busy. Measured on the H200 (64 streams,
+docs/benchmarks.md, "GPT-SoVITS v2: the 64-stream step on tensor cores"), it does not pay: 2 x 32
+and 4 x 16 cuBLAS shards make 40,800 and 38,500 tokens/s with every slot full against 45,500 for
+one 64-slot engine, and the same aggregate within the rounds' spread. Kept as a tested way to run
+several engines from one queue; ``T2SEngine`` alone remains the 64-stream default.
 
     engines = [T2SEngine(weights, max_batch=16, max_len=640) for _ in range(4)]   # weights shared
     for engine in engines:
