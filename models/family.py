@@ -188,6 +188,10 @@ class Family:
     # (teacher, backend eager|compile|aoti, replay CUDA graphs, package_dir, batch_buckets) ->
     # (the teacher on shape-bucketed engines, whether it replays CUDA graphs, its text buckets).
     torch_engine: Callable[..., tuple[TTSModel, bool, tuple[int, ...]]] | None = None
+    # True: torch_engine also takes ``precision=`` (float16/bfloat16) and builds the half-precision
+    # variant its own way from the float32 teacher (Kokoro: a half frame stage with float32 islands);
+    # False: the server hands it the teacher already through models.precision.to_half_precision.
+    engine_precision: bool = False
     quantization: QuantizationLayout | None = None  # None: the INT8 stages refuse the family
     triton: TritonLayout | None = None  # None: the family's graph is not served through Triton
     prune: PruneHooks | None = None  # None: the pruning stage refuses the family

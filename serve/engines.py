@@ -93,10 +93,12 @@ def served_as_is(model: TTSModel, family: Family, variant: str, voice: str, engi
     return ServedModel(model, variant, family, engine, voice, _noise_channels(model))
 
 
-def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tuple[TTSModel, bool, tuple[int, ...]]:
+def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings,
+              precision: str | None = None) -> tuple[TTSModel, bool, tuple[int, ...]]:
     """(the teacher on the family's bucketed engine, whether it replays CUDA graphs, its text buckets): eager
     stages replayed as CUDA graphs (cuda_graphs), torch.compile'd stages (compile; replayed as CUDA graphs on
-    a GPU too), or AOTInductor packages (aoti)."""
+    a GPU too), or AOTInductor packages (aoti). ``precision`` (float16/bfloat16): the engine builds the half
+    variant itself (``family.engine_precision``)."""
     import torch
 
     if family.torch_engine is None:
@@ -108,7 +110,9 @@ def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings) -> tup
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
-    return family.torch_engine(teacher, kind, graphs, settings.aoti_package_dir or None, settings.batch_buckets)
+    extra = {} if precision is None else {"precision": getattr(torch, precision)}
+    return family.torch_engine(teacher, kind, graphs, settings.aoti_package_dir or None, settings.batch_buckets,
+                               **extra)
 
 
 def load_variant(family: Family, variant: str, voice: str, threads: int, device: str,
@@ -126,13 +130,17 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
         # Without settings: ServeSettings' defaults, read off the class (an instance would need a source).
         defaults = settings or ServeSettings
         model = family.load_teacher(voice, Path(defaults.cache_dir)).to(device)
-        if variant in HALF_PRECISION_VARIANTS:
+        precision = HALF_PRECISION_VARIANTS.get(variant)  # None: the float32 teacher
+        on_engine = settings is not None and settings.torch_engine != "eager"
+        engine_applies_precision = on_engine and family.engine_precision
+        if precision is not None and not engine_applies_precision:
             from models.precision import to_half_precision
 
-            model = to_half_precision(model, HALF_PRECISION_VARIANTS[variant], keep_fp32=defaults.half_keep_fp32)
-        if settings is None or settings.torch_engine == "eager":
+            model = to_half_precision(model, precision, keep_fp32=defaults.half_keep_fp32)
+        if not on_engine:
             return served_as_is(model, family, variant, voice)
-        engine_model, captures_graphs, text_buckets = _bucketed(family, model, settings)
+        engine_model, captures_graphs, text_buckets = _bucketed(family, model, settings,
+                                                                precision if engine_applies_precision else None)
         return ServedModel(engine_model, variant, family, f"torch_{settings.torch_engine}", voice,
                            _noise_channels(model), noise_device=device, captures_graphs=captures_graphs,
                            text_buckets=text_buckets)

@@ -37,4 +37,5 @@ FAMILY = Family(
     graph_variants=GRAPH_VARIANTS,  # "cpu" first: the fastest on CPU at the reference graph's quality (onnx_contract.py)
     quantization=QUANTIZATION,  # INT8 of our exported graph (teacher_int8); not the shipped one, already int8
     torch_engine=bucketed_engine,  # serve.torch_engine=cuda_graphs: per-sentence text stage, batched frame stage
+    engine_precision=True,  # serve.source=fp16|bf16 on that engine: a half frame stage with float32 islands
 )

@@ -32,3 +32,29 @@ def test_serve_torch_engine_picks_the_backend(engine, backend, graphs):
 def test_the_family_must_be_registered():
     with pytest.raises(ServeConfigError, match="serve.family='tortoise': use a registered family"):
         ServeSettings(family="tortoise", source="teacher")
+
+
+@pytest.mark.parametrize("engine_precision", [False, True])
+def test_a_half_source_on_a_bucketed_engine_is_made_where_the_family_says(engine_precision):
+    """fp16 on a bucketed engine: the server converts the teacher itself, unless the family's engine
+    builds the half variant its own way (``engine_precision``); then the engine gets the float32
+    teacher and the precision."""
+    import dataclasses
+
+    import torch
+
+    calls = []
+
+    def spy_engine(teacher, backend, graphs, package_dir, batch_buckets, **options):
+        calls.append(({parameter.dtype for parameter in teacher.parameters()}, options))
+        return teacher, False, (64,)
+
+    family = dataclasses.replace(FAMILY, torch_engine=spy_engine, engine_precision=engine_precision)
+    settings = ServeSettings(family=FAMILY.name, source="fp16", torch_engine="compile", device="cpu")
+    served = load_variant(family, "fp16", "", 1, "cpu", settings)
+    (dtypes, options), = calls
+    if engine_precision:
+        assert dtypes == {torch.float32} and options == {"precision": torch.float16}
+    else:
+        assert torch.float16 in dtypes and options == {}
+    assert served.engine == "torch_compile"

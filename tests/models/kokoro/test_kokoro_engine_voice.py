@@ -9,7 +9,7 @@ import torch
 
 from models.interface import SynthesisRequest, TTSModel, Utterance
 from models.kokoro.engine_voice import EngineVoice, bucketed_engine
-from models.kokoro.engines import TOKEN_BUCKET, BucketedEngine
+from models.kokoro.engines import TOKEN_BUCKET, BucketedEngine, Float32Island
 from models.kokoro.family import FAMILY
 from models.kokoro.sampling import KokoroSampling
 from models.kokoro.tiny import tiny_voice
@@ -62,6 +62,23 @@ def test_the_family_hook_builds_it_and_refuses_what_it_cannot_run(voice):
             bucketed_engine(voice, backend, False, None, ())
     with pytest.raises(ValueError, match="fixed when the engine is built"):
         served.replace_part("decoder", voice.model.decoder)
+
+
+def test_the_hook_builds_a_half_frame_stage_and_keeps_the_text_stage_and_voice_float32(voice):
+    """The server's fp16 source on this engine (Family.engine_precision): the frame stage in float16
+    but its float32 islands, the text stage and the voice's own model in float32, so durations and
+    lengths are the voice's."""
+    served, _, _ = FAMILY.torch_engine(voice, "eager", False, None, None, precision=torch.float16)
+    engine = served.engine
+    island = engine.frame_model.decoder.generator.conv_post
+    assert isinstance(island, Float32Island) and {p.dtype for p in island.parameters()} == {torch.float32}
+    half = {name for name, p in engine.frame_model.decoder.named_parameters() if p.dtype == torch.float16}
+    assert half and any("resblocks" in name for name in half)
+    assert {p.dtype for p in voice.model.parameters()} == {torch.float32}  # the voice is not converted
+    request = SynthesisRequest.from_utterances(voice.text_to_utterances(TEXT), sampling=KokoroSampling.deterministic())
+    expected, out = voice.synthesize(request), served.synthesize(request)
+    assert torch.equal(out.audio_lengths, expected.audio_lengths) and torch.equal(out.durations, expected.durations)
+    assert out.audio.dtype == torch.float32 and torch.isfinite(out.audio).all()
 
 
 @pytest.mark.gpu
