@@ -1,8 +1,8 @@
 """T2S decode speed of GPT-SoVITS v2 at full size (random weights from the official manifest).
 
     PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --out $OUT/gpt_sovits_t2s_h200.json
-    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --only-streams --rounds 3 \
-        --out $OUT/gpt_sovits_streams_h200.json      # 64 streams: cuBLAS step vs tensor-core fused step
+    PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cuda --only-streams --rounds 3 \\
+        --out $OUT/gpt_sovits_streams_h200.json      # 64 streams: the engines of STREAM_ROWS
     PYTHONPATH=. python scripts/bench_gpt_sovits_t2s.py --device cpu --threads 2 --tokens 60 --repeats 3 \\
         --out docs/results/cpu_16_gpt_sovits_t2s.json
 
@@ -212,7 +212,7 @@ def stream_agreement(tokens: list[torch.Tensor], reference: list[torch.Tensor]) 
 
 
 # Continuous-batching rows of ``--only-streams``: name -> (shards, engine knobs). One shard of 64
-# slots on the cuBLAS products with the attention kernel (the best 64-stream step before), the fused
+# slots on the cuBLAS products with the attention kernel (the engine's 64-stream step), the fused
 # step on tensor cores at three tile widths, and the 64 slots split into shards of 32, 16 or 8 on
 # their own CUDA streams (models/gpt_sovits/engine_shards.py) with the cuBLAS or the fused step.
 STREAM_ROWS = {
@@ -239,7 +239,9 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
     for name in args.stream_rows:
         shards, knobs = STREAM_ROWS[name]
         try:
-            built = [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, **knobs) for _ in range(shards)]
+            built = [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, **knobs)]
+            built += [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, weights=built[0].weights, **knobs)
+                      for _ in range(shards - 1)]  # one copy of the weights for every shard
             engines[name] = built[0] if shards == 1 else ShardedT2SEngines(built)
             rows[name] = {"shards": shards, "knobs": knobs, "rounds": []}
         except Exception as error:  # noqa: BLE001 - recorded in the results, the others go on
@@ -323,8 +325,8 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
     rows = result["batch1"] = {}
 
     def engine_for(dtype: torch.dtype, fused: bool = False, sampling: bool = False, max_batch: int = 1,
-                   persistent: bool = False, **knobs) -> T2SEngine:
-        weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
+                   persistent: bool = False, weights: T2SWeights | None = None, **knobs) -> T2SEngine:
+        weights = weights or T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
         if persistent:  # imported here: Triton is on the GPU machine only, not in the CPU-only install
             from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 

@@ -112,7 +112,7 @@ def main() -> None:
     config = t2s_from_manifest(MANIFEST_PATH).config
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float16, "cuda")
     max_len = ((PHONEMES + PROMPT_TOKENS + 500 + 15) // 16) * 16
-    # The best 64-stream step so far: cuBLAS products with the attention kernel over valid keys.
+    # The engine's 64-stream step: cuBLAS products with the attention kernel over valid keys.
     engine = TritonT2SEngine(weights, max_batch=STREAMS, max_len=max_len, length_buckets=[max_len], fused_max_batch=1)
     engine.capture_graphs(greedy_modes=(True,))
     result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill), FP16",

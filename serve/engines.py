@@ -110,16 +110,18 @@ def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings,
         torch.backends.cudnn.benchmark = settings.cudnn_benchmark
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
-    extra = {} if precision is None else {"precision": getattr(torch, precision)}
+    engine_options = {} if precision is None else {"precision": getattr(torch, precision)}
     return family.torch_engine(teacher, kind, graphs, settings.aoti_package_dir or None, settings.batch_buckets,
-                               **extra)
+                               **engine_options)
 
 
 def load_variant(family: Family, variant: str, voice: str, threads: int, device: str,
                  settings: ServeSettings | None = None) -> ServedModel:
     """``original_onnx`` (the family's own graph in onnxruntime), ``teacher`` (the PyTorch model; eager, or on
     the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with every part but
-    ``settings.half_keep_fp32`` in half precision, on the same engines). ``voice``: "" for the family's own."""
+    ``settings.half_keep_fp32`` in half precision, on the same engines; on a bucketed engine of a family with
+    ``engine_precision`` the engine makes the half variant its own way instead, and ``half_keep_fp32`` is not
+    read). ``voice``: "" for the family's own."""
     voice = voice or family.default_voice
     if variant == "original_onnx":
         if family.reference is None:

@@ -322,13 +322,17 @@ class T2SEngine:
             for batch, bucket, greedy in itertools.product(self.batch_buckets, self.length_buckets, greedy_modes):
                 self.decode_step(batch, bucket, greedy)  # warm-up: library handles, kernel choice, JIT
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
+        # This engine's own capture stream: cuBLAS keeps a workspace per stream and a captured product
+        # keeps its address, so engines captured on torch's one shared capture stream and replayed at
+        # the same time (engine_shards.py) would write one workspace at once.
+        capture_stream = torch.cuda.Stream(self.device)
         for batch, bucket, greedy in itertools.product(self.batch_buckets, self.length_buckets, greedy_modes):
             graph = torch.cuda.CUDAGraph()
             if not greedy:
                 if not hasattr(graph, "register_generator_state"):
                     raise RuntimeError("sampling inside a CUDA graph needs torch >= 2.6 (register_generator_state)")
                 graph.register_generator_state(self.generator)
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 self.decode_step(batch, bucket, greedy)
             self._graphs[(batch, bucket, greedy)] = graph
         torch.cuda.synchronize(self.device)
@@ -375,7 +379,7 @@ class T2SEngine:
         return bool(self._waiting) or any(request is not None for request in self._slot_request)
 
     def free_slots(self) -> int:
-        """Slots neither decoding nor promised to a waiting request."""
+        """Slots neither decoding nor promised to a waiting request (negative when more wait than fit)."""
         return sum(request is None for request in self._slot_request) - len(self._waiting)
 
     def admit(self) -> None:

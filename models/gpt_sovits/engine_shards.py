@@ -16,8 +16,9 @@ several engines from one queue; ``T2SEngine`` alone remains the 64-stream defaul
     sharded = ShardedT2SEngines(engines)
     results = sharded.generate(requests)        # in the order given
 
-Each shard keeps the engine's own rules (a request's tokens do not depend on its batch: the same
-greedy tokens in any shard). Requests wait in one queue, first come first served, and go to a shard
+Each shard keeps the engine's own rules: a request's tokens do not depend on the rows beside it, so
+a greedy request gets the official tokens in any shard (GPU test, float32); in FP16 a shard of
+another batch size may round differently (cuBLAS picks kernels by shape). Requests wait in one queue, first come first served, and go to a shard
 when it has a free slot; the shards take turns, each turn collecting its finished rows (a wait on
 its own stream only), admitting, and queueing ``sync_every`` steps.
 """
@@ -41,15 +42,14 @@ class ShardedT2SEngines:
             raise ValueError("sharded engines run on CUDA streams: every engine must be on a CUDA device")
         if any(engine.has_work() for engine in engines):
             raise ValueError("the engines must have no request in flight")
+        # One queue serves every shard, so each must take any request the first takes.
+        if any(engine.weights is not engines[0].weights or engine.max_len != engines[0].max_len for engine in engines):
+            raise ValueError("the shards must share one T2SWeights and one max_len")
         self.engines = engines
         self.streams = [torch.cuda.Stream(engine.device) for engine in engines]
         self._waiting: collections.deque[tuple[int, T2SRequest]] = collections.deque()
         self._placed: dict[int, tuple[int, int]] = {}  # request id -> (shard, the shard's own request id)
         self._request_ids = itertools.count()
-
-    @property
-    def slots(self) -> int:
-        return sum(engine.max_batch for engine in self.engines)
 
     def submit(self, request: T2SRequest) -> int:
         """Queue ``request``; returns its id. Checked by the first shard's rules (all shards share them)."""
@@ -68,8 +68,15 @@ class ShardedT2SEngines:
             request_id, request = self._waiting.popleft()
             self._placed[request_id] = (shard, engine.submit(request))
 
+    def _after_default_stream(self) -> None:
+        """Order the shard streams after the work already queued on the current stream (the
+        engines' state resets after capture, tensors a caller put on the device)."""
+        for engine, stream in zip(self.engines, self.streams):
+            stream.wait_stream(torch.cuda.current_stream(engine.device))
+
     def admit(self) -> None:
         """Prefill waiting requests into every shard's free slots, without decoding."""
+        self._after_default_stream()
         for shard, engine in enumerate(self.engines):
             with torch.cuda.stream(self.streams[shard]):
                 self._place(shard)
@@ -85,6 +92,7 @@ class ShardedT2SEngines:
 
     def run(self) -> None:
         """Decode until every submitted request has stopped; results wait in ``result(id)``."""
+        self._after_default_stream()
         while self.has_work():
             for shard in range(len(self.engines)):
                 self._turn(shard)

@@ -225,13 +225,15 @@ class TritonT2SEngine(T2SEngine):
     uses the torch sampler after the fused layers. Batches above ``fused_max_batch`` run cuBLAS
     products with the attention kernel (``_wide_step``): the fused products re-read each weight tile
     per 8 rows, and on the H200 they lost at 64 rows (11,400 vs 37,900 tokens/s for the cuBLAS
-    step) while winning at 1 (1,950 vs 960); between, unmeasured.
+    step) while winning at 1 (1,950 vs 960).
 
     ``dot_min_batch``: from this many rows on, the fused products run on tensor cores (``DOT`` in
     ``_linear_kernel``: one program per ``dot_block_n`` output columns and up to 64 rows, so each
     weight tile is read once per 64 rows rather than once per 8); it applies to batches up to
     ``fused_max_batch``, so ``fused_max_batch=64, dot_min_batch=16`` runs a 64-row step as five
-    fused kernels a layer instead of about eleven cuBLAS and elementwise ones."""
+    fused kernels a layer instead of about eleven cuBLAS and elementwise ones. Opt-in: on the H200
+    that step made 24,800-28,300 tokens/s with every slot full (16-column tiles the fastest)
+    against 45,600 for the cuBLAS step (docs/benchmarks.md), too few programs a product."""
 
     def __init__(self, weights: T2SWeights, *args, linear_programs: int = 256, num_warps: int = 4,
                  attention_block: int = 128, fused_max_batch: int = 8, dot_min_batch: int = 16,

@@ -341,7 +341,7 @@ def test_shards_on_their_own_streams_give_the_official_tokens(fixture_model):
     assert not sharded.has_work()
 
 
-def test_shards_refuse_engines_off_cuda_or_busy():
+def test_shards_refuse_no_engines_and_engines_off_cuda():
     from models.gpt_sovits.engine_shards import ShardedT2SEngines
 
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
@@ -350,6 +350,52 @@ def test_shards_refuse_engines_off_cuda_or_busy():
         ShardedT2SEngines([T2SEngine(weights, max_batch=2, max_len=256)])
     with pytest.raises(ValueError, match="at least one"):
         ShardedT2SEngines([])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_shards_refuse_busy_engines_and_engines_that_differ():
+    from models.gpt_sovits.engine_shards import ShardedT2SEngines
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cuda")
+    other = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cuda")
+    with pytest.raises(ValueError, match="share one T2SWeights"):
+        ShardedT2SEngines([T2SEngine(weights, max_batch=1, max_len=256), T2SEngine(other, max_batch=1, max_len=256)])
+    with pytest.raises(ValueError, match="share one T2SWeights"):
+        ShardedT2SEngines([T2SEngine(weights, max_batch=1, max_len=256), T2SEngine(weights, max_batch=1, max_len=128)])
+    busy = T2SEngine(weights, max_batch=1, max_len=256)
+    busy.submit(T2SRequest(torch.zeros(5, dtype=torch.long), torch.zeros(config.bert_feature_dim, 5), None, max_steps=4))
+    with pytest.raises(ValueError, match="in flight"):
+        ShardedT2SEngines([busy])
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fp16_products_on_tensor_cores_match_the_fused_products_within_rounding():
+    """The FP16 ``DOT`` branch (activations rounded to FP16 before tl.dot) against the 8-row fused
+    products on the same 16 rows: one prefill and three steps, logits within FP16 rounding."""
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_triton import TritonT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float16, "cuda")
+    generator = torch.Generator().manual_seed(0)
+    requests = [T2SRequest(torch.randint(0, config.phoneme_vocab_size, (9,), generator=generator),
+                           torch.randn(config.bert_feature_dim, 9, generator=generator), None, max_steps=8,
+                           eos_from_step=8) for _ in range(16)]
+    logits = []
+    for dot_min_batch in (16, 17):  # 17: the same 16 rows on the broadcast products
+        engine = TritonT2SEngine(weights, max_batch=16, max_len=256, length_buckets=[256], fused_max_batch=16,
+                                 dot_min_batch=dot_min_batch)
+        for request in requests:
+            engine.submit(request)
+        engine.admit()
+        engine.advance(3)
+        torch.cuda.synchronize()
+        logits.append(engine._logits[:16].clone())
+    scale = logits[1].abs().max()
+    assert (logits[0] - logits[1]).abs().max() <= 2e-2 * scale
 
 
 def test_free_slots_counts_waiting_requests_as_taken():
