@@ -6,7 +6,7 @@ launches, 9-21 ms on the H200) stops every row's decoding while the host issues 
 32 slots on separate streams could run their steps side by side, and while the host prefills one
 shard, the steps queued for the others would keep the GPU busy. Measured on the H200 (64 streams,
 docs/benchmarks.md, "GPT-SoVITS v2: the 64-stream step on tensor cores"), it does not pay: 2 x 32
-and 4 x 16 cuBLAS shards make 40,800 and 38,500 tokens/s with every slot full against 45,500 for
+and 4 x 16 cuBLAS shards make 41,300 and 39,100 tokens/s with every slot full against 45,700 for
 one 64-slot engine, and the same aggregate within the rounds' spread. Kept as a tested way to run
 several engines from one queue; ``T2SEngine`` alone remains the 64-stream default.
 
