@@ -241,6 +241,10 @@ class TritonT2SEngine(T2SEngine):
         super().__init__(weights, *args, **kwargs)
         if dot_block_n < 16 or dot_block_n & (dot_block_n - 1):
             raise ValueError(f"dot_block_n {dot_block_n} must be a power of two >= 16 (tl.dot's smallest tile)")
+        # The q | k,v split of the first product falls between tiles of at least 16 columns.
+        if dot_min_batch <= min(self.max_batch, fused_max_batch) and self.config.hidden_dim % 16:
+            raise ValueError(f"the tensor-core products need hidden_dim {self.config.hidden_dim} to be a multiple "
+                             f"of 16: raise dot_min_batch above {min(self.max_batch, fused_max_batch)}")
         self.fused_max_batch = fused_max_batch
         self.dot_min_batch = dot_min_batch
         self.dot_block_n = dot_block_n

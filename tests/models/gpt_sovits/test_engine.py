@@ -464,6 +464,11 @@ def test_tensor_core_tiles_narrower_than_16_are_refused():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, "cpu")
     with pytest.raises(ValueError, match="dot_block_n"):
         TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], dot_block_n=8)
+    narrow = T2SConfig.from_checkpoint_config({**OTHER_SHAPE, "embedding_dim": 40, "hidden_dim": 40, "head": 4})
+    narrow_weights = T2SWeights.from_state_dict(narrow, random_state_dict(narrow, seed=3), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="hidden_dim 40"):
+        TritonT2SEngine(narrow_weights, max_batch=2, max_len=256, length_buckets=[256], fused_max_batch=2, dot_min_batch=1)
+    TritonT2SEngine(narrow_weights, max_batch=2, max_len=256, length_buckets=[256], fused_max_batch=2)  # DOT off: fine
 
 
 @pytest.mark.slow
