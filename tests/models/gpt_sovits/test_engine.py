@@ -440,20 +440,30 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
 @pytest.mark.slow
 @needs_fixtures
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels run on the CPU under TRITON_INTERPRET=1")
-def test_fused_products_on_tensor_cores_give_the_official_tokens_in_the_interpreter(fixture_model):
-    """The ``DOT`` products (tl.dot, LayerNorm statistics chunk by chunk) on the CPU (minutes)."""
+@pytest.mark.parametrize("step", ["fused_tensor_cores", "persistent_phases"])
+def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model, step):
+    """On the CPU (a minute a case, so the first two): the fused step's ``DOT`` products (tl.dot,
+    LayerNorm statistics chunk by chunk), two rows at once; the persistent kernel's phase code, one
+    launch per phase."""
     pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
     from models.gpt_sovits.engine_triton import TritonT2SEngine
 
     config, state_dict, cases = fixture_model
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
-    engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
-                             fused_max_batch=2, dot_min_batch=1)
-    cases_by_name = list(fixture_requests(cases).items())[:2]
-    results = engine.generate([request for _, (request, _, _) in cases_by_name])
-    for (name, (_, expected, idx)), result in zip(cases_by_name, results):
-        assert torch.equal(result.tokens, expected), name
-        assert result.official_idx == idx, name
+    if step == "fused_tensor_cores":
+        engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
+                                 fused_max_batch=2, dot_min_batch=1)
+    else:
+        engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256],
+                                     programs=4 * config.num_heads, phased=True)
+    chosen = list(fixture_requests(cases).items())[:2]
+    for start in range(0, len(chosen), engine.max_batch):
+        group = chosen[start : start + engine.max_batch]
+        results = engine.generate([request for _, (request, _, _) in group])
+        for (name, (_, expected, idx)), result in zip(group, results):
+            assert torch.equal(result.tokens, expected), name
+            assert result.official_idx == idx, name
 
 
 def test_tensor_core_tiles_narrower_than_16_are_refused():
@@ -469,24 +479,6 @@ def test_tensor_core_tiles_narrower_than_16_are_refused():
     with pytest.raises(ValueError, match="hidden_dim 40"):
         TritonT2SEngine(narrow_weights, max_batch=2, max_len=256, length_buckets=[256], fused_max_batch=2, dot_min_batch=1)
     TritonT2SEngine(narrow_weights, max_batch=2, max_len=256, length_buckets=[256], fused_max_batch=2)  # DOT off: fine
-
-
-@pytest.mark.slow
-@needs_fixtures
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the phase-by-phase path runs under TRITON_INTERPRET=1")
-def test_persistent_step_phases_give_the_official_tokens_in_the_interpreter(fixture_model):
-    """The persistent kernel's phase code, one launch per phase, on the CPU (minutes)."""
-    pytest.importorskip("triton")
-    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
-
-    config, state_dict, cases = fixture_model
-    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
-    engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=4 * config.num_heads,
-                                 phased=True)
-    for name, (request, expected, idx) in list(fixture_requests(cases).items())[:2]:
-        result = engine.generate([request])[0]
-        assert torch.equal(result.tokens, expected), name
-        assert result.official_idx == idx, name
 
 
 def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
