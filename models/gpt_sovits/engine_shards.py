@@ -18,9 +18,10 @@ several engines from one queue; ``T2SEngine`` alone remains the 64-stream defaul
 
 Each shard keeps the engine's own rules: a request's tokens do not depend on the rows beside it, so
 a greedy request gets the official tokens in any shard (GPU test, float32); in FP16 a shard of
-another batch size may round differently (cuBLAS picks kernels by shape). Requests wait in one queue, first come first served, and go to a shard
-when it has a free slot; the shards take turns, each turn collecting its finished rows (a wait on
-its own stream only), admitting, and queueing ``sync_every`` steps.
+another batch size may round differently (cuBLAS picks kernels by shape). Requests wait in one
+queue, first come first served, and go to a shard when it has a free slot; the shards take turns,
+each turn collecting its finished rows (a wait on its own stream only), admitting, and queueing
+``sync_every`` steps.
 """
 from __future__ import annotations
 
