@@ -166,11 +166,17 @@ def time_to_first_tokens(engine: T2SEngine, request: T2SRequest, repeats: int) -
     return {"ms_median": round(1000 * statistics.median(times[1:]), 3), "ms_runs": [round(1000 * t, 3) for t in times[1:]]}
 
 
+def stream_request_lengths(tokens: int, requests: int) -> np.ndarray:
+    """Tokens per request of the continuous-batching run: evenly from ``tokens // 2`` to ``tokens``,
+    in rising order."""
+    return np.linspace(tokens // 2, tokens, requests).astype(int)
+
+
 def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, requests: int,
                         tokens_out: list | None = None) -> dict:
     """Requests of different lengths through 64 slots: rows leave and new ones join between steps.
     ``tokens_out``: receives each request's tokens (to compare engines)."""
-    lengths = np.linspace(tokens // 2, tokens, requests).astype(int)
+    lengths = stream_request_lengths(tokens, requests)
     batch = [make_request(config, int(length), seed=1000 + index) for index, length in enumerate(lengths)]
     engine.generate(batch[:STREAMS])  # warm
     torch.cuda.synchronize()

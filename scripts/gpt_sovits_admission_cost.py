@@ -4,6 +4,9 @@ step (CUDA graphs), on full-size random weights. GPU machine only (torch + numpy
 
     PYTHONPATH=. python3 scripts/gpt_sovits_admission_cost.py --out $OUT/gpt_sovits_admission.json
 
+The results record their provenance (core/publishing.py): on the GPU machine, whose copy of the tree
+differs from the ``.git`` it carries, add ``--allow-dirty``, which records the diff's hash.
+
 Why it exists: the continuous-batching run (scripts/bench_gpt_sovits_t2s.py --only-streams) makes
 about two thirds of the tokens per second that the same step makes with every slot full; this
 splits that gap between admission and the schedule's tail. ``--schedule`` (no GPU) counts the
@@ -14,18 +17,17 @@ schedule can make per second whatever admission costs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from models.gpt_sovits.engine_triton import TritonT2SEngine
 from models.gpt_sovits.engine_weights import MANIFEST_PATH, T2SWeights, random_state_dict
 from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
-from scripts.bench_gpt_sovits_t2s import PHONEMES, PROMPT_TOKENS, STREAMS, make_request
+from scripts.bench_gpt_sovits_t2s import PHONEMES, PROMPT_TOKENS, STREAMS, make_request, stream_request_lengths
 
 GROUP_SIZES = (1, 2, 4, 8, 16, 32)
 BENCH_REQUESTS, BENCH_TOKENS, SYNC_EVERY = 5 * STREAMS, 500, 16  # bench_gpt_sovits_t2s's continuous-batching run
@@ -66,7 +68,7 @@ def admission_costs(engine: TritonT2SEngine, config) -> dict:
             engine.admit()  # slot bookkeeping + prefill
             torch.cuda.synchronize()
             admit_s.append(time.perf_counter() - start)
-            slots = [slot for slot, request in enumerate(engine._slot_request) if request is not None]
+            slots = engine.occupied_slots()
             requests = [make_request(config, 300, seed=5000 + index) for index in range(group)]
             start = time.perf_counter()
             engine.prefill(slots, requests)  # the same group's prefill alone
@@ -86,7 +88,7 @@ def admission_costs(engine: TritonT2SEngine, config) -> dict:
 
 def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> float:
     for index in range(STREAMS):
-        engine.submit(make_request(config, 500, seed=7000 + index))
+        engine.submit(make_request(config, BENCH_TOKENS, seed=7000 + index))
     engine.admit()
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -99,29 +101,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--schedule", action="store_true", help="only count the benchmark run's decode steps (no GPU)")
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
-    lengths = [int(length) for length in np.linspace(BENCH_TOKENS // 2, BENCH_TOKENS, BENCH_REQUESTS).astype(int)]
+    origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
+    lengths = [int(length) for length in stream_request_lengths(BENCH_TOKENS, BENCH_REQUESTS)]
     steps = schedule_steps(lengths)
     schedule = {"requests": BENCH_REQUESTS, "tokens": sum(lengths), "decode_steps": steps,
                 "tokens_per_step": round(sum(lengths) / steps, 2)}
     if args.schedule:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"schedule_of_the_continuous_batching_run": schedule}, indent=1) + "\n")
-        print(json.dumps(schedule))
+        print_and_save_report({"provenance": origin, "schedule_of_the_continuous_batching_run": schedule}, args.out)
         return
     config = t2s_from_manifest(MANIFEST_PATH).config
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float16, "cuda")
-    max_len = ((PHONEMES + PROMPT_TOKENS + 500 + 15) // 16) * 16
+    max_len = ((PHONEMES + PROMPT_TOKENS + BENCH_TOKENS + 15) // 16) * 16
     # The engine's 64-stream step: cuBLAS products with the attention kernel over valid keys.
     engine = TritonT2SEngine(weights, max_batch=STREAMS, max_len=max_len, length_buckets=[max_len], fused_max_batch=1)
     engine.capture_graphs(greedy_modes=(True,))
     result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill), FP16",
+              "provenance": origin,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "admission": admission_costs(engine, config), "schedule_of_the_continuous_batching_run": schedule}
     result["decode_step_ms_64_rows"] = full_slot_step_ms(engine, config)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result, indent=1))
+    print_and_save_report(result, args.out)
 
 
 if __name__ == "__main__":

@@ -378,6 +378,10 @@ class T2SEngine:
     def has_work(self) -> bool:
         return bool(self._waiting) or any(request is not None for request in self._slot_request)
 
+    def occupied_slots(self) -> list[int]:
+        """The slots holding a request (decoding, or stopped and not yet collected), lowest first."""
+        return [slot for slot, request in enumerate(self._slot_request) if request is not None]
+
     def free_slots(self) -> int:
         """Slots neither decoding nor promised to a waiting request (negative when more wait than fit)."""
         return sum(request is None for request in self._slot_request) - len(self._waiting)
@@ -403,7 +407,7 @@ class T2SEngine:
 
     def advance(self, num_steps: int) -> None:
         """Run ``num_steps`` decode steps over the occupied slots with no host synchronisation."""
-        occupied = [slot for slot, request in enumerate(self._slot_request) if request is not None]
+        occupied = self.occupied_slots()
         if not occupied:
             return
         batch = next(size for size in self.batch_buckets if size > occupied[-1])

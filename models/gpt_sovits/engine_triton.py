@@ -268,6 +268,7 @@ class TritonT2SEngine(T2SEngine):
                 normed: torch.Tensor | None = None, relu: bool = False, residual: torch.Tensor | None = None,
                 cache: torch.Tensor | None = None) -> None:
         n_out, k = weight.shape
+        k_pad = triton.next_power_of_2(k)
         split = self.config.hidden_dim if cache is not None else n_out
         dot = batch >= self.dot_min_batch
         if dot:  # tl.dot tiles are at least 16 x 16 x 16; masked rows and columns cost nothing
@@ -283,8 +284,7 @@ class TritonT2SEngine(T2SEngine):
             block_n = min(32, max(4, _pow2_at_most(n_out // self.linear_programs)))
             while split % block_n:
                 block_n //= 2
-            block_k = min(triton.next_power_of_2(k), max(32, 8192 // (block_b * block_n)))
-        k_pad = triton.next_power_of_2(k)
+            block_k = min(k_pad, max(32, 8192 // (block_b * block_n)))
         dummy = source
         grid = (triton.cdiv(batch, block_b), triton.cdiv(n_out, block_n))
         _linear_kernel[grid](
