@@ -218,11 +218,15 @@ def stream_agreement(tokens: list[torch.Tensor], reference: list[torch.Tensor]) 
 
 
 # Continuous-batching rows of ``--only-streams``: name -> (shards, engine knobs). One shard of 64
-# slots on the cuBLAS products with the attention kernel (the engine's 64-stream step), the fused
+# slots on the cuBLAS products with the attention kernel (the engine's 64-stream step; also with
+# admissions prefilled eagerly, and that with the wide step's kernels unfolded as before), the fused
 # step on tensor cores at three tile widths, and the 64 slots split into shards of 32, 16 or 8 on
 # their own CUDA streams (models/gpt_sovits/engine_shards.py) with the cuBLAS or the fused step.
 STREAM_ROWS = {
     "cublas_triton_attention": (1, {"fused_max_batch": 1}),
+    "cublas_triton_attention_eager_prefill": (1, {"fused_max_batch": 1, "prefill_graphs": False}),
+    "cublas_triton_attention_unfolded_eager_prefill": (1, {"fused_max_batch": 1, "fused_wide_step": False,
+                                                           "prefill_graphs": False}),
     "fused_dot_n16": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 16}),
     "fused_dot_n32": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 32}),
     "fused_dot_n64": (1, {"fused_max_batch": STREAMS, "dot_min_batch": 16, "dot_block_n": 64}),
@@ -331,7 +335,8 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
     rows = result["batch1"] = {}
 
     def engine_for(dtype: torch.dtype, fused: bool = False, sampling: bool = False, max_batch: int = 1,
-                   persistent: bool = False, weights: T2SWeights | None = None, **knobs) -> T2SEngine:
+                   persistent: bool = False, weights: T2SWeights | None = None, prefill_graphs: bool = True,
+                   **knobs) -> T2SEngine:
         weights = weights or T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
         if persistent:  # imported here: Triton is on the GPU machine only, not in the CPU-only install
             from models.gpt_sovits.engine_persistent import PersistentT2SEngine
@@ -343,7 +348,7 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
             engine = TritonT2SEngine(weights, max_batch=max_batch, max_len=max_len, length_buckets=[max_len], **knobs)
         else:
             engine = T2SEngine(weights, max_batch=max_batch, max_len=max_len)
-        engine.capture_graphs(greedy_modes=(False,) if sampling else (True,))
+        engine.capture_graphs(greedy_modes=(False,) if sampling else (True,), prefill=prefill_graphs)
         return engine
 
     def measured(name: str, build, request: T2SRequest, reference: torch.Tensor | None) -> T2SEngine | None:

@@ -1,6 +1,7 @@
-"""Where the 64-stream T2S engine's admission time goes: one admission (the eager prefill of a group
-of new requests into free slots) by group size, with its CUDA kernel count, and one full-slot decode
-step (CUDA graphs), on full-size random weights. GPU machine only (torch + numpy):
+"""Where the 64-stream T2S engine's admission time goes: one admission (the prefill of a group of new
+requests into free slots, as one CUDA graph or eagerly) by group size, with its CUDA kernel count,
+and one full-slot decode step (CUDA graphs; the wide step's kernels folded or not) with its kernel
+table, on full-size random weights. GPU machine only (torch + numpy):
 
     PYTHONPATH=. python3 scripts/gpt_sovits_admission_cost.py --out $OUT/gpt_sovits_admission.json
 
@@ -32,6 +33,7 @@ from scripts.bench_gpt_sovits_t2s import PHONEMES, PROMPT_TOKENS, STREAMS, make_
 GROUP_SIZES = (1, 2, 4, 8, 16, 32)
 BENCH_REQUESTS, BENCH_TOKENS, SYNC_EVERY = 5 * STREAMS, 500, 16  # bench_gpt_sovits_t2s's continuous-batching run
 REPEATS = 6  # the first of each size is a warm-up
+STEP_ROUNDS = 5
 
 
 def schedule_steps(lengths: list[int], slots: int = STREAMS, sync_every: int = SYNC_EVERY) -> int:
@@ -94,7 +96,33 @@ def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> floa
     start = time.perf_counter()
     engine.advance(steps)
     torch.cuda.synchronize()
-    return round(1000 * (time.perf_counter() - start) / steps, 3)
+    elapsed = time.perf_counter() - start
+    engine.done.fill_(True)
+    engine.collect()
+    return round(1000 * elapsed / steps, 3)
+
+
+def step_kernel_table(engine: TritonT2SEngine, config, steps: int = 20, top: int = 12) -> dict:
+    """GPU time by kernel over ``steps`` full-slot graph replays: is the step kernel- or gap-bound?"""
+    for index in range(STREAMS):
+        engine.submit(make_request(config, BENCH_TOKENS, seed=7000 + index))
+    engine.admit()
+    engine.advance(2)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        start = time.perf_counter()
+        engine.advance(steps)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    engine.done.fill_(True)
+    engine.collect()
+    kernels = [event for event in profile.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA]
+    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    return {"steps": steps, "wall_ms_per_step_profiled": round(1000 * elapsed / steps, 3),
+            "kernel_us_per_step": round(sum(event.self_device_time_total for event in kernels) / steps, 1),
+            "kernels_per_step": round(sum(event.count for event in kernels) / steps, 1),
+            "top": [{"name": event.key[:90], "us_per_step": round(event.self_device_time_total / steps, 1),
+                     "calls_per_step": round(event.count / steps, 1)} for event in kernels[:top]]}
 
 
 def main() -> None:
@@ -114,14 +142,27 @@ def main() -> None:
     config = t2s_from_manifest(MANIFEST_PATH).config
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float16, "cuda")
     max_len = ((PHONEMES + PROMPT_TOKENS + BENCH_TOKENS + 15) // 16) * 16
-    # The engine's 64-stream step: cuBLAS products with the attention kernel over valid keys.
-    engine = TritonT2SEngine(weights, max_batch=STREAMS, max_len=max_len, length_buckets=[max_len], fused_max_batch=1)
-    engine.capture_graphs(greedy_modes=(True,))
-    result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill), FP16",
+    # The engine's 64-stream step (cuBLAS products, the attention kernel over valid keys) with its
+    # admissions as CUDA graphs, beside the same engine as it was: eager prefills, unfolded step.
+    engines = {}
+    for name, knobs, prefill in (("graphs_folded", {}, True), ("eager_unfolded", {"fused_wide_step": False}, False)):
+        engines[name] = TritonT2SEngine(weights, max_batch=STREAMS, max_len=max_len, length_buckets=[max_len],
+                                        fused_max_batch=1, **knobs)
+        engines[name].capture_graphs(greedy_modes=(True,), prefill=prefill)
+    result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill) and "
+                      "the 64-row step, FP16; graphs_folded: prefill graphs + folded wide step; eager_unfolded: "
+                      "the engine before both",
               "provenance": origin,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "admission": admission_costs(engine, config), "schedule_of_the_continuous_batching_run": schedule}
-    result["decode_step_ms_64_rows"] = full_slot_step_ms(engine, config)
+              "admission": {name: admission_costs(engine, config) for name, engine in engines.items()},
+              "schedule_of_the_continuous_batching_run": schedule}
+    rounds = {name: [] for name in engines}
+    for _ in range(STEP_ROUNDS):  # alternated, so a drift of the machine falls on both
+        for name, engine in engines.items():
+            rounds[name].append(full_slot_step_ms(engine, config))
+    result["decode_step_ms_64_rows"] = {name: {"median": statistics.median(values), "rounds": values}
+                                        for name, values in rounds.items()}
+    result["decode_step_kernels_64_rows"] = {name: step_kernel_table(engine, config) for name, engine in engines.items()}
     print_and_save_report(result, args.out)
 
 

@@ -85,6 +85,31 @@ class T2SResult:
         return 0 if self.reference_free else self.stop_step
 
 
+@dataclass(frozen=True)
+class PrefillInputs:
+    """The device tensors one prefill pass reads and writes. Captured passes share one allocation
+    of the largest group and length bucket and each reads its view of it."""
+
+    ids: torch.Tensor  # (B, n) int64: a row's phoneme ids, then its prompt tokens, then padding
+    bert: torch.Tensor  # (B, n, 1024): BERT features of the text positions (later positions unread)
+    lengths: torch.Tensor  # (3, B) int64: text length, text + prompt length, slot
+    logits: torch.Tensor  # (B, V) float32: each row's logits after its last position (written)
+
+    @classmethod
+    def allocate(cls, rows: int, positions: int, bert_dim: int, vocab: int, dtype: torch.dtype,
+                 device: torch.device) -> PrefillInputs:
+        return cls(
+            ids=torch.zeros(rows, positions, dtype=torch.int64, device=device),
+            bert=torch.zeros(rows, positions, bert_dim, dtype=dtype, device=device),
+            lengths=torch.ones(3, rows, dtype=torch.int64, device=device),
+            logits=torch.zeros(rows, vocab, device=device),
+        )
+
+    def view(self, rows: int, positions: int) -> PrefillInputs:
+        return PrefillInputs(self.ids[:rows, :positions], self.bert[:rows, :positions], self.lengths[:, :rows],
+                             self.logits[:rows])
+
+
 def after_attention(x: torch.Tensor, attention: torch.Tensor, layer: T2SLayerWeights) -> torch.Tensor:
     """The rest of a post-norm layer for one token a row: x (B, d) and its attention (B, d) ->
     LayerNorm(y + FFN(y)) with y = LayerNorm(x + W_o attention), in cuBLAS products."""
@@ -119,6 +144,7 @@ class T2SEngine:
         batch_buckets: list[int] | None = None,
         length_buckets: list[int] | None = None,
         prefill_batch: int = 16,
+        prefill_buckets: list[int] | None = None,
     ):
         config = weights.config
         if max_len > POSITION_TABLE_LEN:
@@ -133,6 +159,10 @@ class T2SEngine:
         if prefill_batch < 1:
             raise ValueError(f"prefill_batch {prefill_batch} must be >= 1")
         self.prefill_batch = prefill_batch
+        # Text + prompt positions of the captured prefill passes; longer prompts prefill eagerly.
+        self.prefill_buckets = sorted(prefill_buckets or _buckets(min(max_len, 512), 64))
+        if self.prefill_buckets[-1] > max_len:
+            raise ValueError(f"prefill buckets {self.prefill_buckets} exceed max_len {max_len}")
         self.seed = seed
         self.batch_buckets = sorted(batch_buckets or _buckets(max_batch, 1))
         self.length_buckets = sorted(length_buckets or _buckets(max_len, 128))
@@ -174,6 +204,8 @@ class T2SEngine:
         self._key_positions = torch.arange(max_len, device=device)
         self.generator = torch.Generator(device=device).manual_seed(seed)
         self._graphs: dict[tuple[int, int, bool], torch.cuda.CUDAGraph] = {}
+        self._prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (group size, bucket)
+        self._prefill_inputs: PrefillInputs | None = None  # what the captured passes read
         # Host bookkeeping: what each slot holds, its cache length and how far it may run.
         self._slot_request: list[int | None] = [None] * slots
         self._slot_greedy = [True] * slots
@@ -185,49 +217,70 @@ class T2SEngine:
 
     # ---- the two computations -------------------------------------------------------------
 
-    def _prompt_rows(self, request: T2SRequest) -> torch.Tensor:
-        """(n, d) input rows of one request: its text (embedding + BERT projection + positions),
-        then its prompt tokens (embedding + positions)."""
-        w = self.weights
-        phoneme_ids = request.phoneme_ids.to(self.device)
-        bert = request.bert_features.to(device=self.device, dtype=w.dtype)  # (1024, T)
-        x = w.text_embedding[phoneme_ids] + F.linear(bert.transpose(0, 1), w.bert_proj_weight, w.bert_proj_bias)
-        x = x + w.text_positions[: phoneme_ids.shape[0]]  # (T, d)
-        if request.prompt_tokens is None:
-            return x
-        prompt = request.prompt_tokens.to(self.device)
-        audio = w.audio_embedding[prompt] + w.audio_positions[: prompt.shape[0]]  # (P, d)
-        return torch.cat([x, audio], dim=0)
-
     @torch.no_grad()
     def prefill(self, slots: list[int], requests: list[T2SRequest]) -> None:
         """Run the text and prompt pass of each request into its slot in one padded batch, and
         choose each one's first token. A row attends only its own positions, so its cache and
-        first token do not depend on what it was batched with."""
-        w, config = self.weights, self.config
-        d, heads = config.hidden_dim, config.num_heads
+        first token do not depend on what it was batched with.
+
+        The pass itself (``_prefill_pass``) reads only device tensors, so ``capture_graphs`` can
+        capture it per (group size, length bucket); the host packs the requests into those tensors
+        and sets each slot's counters and sampling settings around it."""
+        groups = len(requests)
         text_lens = [request.phoneme_ids.shape[0] for request in requests]
         prompt_lens = [0 if request.prompt_tokens is None else request.prompt_tokens.shape[0] for request in requests]
         lengths = [text + prompt for text, prompt in zip(text_lens, prompt_lens)]
-        batch, longest = len(requests), max(lengths)
-        x = torch.zeros(batch, longest, d, dtype=w.dtype, device=self.device)
+        bucket = next((size for size in self.prefill_buckets if size >= max(lengths)), None)
+        graph = self._prefill_graphs.get((groups, bucket))
+        if graph is not None:
+            inputs = self._prefill_inputs.view(groups, bucket)
+        else:
+            padded = bucket or -(-max(lengths) // 16) * 16
+            inputs = PrefillInputs.allocate(groups, padded, self.weights.bert_proj_weight.shape[1],
+                                            self.config.vocab_size, self.weights.dtype, self.device)
+        ids = torch.zeros(groups, inputs.ids.shape[1], dtype=torch.int64)  # text ids, then prompt tokens
+        for row, request in enumerate(requests):
+            ids[row, : text_lens[row]] = request.phoneme_ids
+            if request.prompt_tokens is not None:
+                ids[row, text_lens[row] : lengths[row]] = request.prompt_tokens
+            # (1024, T) -> the row's first T positions; later positions are read as prompt rows.
+            inputs.bert[row, : text_lens[row]].copy_(request.bert_features.transpose(0, 1))
+        inputs.ids.copy_(ids)
+        inputs.lengths.copy_(torch.tensor([text_lens, lengths, slots], dtype=torch.int64))
+        if graph is not None:
+            graph.replay()
+        else:
+            self._prefill_pass(inputs)
+        self._start_rows(requests, inputs)
+
+    def _prefill_pass(self, inputs: PrefillInputs) -> None:
+        """The prefill's device work: embed each row's text and prompt, run every layer writing
+        the row's keys and values into its slot, and leave its last position's logits in
+        ``inputs.logits``. Positions past a row's length are computed and written too: decode
+        steps mask them and overwrite them before any row reads them."""
+        w, config = self.weights, self.config
+        d, heads = config.hidden_dim, config.num_heads
+        batch, padded = inputs.ids.shape
+        text_len, length, slot_ids = inputs.lengths  # 3 x (B,)
+        positions = torch.arange(padded, device=self.device)  # (n,)
+        is_text = positions.unsqueeze(0) < text_len.unsqueeze(1)  # (B, n)
+        in_row = positions.unsqueeze(0) < length.unsqueeze(1)  # (B, n)
+        text_x = (w.text_embedding[inputs.ids.where(is_text, 0)]
+                  + F.linear(inputs.bert, w.bert_proj_weight, w.bert_proj_bias)) + w.text_positions[:padded]
+        audio_positions = (positions.unsqueeze(0) - text_len.unsqueeze(1)).clamp(min=0)  # (B, n)
+        audio_x = w.audio_embedding[inputs.ids.where(~is_text, 0)] + w.audio_positions[audio_positions]
+        x = torch.where((is_text & in_row).unsqueeze(2), text_x, audio_x * in_row.unsqueeze(2))  # (B, n, d)
         # Text rows see all text and no audio; audio rows see all text and earlier audio. Padding
         # rows see only themselves (a row that sees nothing would be NaN) and no real row sees them.
-        allowed = torch.eye(longest, dtype=torch.bool, device=self.device).repeat(batch, 1, 1)  # (B, n, n)
-        for row, (request, text_len, length) in enumerate(zip(requests, text_lens, lengths)):
-            x[row, :length] = self._prompt_rows(request)
-            allowed[row, :length, :text_len] = True
-            allowed[row, text_len:length, text_len:length] = torch.ones(
-                length - text_len, length - text_len, dtype=torch.bool, device=self.device).tril()
-        row_ids = torch.cat([torch.full((length,), row, device=self.device) for row, length in enumerate(lengths)])
-        positions = torch.cat([torch.arange(length, device=self.device) for length in lengths])
-        slot_ids = torch.tensor(slots, device=self.device)[row_ids]  # (sum of lengths,)
+        query, key = positions.view(1, padded, 1), positions.view(1, 1, padded)
+        key_is_text = key < text_len.view(batch, 1, 1)
+        allowed = (query == key) | (in_row.unsqueeze(2) & (key_is_text | (key <= query)))  # (B, n, n)
         for index, layer in enumerate(w.layers):
             qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # (B, n, 3d)
-            self.kv_cache[index].index_put_((slot_ids, positions), qkv[row_ids, positions, d:])
+            self.kv_cache[index, :, :padded].index_copy_(0, slot_ids, qkv[..., d:])
             q, k, v = qkv.unflatten(-1, (3, heads, config.head_dim)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, n, Dh)
             attention = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.unsqueeze(1))  # (B, H, n, Dh)
-            attention = attention.transpose(1, 2).reshape(batch, longest, d)
+            attention = attention.transpose(1, 2).reshape(batch, padded, d)
             x = F.layer_norm(
                 x + F.linear(attention, layer.out_weight, layer.out_bias), (d,), layer.norm1_weight, layer.norm1_bias,
                 LAYER_NORM_EPS,
@@ -237,28 +290,41 @@ class T2SEngine:
                 x + F.linear(hidden, layer.ffn2_weight, layer.ffn2_bias), (d,), layer.norm2_weight, layer.norm2_bias,
                 LAYER_NORM_EPS,
             )
-        last = torch.tensor(lengths, device=self.device) - 1
-        logits = F.linear(x[torch.arange(batch, device=self.device), last], w.predict_weight).float()  # (B, V)
+        last = x[torch.arange(batch, device=self.device), length - 1]  # (B, d)
+        inputs.logits.copy_(F.linear(last, w.predict_weight))
 
-        for row, (slot, request) in enumerate(zip(slots, requests)):
-            rows = slice(slot, slot + 1)
-            self.step[rows] = 0
-            self.done[rows] = False
-            self.stop_step[rows] = 0
-            self.stop_by_eos[rows] = False
-            self.early_stop[rows] = request.early_stop_num
-            self.max_steps[rows] = request.max_steps
-            self.seen[rows] = False
-            if request.prompt_tokens is not None:
-                self.seen[slot, request.prompt_tokens.to(self.device)] = True
-            self.sampling.top_k[rows] = request.top_k
-            self.sampling.top_p[rows] = request.top_p
-            self.sampling.temperature[rows] = request.temperature
-            self.sampling.repetition_penalty[rows] = request.repetition_penalty
-            self.sampling.eos_from_step[rows] = request.eos_from_step
-            self._choose_and_record(rows, logits[row : row + 1], greedy=request.top_k == 1)
-            self.cache_len[rows] = lengths[row]
-            self.audio_pos[rows] = prompt_lens[row]
+    def _start_rows(self, requests: list[T2SRequest], inputs: PrefillInputs) -> None:
+        """Reset the prefilled slots' counters, set their sampling settings and repetition history
+        (the prompt tokens), and choose each one's first token from ``inputs.logits``."""
+        text_len, length, slot_ids = inputs.lengths
+        self.step[slot_ids] = 0
+        self.done[slot_ids] = False
+        self.stop_step[slot_ids] = 0
+        self.stop_by_eos[slot_ids] = False
+        settings = torch.tensor([[request.early_stop_num, request.max_steps, request.top_k, request.eos_from_step]
+                                 for request in requests], dtype=torch.int64).to(self.device)  # (B, 4)
+        self.early_stop[slot_ids], self.max_steps[slot_ids] = settings[:, 0], settings[:, 1]
+        self.sampling.top_k[slot_ids], self.sampling.eos_from_step[slot_ids] = settings[:, 2], settings[:, 3]
+        floats = torch.tensor([[request.top_p, request.temperature, request.repetition_penalty]
+                               for request in requests], dtype=torch.float32).to(self.device)  # (B, 3)
+        self.sampling.top_p[slot_ids] = floats[:, 0]
+        self.sampling.temperature[slot_ids] = floats[:, 1]
+        self.sampling.repetition_penalty[slot_ids] = floats[:, 2]
+        # The prompt tokens are the history the penalty sees; other positions mark a spare column.
+        positions = torch.arange(inputs.ids.shape[1], device=self.device)
+        is_prompt = (positions.unsqueeze(0) >= text_len.unsqueeze(1)) & (positions.unsqueeze(0) < length.unsqueeze(1))
+        vocab = self.config.vocab_size
+        seen = torch.zeros(len(requests), vocab + 1, dtype=torch.bool, device=self.device)
+        seen.scatter_(1, inputs.ids.where(is_prompt, vocab), True)
+        self.seen[slot_ids] = seen[:, :vocab]
+        greedy = torch.tensor([request.top_k == 1 for request in requests])
+        for chosen_greedily in (True, False):
+            rows = torch.nonzero(greedy == chosen_greedily).flatten().tolist()
+            if rows:
+                index = torch.tensor(rows, device=self.device)
+                self._choose_and_record(slot_ids[index], inputs.logits[index].float(), greedy=chosen_greedily)
+        self.cache_len[slot_ids] = length
+        self.audio_pos[slot_ids] = length - text_len
 
     @torch.no_grad()
     def decode_step(self, batch: int, cache_bucket: int, greedy: bool) -> None:
@@ -287,46 +353,60 @@ class T2SEngine:
         self.cache_len[rows].add_(1)
         self.audio_pos[rows].add_(1)
 
-    def _choose_and_record(self, rows: slice, logits: torch.Tensor, greedy: bool) -> None:
-        """Choose each row's token, store it, and raise its stop flag at the official stop."""
+    def _choose_and_record(self, rows: slice | torch.Tensor, logits: torch.Tensor, greedy: bool) -> None:
+        """Choose each row's token, store it, and raise its stop flag at the official stop.
+        ``rows``: the decode batch's slice of slots, or the slots a prefill filled (an index)."""
         step = self.step[rows]
         token, stop_by_eos = choose_tokens(
             logits, self.seen[rows], self.sampling.rows(rows), step, self.config.eos_id, self.generator, greedy
         )
         early = (self.early_stop[rows] >= 0) & (step + 1 > self.early_stop[rows])
         last = step >= self.max_steps[rows] - 1
-        done, stop_step, stop_by_eos_row = self.done[rows], self.stop_step[rows], self.stop_by_eos[rows]  # views
+        done = self.done[rows]
         stopping = ~done & (stop_by_eos | early | last)
-        stop_step.copy_(torch.where(stopping, step, stop_step))
-        stop_by_eos_row.copy_(torch.where(stopping, stop_by_eos, stop_by_eos_row))
-        done.logical_or_(stopping)
+        self.stop_step[rows] = torch.where(stopping, step, self.stop_step[rows])
+        self.stop_by_eos[rows] = torch.where(stopping, stop_by_eos, self.stop_by_eos[rows])
+        self.done[rows] = done | stopping
+        slot_ids = self._slot_ids[rows]
         column = step.clamp(max=self.tokens.shape[1] - 1)
-        self.tokens[rows].index_put_((self._slot_ids[: column.shape[0]], column), token)
-        self.seen[rows].scatter_(1, token.unsqueeze(1), True)
-        self.last_token[rows].copy_(token)
-        step.add_(1)
+        self.tokens.index_put_((slot_ids, column), token)
+        self.seen.index_put_((slot_ids, token), torch.ones_like(token, dtype=torch.bool))
+        self.last_token[rows] = token
+        self.step[rows] = step + 1
 
     # ---- CUDA graphs ----------------------------------------------------------------------
 
-    def capture_graphs(self, greedy_modes: tuple[bool, ...] = (True, False)) -> None:
-        """Capture one decode-step graph per (batch bucket, length bucket, sampler). Must run
-        while no request is in flight: the warm-up steps overwrite the state, which is reset after."""
+    def capture_graphs(self, greedy_modes: tuple[bool, ...] = (True, False), prefill: bool = True) -> None:
+        """Capture one decode-step graph per (batch bucket, length bucket, sampler) and, with
+        ``prefill``, one prefill pass per (group size up to ``prefill_batch``, prefill bucket), so an
+        admission launches one graph instead of several hundred kernels. Must run while no request
+        is in flight: the warm-up passes overwrite the state, which is reset after."""
         if self.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need a CUDA device; this engine is on {self.device}")
         if any(request is not None for request in self._slot_request) or self._waiting:
             raise RuntimeError("capture_graphs() must run before any request is submitted")
+        decode_keys = list(itertools.product(self.batch_buckets, self.length_buckets, greedy_modes))
+        groups = range(1, min(self.prefill_batch, self.max_batch) + 1)
+        prefill_keys = list(itertools.product(groups, self.prefill_buckets)) if prefill else []
+        if prefill:
+            self._prefill_inputs = PrefillInputs.allocate(
+                groups[-1], self.prefill_buckets[-1], self.weights.bert_proj_weight.shape[1],
+                self.config.vocab_size, self.weights.dtype, self.device)
+            self._prefill_inputs.lengths[2].zero_()  # every warm-up row writes slot 0, reset after
         pool = torch.cuda.graph_pool_handle()
         side_stream = torch.cuda.Stream(self.device)
         side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side_stream):
-            for batch, bucket, greedy in itertools.product(self.batch_buckets, self.length_buckets, greedy_modes):
-                self.decode_step(batch, bucket, greedy)  # warm-up: library handles, kernel choice, JIT
+        with torch.cuda.stream(side_stream):  # warm-up: library handles, kernel choice, JIT
+            for batch, bucket, greedy in decode_keys:
+                self.decode_step(batch, bucket, greedy)
+            for groups, bucket in prefill_keys:
+                self._prefill_pass(self._prefill_inputs.view(groups, bucket))
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
         # This engine's own capture stream: cuBLAS keeps a workspace per stream and a captured product
         # keeps its address, so engines captured on torch's one shared capture stream and replayed at
         # the same time (engine_shards.py) would write one workspace at once.
         capture_stream = torch.cuda.Stream(self.device)
-        for batch, bucket, greedy in itertools.product(self.batch_buckets, self.length_buckets, greedy_modes):
+        for batch, bucket, greedy in decode_keys:
             graph = torch.cuda.CUDAGraph()
             if not greedy:
                 if not hasattr(graph, "register_generator_state"):
@@ -335,6 +415,11 @@ class T2SEngine:
             with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 self.decode_step(batch, bucket, greedy)
             self._graphs[(batch, bucket, greedy)] = graph
+        for groups, bucket in prefill_keys:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
+                self._prefill_pass(self._prefill_inputs.view(groups, bucket))
+            self._prefill_graphs[(groups, bucket)] = graph
         torch.cuda.synchronize(self.device)
         self._reset_state()
 

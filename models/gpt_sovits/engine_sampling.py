@@ -32,7 +32,7 @@ class RowSampling:
     repetition_penalty: torch.Tensor  # float32
     eos_from_step: torch.Tensor  # int64: EOS may be chosen from this step on
 
-    def rows(self, rows: slice) -> RowSampling:
+    def rows(self, rows: slice | torch.Tensor) -> RowSampling:
         return RowSampling(*(getattr(self, name)[rows] for name in self.__dataclass_fields__))
 
 

@@ -126,16 +126,26 @@ def _linear_kernel(
 def _attention_kernel(
     q_ptr, cache_ptr, valid_ptr, out_ptr, cache_row_stride, cache_pos_stride, scale,
     D_MODEL: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_L: tl.constexpr,
-    MAX_LEN: tl.constexpr,
+    MAX_LEN: tl.constexpr, FROM_QKV: tl.constexpr = False,
 ):
-    """One (row, head): softmax(q k^T / sqrt(Dh)) v over the row's valid cache positions."""
+    """One (row, head): softmax(q k^T / sqrt(Dh)) v over the row's valid cache positions.
+
+    ``FROM_QKV``: ``q_ptr`` is the (B, 3d) product q | k | v, and the program first writes its
+    head's new key and value into the cache at the row's last valid position (the wide step's
+    cache write and q copy, folded in); else ``q_ptr`` is (B, d) and the cache is written."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     dim = tl.arange(0, HEAD_PAD)
     dim_ok = dim < HEAD_DIM
-    q = tl.load(q_ptr + b * D_MODEL + h * HEAD_DIM + dim, mask=dim_ok, other=0.0) * scale
+    q_row = q_ptr + b * (3 * D_MODEL if FROM_QKV else D_MODEL) + h * HEAD_DIM
+    q = tl.load(q_row + dim, mask=dim_ok, other=0.0).to(tl.float32) * scale
     valid = tl.load(valid_ptr + b)
     base = cache_ptr + b * cache_row_stride + h * HEAD_DIM
+    if FROM_QKV:
+        new = base + (valid - 1) * cache_pos_stride + dim
+        tl.store(new, tl.load(q_row + D_MODEL + dim, mask=dim_ok), mask=dim_ok)
+        tl.store(new + D_MODEL, tl.load(q_row + 2 * D_MODEL + dim, mask=dim_ok), mask=dim_ok)
+        tl.debug_barrier()  # the program's threads read what the others just wrote
     best = tl.zeros((1,), dtype=tl.float32) - float("inf")  # (1,): a loop-carried running maximum
     total = tl.zeros((1,), dtype=tl.float32)
     acc = tl.zeros((HEAD_PAD,), dtype=tl.float32)
@@ -156,6 +166,25 @@ def _attention_kernel(
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
     tl.store(out_ptr + b * D_MODEL + h * HEAD_DIM + dim, acc / total, mask=dim_ok)
+
+
+@triton.jit
+def _add_layer_norm_kernel(
+    x_ptr, y_ptr, weight_ptr, bias_ptr, out_ptr, EPS: tl.constexpr, D_MODEL: tl.constexpr, D_PAD: tl.constexpr,
+):
+    """Row b: LayerNorm(x + y), the sum rounded to the inputs' dtype first as torch's add would."""
+    b = tl.program_id(0)
+    dim = tl.arange(0, D_PAD)
+    dim_ok = dim < D_MODEL
+    x = tl.load(x_ptr + b * D_MODEL + dim, mask=dim_ok, other=0.0)
+    total = (x.to(tl.float32) + tl.load(y_ptr + b * D_MODEL + dim, mask=dim_ok, other=0.0).to(tl.float32))
+    total = total.to(x.dtype).to(tl.float32)
+    mean = tl.sum(total, axis=0) / D_MODEL
+    centred = tl.where(dim_ok, total - mean, 0.0)
+    normed = centred * tl.rsqrt(tl.sum(centred * centred, axis=0) / D_MODEL + EPS)
+    normed = normed * tl.load(weight_ptr + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    normed += tl.load(bias_ptr + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + b * D_MODEL + dim, normed.to(x.dtype), mask=dim_ok)
 
 
 @triton.jit
@@ -233,11 +262,15 @@ class TritonT2SEngine(T2SEngine):
     ``fused_max_batch``, so ``fused_max_batch=64, dot_min_batch=16`` runs a 64-row step as five
     fused kernels a layer instead of about eleven cuBLAS and elementwise ones. Opt-in: on the H200
     that step made 24,800-28,300 tokens/s with every slot full (16-column tiles the fastest)
-    against 45,600 for the cuBLAS step (docs/benchmarks.md), too few programs a product."""
+    against 45,600 for the cuBLAS step (docs/benchmarks.md), too few programs a product.
+
+    ``fused_wide_step=False``: the wide step as it was before its cache write, q copy and residual
+    adds were folded into our kernels (eleven kernels a layer instead of seven), kept to measure the
+    two side by side."""
 
     def __init__(self, weights: T2SWeights, *args, linear_programs: int = 256, num_warps: int = 4,
                  attention_block: int = 128, fused_max_batch: int = 8, dot_min_batch: int = 16,
-                 dot_block_n: int = 32, **kwargs):
+                 dot_block_n: int = 32, fused_wide_step: bool = True, **kwargs):
         super().__init__(weights, *args, **kwargs)
         if dot_block_n < 16 or dot_block_n & (dot_block_n - 1):
             raise ValueError(f"dot_block_n {dot_block_n} must be a power of two >= 16 (tl.dot's smallest tile)")
@@ -246,6 +279,7 @@ class TritonT2SEngine(T2SEngine):
             raise ValueError(f"the tensor-core products need hidden_dim {self.config.hidden_dim} to be a multiple "
                              f"of 16: raise dot_min_batch above {min(self.max_batch, fused_max_batch)}")
         self.fused_max_batch = fused_max_batch
+        self.fused_wide_step = fused_wide_step
         self.dot_min_batch = dot_min_batch
         self.dot_block_n = dot_block_n
         self.linear_programs = linear_programs
@@ -302,28 +336,45 @@ class TritonT2SEngine(T2SEngine):
     @torch.no_grad()
     def _wide_step(self, batch: int, greedy: bool) -> None:
         """The step for batches above ``fused_max_batch``: cuBLAS matrix products (each weight read
-        once for all rows), and the attention kernel, which reads each row's valid keys only
-        (the cuBLAS step's attention reads the whole length bucket, padding included)."""
+        once for all rows) and three kernels of ours a layer: attention over each row's valid keys
+        that also writes the new key and value into the cache (the cuBLAS step's attention reads the
+        whole length bucket, padding included), and residual add + LayerNorm twice. Seven kernels a
+        layer instead of eleven: at 64 rows the step is short enough for launches to count."""
         w, config = self.weights, self.config
         d, heads = config.hidden_dim, config.num_heads
         rows = slice(0, batch)
-        write_pos = self.cache_len[rows].clamp(max=self.max_len - 1)  # (B,)
-        valid = write_pos + 1
+        valid = self.cache_len[rows].clamp(max=self.max_len - 1) + 1  # (B,): the new key included
         x = w.audio_embedding[self.last_token[rows]] + w.audio_positions[self.audio_pos[rows].clamp(max=POSITION_TABLE_LEN - 1)]
-        slot_ids = self._slot_ids[rows]
-        for index, layer in enumerate(w.layers):
-            cache = self.kv_cache[index]  # (slots, max_len, 2d)
+        for layer, cache in zip(w.layers, self.kv_cache):  # cache: (slots, max_len, 2d)
             qkv = torch.addmm(layer.qkv_bias, x, layer.qkv_weight.t())  # (B, 3d)
-            cache.index_put_((slot_ids, write_pos), qkv[:, d:])
             attention = torch.empty(batch, d, dtype=w.dtype, device=self.device)
+            if not self.fused_wide_step:
+                cache.index_put_((self._slot_ids[rows], valid - 1), qkv[:, d:])
             _attention_kernel[(batch, heads)](
-                qkv[:, :d].contiguous(), cache, valid, attention, cache.stride(0), cache.stride(1),
-                1.0 / math.sqrt(config.head_dim),
+                qkv if self.fused_wide_step else qkv[:, :d].contiguous(), cache, valid, attention, cache.stride(0),
+                cache.stride(1), 1.0 / math.sqrt(config.head_dim),
                 D_MODEL=d, HEAD_DIM=config.head_dim, HEAD_PAD=triton.next_power_of_2(config.head_dim),
-                BLOCK_L=self.attention_block, MAX_LEN=self.max_len, num_warps=self.num_warps,
+                BLOCK_L=self.attention_block, MAX_LEN=self.max_len, FROM_QKV=self.fused_wide_step,
+                num_warps=self.num_warps,
             )
-            x = after_attention(x, attention, layer)
+            if not self.fused_wide_step:
+                x = after_attention(x, attention, layer)
+                continue
+            x = self._add_layer_norm(x, torch.addmm(layer.out_bias, attention, layer.out_weight.t()),
+                                     layer.norm1_weight, layer.norm1_bias)
+            hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
+            x = self._add_layer_norm(x, torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()),
+                                     layer.norm2_weight, layer.norm2_bias)
         self._record(batch, (x @ w.predict_weight.t()).float(), greedy)  # (B, V) logits
+
+    def _add_layer_norm(self, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor) -> torch.Tensor:
+        """(B, d) LayerNorm(x + y) in one kernel."""
+        out = torch.empty_like(x)
+        d = self.config.hidden_dim
+        _add_layer_norm_kernel[(x.shape[0],)](x, y, weight, bias, out, EPS=LAYER_NORM_EPS, D_MODEL=d,
+                                              D_PAD=triton.next_power_of_2(d))
+        return out
 
     def _record(self, batch: int, logits: torch.Tensor, greedy: bool) -> None:
         """Choose and record each row's token: the one-kernel greedy path, else the torch sampler."""

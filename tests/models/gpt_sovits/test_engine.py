@@ -440,11 +440,12 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
 @pytest.mark.slow
 @needs_fixtures
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels run on the CPU under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("step", ["fused_tensor_cores", "persistent_phases"])
+@pytest.mark.parametrize("step", ["fused_tensor_cores", "wide", "persistent_phases"])
 def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model, step):
     """On the CPU (a minute a case, so the first two): the fused step's ``DOT`` products (tl.dot,
-    LayerNorm statistics chunk by chunk), two rows at once; the persistent kernel's phase code, one
-    launch per phase."""
+    LayerNorm statistics chunk by chunk), two rows at once; the wide step (cuBLAS products, the
+    attention kernel writing the cache, the add + LayerNorm kernel), two rows at once; the persistent
+    kernel's phase code, one launch per phase."""
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
     from models.gpt_sovits.engine_triton import TritonT2SEngine
@@ -454,6 +455,9 @@ def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model,
     if step == "fused_tensor_cores":
         engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
                                  fused_max_batch=2, dot_min_batch=1)
+    elif step == "wide":
+        engine = TritonT2SEngine(weights, max_batch=2, max_len=256, length_buckets=[256], sync_every=5,
+                                 fused_max_batch=1)
     else:
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256],
                                      programs=4 * config.num_heads, phased=True)
@@ -493,13 +497,16 @@ def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
 
 
 @needs_fixtures
-def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture_model):
+# [256]: every prefill padded to 256 positions (a captured pass's bucket); [16]: no bucket fits, so
+# each pass is padded only to its longest row, rounded up to 16.
+@pytest.mark.parametrize("prefill_buckets", [[256], [16]])
+def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture_model, prefill_buckets):
     """Rows of different text and prompt lengths (one reference-free) prefilled together: each
     slot's cache and first token equal those of its own prefill."""
     config, state_dict, cases = fixture_model
     requests = [request for request, _, _ in fixture_requests(cases).values()][:4]
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
-    together = T2SEngine(weights, max_batch=4, max_len=256)
+    together = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=prefill_buckets)
     together.prefill([0, 1, 2, 3], requests)
     alone = T2SEngine(weights, max_batch=4, max_len=256)
     for slot, request in enumerate(requests):
@@ -511,3 +518,28 @@ def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture
                                    rtol=0, atol=1e-5)
     assert torch.equal(together.last_token, alone.last_token)
     assert torch.equal(together.seen, alone.seen)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
+def test_captured_prefill_fills_slots_as_the_eager_prefill_does(fixture_model):
+    """Admission as one CUDA graph per (group size, length bucket): two groups replayed into the
+    same engine (the second refills the static inputs) leave every slot's cache, counters and first
+    token as the eager prefill does."""
+    config, state_dict, cases = fixture_model
+    requests = [request for request, _, _ in fixture_requests(cases).values()][:4]
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    graphed = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[128, 256])
+    graphed.capture_graphs(greedy_modes=(True,))
+    assert sorted(graphed._prefill_graphs) == [(groups, bucket) for groups in range(1, 5) for bucket in (128, 256)]
+    eager = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[128, 256])
+    for engine in (graphed, eager):
+        engine.prefill([3, 1], requests[:2])
+        engine.prefill([0, 2], requests[2:])
+    for slot in range(4):
+        length = int(eager.cache_len[slot])
+        torch.testing.assert_close(graphed.kv_cache[:, slot, :length], eager.kv_cache[:, slot, :length],
+                                   rtol=0, atol=1e-4)
+    for name in ("cache_len", "audio_pos", "last_token", "step", "done", "seen", "tokens", "max_steps"):
+        assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
