@@ -3,7 +3,7 @@
     model = load_t2s_checkpoint("s1bert25hz.ckpt").model
     weights = T2SWeights.from_state_dict(model.config, model.state_dict(), torch.float16, "cuda")
     engine = T2SEngine(weights, max_batch=64, max_len=2048)
-    engine.capture_graphs()                       # CUDA: one graph per (batch, cache length, sampler) bucket
+    engine.capture_graphs()  # CUDA: decode steps per (batch, cache length, sampler); prefills per (group, length)
     results = engine.generate([T2SRequest(phoneme_ids, bert_features, prompt_tokens, top_k=15), ...])
 
 What it does, and why:
@@ -13,8 +13,11 @@ What it does, and why:
   the tokens fed so far from position 0; attention reads a length bucket of it and masks keys at
   or past the row's valid length. Nothing grows and nothing is copied per step.
 * **Prefill** (``prefill``: the text and prompt pass of the requests admitted together, one padded
-  eager batch of up to ``prefill_batch``, each row masked to its own positions) and the
-  **decode step** (``decode_step``: one token for each row of a batch bucket) are separate.
+  batch of up to ``prefill_batch``, each row masked to its own positions) and the **decode step**
+  (``decode_step``: one token for each row of a batch bucket) are separate. The host packs a
+  prefill's requests into device tensors, so the pass itself is captured too, one graph per (group
+  size, prefill length bucket): an admission stalls the decode steps for one graph, not the several
+  hundred kernel launches of an eager pass.
   The decode step embeds, runs every layer, writes the cache, chooses the token on the device
   (``engine_sampling``) and updates each row's counters and stop flags, so a CUDA graph of it is
   the whole step. The host reads the stop flags only every ``sync_every`` steps.
