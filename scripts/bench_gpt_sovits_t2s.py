@@ -173,11 +173,11 @@ def stream_request_lengths(tokens: int, requests: int) -> np.ndarray:
 
 
 def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, requests: int,
-                        tokens_out: list | None = None) -> dict:
+                        tokens_out: list | None = None, top_k: int = 1) -> dict:
     """Requests of different lengths through 64 slots: rows leave and new ones join between steps.
-    ``tokens_out``: receives each request's tokens (to compare engines)."""
+    ``tokens_out``: receives each request's tokens (to compare engines); ``top_k`` > 1 samples."""
     lengths = stream_request_lengths(tokens, requests)
-    batch = [make_request(config, int(length), seed=1000 + index) for index, length in enumerate(lengths)]
+    batch = [make_request(config, int(length), seed=1000 + index, top_k=top_k) for index, length in enumerate(lengths)]
     engine.generate(batch[:STREAMS])  # warm
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -189,7 +189,7 @@ def continuous_batching(engine: T2SEngine, config: T2SConfig, tokens: int, reque
         tokens_out[:] = [result.tokens for result in results]
     # Every slot full and no turnover: the decode ceiling at 64 rows.
     for index in range(STREAMS):
-        engine.submit(make_request(config, tokens, seed=2000 + index))
+        engine.submit(make_request(config, tokens, seed=2000 + index, top_k=top_k))
     engine.admit()
     torch.cuda.synchronize()
     decode_start = time.perf_counter()
@@ -217,13 +217,15 @@ def stream_agreement(tokens: list[torch.Tensor], reference: list[torch.Tensor]) 
             "median_tokens_before_first_difference": statistics.median(prefixes)}
 
 
-# Continuous-batching rows of ``--only-streams``: name -> (shards, engine knobs). One shard of 64
-# slots on the cuBLAS products with the attention kernel (the engine's 64-stream step; also with
-# admissions prefilled eagerly, and that with the wide step's kernels unfolded as before), the fused
+# Continuous-batching rows of ``--only-streams``: name -> (shards, engine knobs; ``top_k`` is the
+# requests'). One shard of 64 slots on the cuBLAS products with the attention kernel (the engine's
+# 64-stream step, greedy and sampling top-k 15 as the official defaults do; also with admissions
+# prefilled eagerly, and that with the wide step's kernels unfolded as before), the fused
 # step on tensor cores at three tile widths, and the 64 slots split into shards of 32, 16 or 8 on
 # their own CUDA streams (models/gpt_sovits/engine_shards.py) with the cuBLAS or the fused step.
 STREAM_ROWS = {
     "cublas_triton_attention": (1, {"fused_max_batch": 1}),
+    "cublas_triton_attention_top_k15": (1, {"fused_max_batch": 1, "top_k": 15}),
     "cublas_triton_attention_eager_prefill": (1, {"fused_max_batch": 1, "prefill_graphs": False}),
     "cublas_triton_attention_unfolded_eager_prefill": (1, {"fused_max_batch": 1, "fused_wide_step": False,
                                                            "prefill_graphs": False}),
@@ -248,9 +250,12 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
     engines, tokens = {}, {}
     for name in args.stream_rows:
         shards, knobs = STREAM_ROWS[name]
+        engine_knobs = {key: value for key, value in knobs.items() if key != "top_k"}
+        sampling = knobs.get("top_k", 1) > 1
         try:
-            built = [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, **knobs)]
-            built += [engine_for(torch.float16, fused=True, max_batch=STREAMS // shards, weights=built[0].weights, **knobs)
+            built = [engine_for(torch.float16, fused=True, sampling=sampling, max_batch=STREAMS // shards, **engine_knobs)]
+            built += [engine_for(torch.float16, fused=True, sampling=sampling, max_batch=STREAMS // shards,
+                                 weights=built[0].weights, **engine_knobs)
                       for _ in range(shards - 1)]  # one copy of the weights for every shard
             engines[name] = built[0] if shards == 1 else ShardedT2SEngines(built)
             rows[name] = {"shards": shards, "knobs": knobs, "rounds": []}
@@ -262,7 +267,8 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             made: list = []
             try:
                 rows[name]["rounds"].append(continuous_batching(engines[name], config, args.tokens,
-                                                                args.stream_requests, made))
+                                                                args.stream_requests, made,
+                                                                top_k=STREAM_ROWS[name][1].get("top_k", 1)))
                 tokens[name] = made
             except Exception as error:  # noqa: BLE001
                 rows[name]["error"] = f"{type(error).__name__}: {error}"[:800]
@@ -275,7 +281,8 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             if values:
                 rows[name][figure] = statistics.median(values)
                 rows[name][f"{figure}_spread"] = round(max(values) - min(values), 1)
-        if name != reference and name in tokens and reference in tokens:
+        same_sampler = STREAM_ROWS[name][1].get("top_k", 1) == STREAM_ROWS[reference][1].get("top_k", 1)
+        if name != reference and same_sampler and name in tokens and reference in tokens:
             rows[name][f"agreement_with_{reference}"] = stream_agreement(tokens[name], tokens[reference])
     write(result, args.out)
 

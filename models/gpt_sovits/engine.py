@@ -515,29 +515,33 @@ class T2SEngine:
 
     def collect(self) -> list[int]:
         """Read the stop flags (one host sync), free the slots of stopped requests, return their ids."""
-        done = self.done.cpu()
-        finished = []
+        # (4, slots) on the host in one transfer: a read per value would sync once per finished row.
+        flags = torch.stack([self.done.long(), self.stop_step, self.stop_by_eos.long(), self.max_steps]).cpu()
+        stopped = []  # (slot, request id, stop step, stopped by EOS, tokens kept)
         for slot, request_id in enumerate(self._slot_request):
-            if request_id is None or not done[slot]:
+            if request_id is None or not flags[0, slot]:
                 continue
-            stop_step = int(self.stop_step[slot])
-            by_eos = bool(self.stop_by_eos[slot])
-            kept = stop_step if by_eos else stop_step + 1
+            stop_step, by_eos = int(flags[1, slot]), bool(flags[2, slot])
             if by_eos:
                 stopped_by = "eos"
-            elif stop_step + 1 >= int(self.max_steps[slot]):
+            elif stop_step + 1 >= int(flags[3, slot]):
                 stopped_by = "max_steps"
             else:
                 stopped_by = "early_stop"
+            stopped.append((slot, request_id, stop_step, stopped_by, stop_step if by_eos else stop_step + 1))
+        if not stopped:
+            return []
+        rows = torch.tensor([slot for slot, *_ in stopped], device=self.device)
+        tokens = self.tokens[rows].cpu()  # (n, OFFICIAL_MAX_STEPS): a copy, the slots are reused
+        for row, (slot, request_id, stop_step, stopped_by, kept) in enumerate(stopped):
             self._results[request_id] = T2SResult(
-                tokens=self.tokens[slot, :kept].to("cpu", copy=True),  # a copy: the slot is reused
+                tokens=tokens[row, :kept].clone(),
                 stop_step=stop_step,
                 stopped_by=stopped_by,
                 reference_free=self._slot_reference_free[slot],
             )
             self._slot_request[slot] = None
-            finished.append(request_id)
-        return finished
+        return [request_id for _, request_id, *_ in stopped]
 
     def tokens_so_far(self, request_id: int) -> torch.Tensor:
         """(n,) int64 on the CPU: the tokens a running request has chosen so far (one host sync)."""
