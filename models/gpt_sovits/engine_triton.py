@@ -207,13 +207,20 @@ def _prepare_kernel(
 
 
 @triton.jit
-def _greedy_record_kernel(
-    logits_ptr, seen_ptr, penalty_ptr, eos_from_step_ptr, step_ptr, early_stop_ptr, max_steps_ptr,
-    done_ptr, stop_step_ptr, stop_by_eos_ptr, tokens_ptr, last_token_ptr, cache_len_ptr, audio_pos_ptr,
-    TOKENS_CAP: tl.constexpr, VOCAB: tl.constexpr, VOCAB_PAD: tl.constexpr, EOS: tl.constexpr,
+def _choose_record_kernel(
+    logits_ptr, race_ptr, seen_ptr, penalty_ptr, eos_from_step_ptr, top_k_ptr, top_p_ptr, temperature_ptr,
+    step_ptr, early_stop_ptr, max_steps_ptr, done_ptr, stop_step_ptr, stop_by_eos_ptr, tokens_ptr, last_token_ptr,
+    cache_len_ptr, audio_pos_ptr,
+    TOKENS_CAP: tl.constexpr, VOCAB: tl.constexpr, VOCAB_PAD: tl.constexpr, EOS: tl.constexpr, SAMPLE: tl.constexpr,
 ):
-    """Row b, greedy: ``engine_sampling`` (EOS block, penalty, argmax) and the engine's stop
-    bookkeeping (``T2SEngine._choose_and_record`` plus the position advance) in one program."""
+    """Row b: ``engine_sampling.choose_tokens`` (EOS block, penalty; greedy: the argmax; ``SAMPLE``:
+    nucleus, temperature, top-k, softmax and the exponential race over ``race``, the noise torch
+    drew from the engine's generator) and the engine's stop bookkeeping
+    (``T2SEngine._choose_and_record`` plus the position advance) in one program.
+
+    The nucleus and top-k cuts are applied by value (an id is cut when its score is below the last
+    kept one), where the torch sampler cuts positions of its sort: they differ only for ids tied at
+    the cut."""
     b = tl.program_id(0)
     vocab = tl.arange(0, VOCAB_PAD)
     vocab_ok = vocab < VOCAB
@@ -224,8 +231,28 @@ def _greedy_record_kernel(
     seen = tl.load(seen_ptr + b * VOCAB + vocab, mask=vocab_ok, other=0) != 0
     penalised = tl.where(logits < 0, logits * penalty, logits / penalty)
     scores = tl.where(seen, penalised, logits)
-    token = tl.argmax(scores, axis=0).to(tl.int64)
-    by_eos = token == EOS
+    best = tl.argmax(scores, axis=0).to(tl.int64)
+    if SAMPLE:
+        ranked = tl.sort(scores, descending=True)  # (VOCAB_PAD,): padding (-inf) last
+        probabilities = tl.exp(ranked - tl.max(ranked, axis=0))
+        cumulative = tl.cumsum(probabilities / tl.sum(probabilities, axis=0), axis=0)
+        # A vector, not a scalar: a scalar condition and'ed into a block mask trips the interpreter.
+        top_p = tl.zeros((VOCAB_PAD,), dtype=tl.float32) + tl.load(top_p_ptr + b)
+        cut = (cumulative > top_p) & (top_p < 1.0) & (vocab > 0)  # the best id always stays
+        temperature = tl.maximum(tl.load(temperature_ptr + b), 1e-5)
+        ranked_tempered = tl.where(cut, float("-inf"), ranked) / temperature
+        k = tl.minimum(tl.maximum(tl.load(top_k_ptr + b), 1), VOCAB) - 1
+        pivot = tl.max(tl.where(vocab == k, ranked_tempered, float("-inf")), axis=0)  # the k-th largest kept
+        last_kept = tl.min(tl.where(cut | ~vocab_ok, float("inf"), ranked), axis=0)
+        tempered = tl.where(scores < last_kept, float("-inf"), scores) / temperature
+        tempered = tl.where(tempered < pivot, float("-inf"), tempered)
+        weights = tl.exp(tempered - tl.max(tempered, axis=0))
+        race = tl.load(race_ptr + b * VOCAB + vocab, mask=vocab_ok, other=1.0)
+        token = tl.argmax(tl.where(vocab_ok, (weights / tl.sum(weights, axis=0)) / race, -1.0), axis=0).to(tl.int64)
+        by_eos = (token == EOS) | (best == EOS)
+    else:
+        token = best
+        by_eos = token == EOS
     early_stop = tl.load(early_stop_ptr + b)
     stopping = (tl.load(done_ptr + b) == 0) & (by_eos | ((early_stop >= 0) & (step + 1 > early_stop))
                                              | (step >= tl.load(max_steps_ptr + b) - 1))
@@ -377,20 +404,18 @@ class TritonT2SEngine(T2SEngine):
         return out
 
     def _record(self, batch: int, logits: torch.Tensor, greedy: bool) -> None:
-        """Choose and record each row's token: the one-kernel greedy path, else the torch sampler."""
-        if greedy:
-            vocab = self.config.vocab_size
-            _greedy_record_kernel[(batch,)](
-                logits, self.seen, self.sampling.repetition_penalty, self.sampling.eos_from_step, self.step,
-                self.early_stop, self.max_steps, self.done, self.stop_step, self.stop_by_eos, self.tokens,
-                self.last_token, self.cache_len, self.audio_pos,
-                TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab), EOS=self.config.eos_id,
-            )
-        else:
-            rows = slice(0, batch)
-            self._choose_and_record(rows, logits, greedy)
-            self.cache_len[rows].add_(1)
-            self.audio_pos[rows].add_(1)
+        """Choose and record each row's token in one kernel; sampling draws its noise first, as the
+        torch sampler does (one draw of the batch's shape from the engine's generator)."""
+        vocab = self.config.vocab_size
+        race = logits if greedy else torch.empty_like(logits).exponential_(1.0, generator=self.generator)  # (B, V)
+        sampling = self.sampling
+        _choose_record_kernel[(batch,)](
+            logits, race, self.seen, sampling.repetition_penalty, sampling.eos_from_step, sampling.top_k,
+            sampling.top_p, sampling.temperature, self.step, self.early_stop, self.max_steps, self.done,
+            self.stop_step, self.stop_by_eos, self.tokens, self.last_token, self.cache_len, self.audio_pos,
+            TOKENS_CAP=self.tokens.shape[1], VOCAB=vocab, VOCAB_PAD=triton.next_power_of_2(vocab),
+            EOS=self.config.eos_id, SAMPLE=not greedy,
+        )
 
     @torch.no_grad()
     def decode_step(self, batch: int, cache_bucket: int, greedy: bool) -> None:

@@ -543,3 +543,49 @@ def test_captured_prefill_fills_slots_as_the_eager_prefill_does(fixture_model):
                                    rtol=0, atol=1e-4)
     for name in ("cache_len", "audio_pos", "last_token", "step", "done", "seen", "tokens", "max_steps"):
         assert torch.equal(getattr(graphed, name), getattr(eager, name)), name
+
+
+def _triton_device_or_skip(device: str) -> None:
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton kernels run on the CPU under TRITON_INTERPRET=1")
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("triton")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("vocab", [41, 1025])
+def test_the_one_kernel_choice_equals_the_torch_sampler_and_its_bookkeeping(device, vocab):
+    """The fused step's choice kernel (greedy and sampling) against ``T2SEngine._choose_and_record``:
+    rows with different top-k, top-p, temperature, penalty, seen ids and EOS blocks, five steps
+    from one generator seed, give the same tokens, stop flags and repetition history."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_triton import TritonT2SEngine
+
+    config = T2SConfig.from_checkpoint_config({**OTHER_SHAPE, "vocab_size": vocab, "EOS": vocab - 1})
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, device)
+    rows = 6
+    fused, reference = (TritonT2SEngine(weights, max_batch=rows, max_len=64, length_buckets=[64], seed=11)
+                        for _ in range(2))
+    generator = torch.Generator().manual_seed(5)
+    for engine in (fused, reference):
+        engine.done.fill_(False)
+        engine.early_stop.fill_(-1)
+        engine.max_steps.fill_(4)  # the fifth step stops every row at max_steps
+        engine.step.copy_(torch.tensor([0, 2, 5, 9, 12, 20]))
+        engine.sampling.eos_from_step.fill_(11)
+        engine.sampling.top_k.copy_(torch.tensor([1, 3, 15, vocab, 2, 7]))
+        engine.sampling.top_p.copy_(torch.tensor([1.0, 0.8, 1.0, 0.5, 0.95, 1.0]))
+        engine.sampling.temperature.copy_(torch.tensor([1.0, 0.7, 1.3, 1.0, 0.5, 2.0]))
+        engine.sampling.repetition_penalty.fill_(1.35)
+    seen = torch.rand(rows, vocab, generator=generator) < 0.2
+    for engine in (fused, reference):
+        engine.seen.copy_(seen)
+    for step in range(5):
+        logits = (3 * torch.randn(rows, vocab, generator=generator)).to(device)
+        greedy = step == 2
+        fused._record(rows, logits, greedy)
+        T2SEngine._choose_and_record(reference, slice(0, rows), logits, greedy)
+        for name in ("tokens", "done", "stop_step", "stop_by_eos", "seen", "last_token", "step"):
+            assert torch.equal(getattr(fused, name), getattr(reference, name)), (step, name)
+        assert torch.equal(fused.cache_len, torch.full((rows,), step + 1, device=device))
