@@ -12,9 +12,10 @@ At batch 1 a decode step is launch-bound: the cuBLAS path spends about a dozen k
 so the residual stream, LayerNorms and accumulation are float32 while the weights and the cache
 stay in the engine's dtype. A LayerNorm is recomputed by every program of the next matrix product
 (512 numbers a row), which is cheaper than a kernel of its own. One kernel before the layers
-embeds each row's token and finds its cache slot; one after them makes the greedy choice and all
-of the row's stop bookkeeping (other sampling runs the torch sampler). A step is about 5 x layers
-+ 3 kernels instead of about 14 x layers.
+embeds each row's token and finds its cache slot; one after them makes the choice (greedy, or
+sampling over noise torch draws first) and all of the row's stop bookkeeping. A step is about
+5 x layers + 3 kernels instead of about 14 x layers. Batches above ``fused_max_batch`` take the
+wide step instead: cuBLAS products and seven kernels a layer.
 
     engine = TritonT2SEngine(weights, max_batch=1, max_len=640, length_buckets=[640])
     engine.capture_graphs()      # needs CUDA and Triton
@@ -277,8 +278,7 @@ class TritonT2SEngine(T2SEngine):
 
     Knobs (the benchmark sweeps them on the machine; the defaults are the H200's best):
     ``linear_programs``, about how many programs each matrix product spreads over; ``num_warps``
-    per program; ``attention_block``, keys per attention iteration. Sampling other than greedy
-    uses the torch sampler after the fused layers. Batches above ``fused_max_batch`` run cuBLAS
+    per program; ``attention_block``, keys per attention iteration. Batches above ``fused_max_batch`` run cuBLAS
     products with the attention kernel (``_wide_step``): the fused products re-read each weight tile
     per 8 rows, and on the H200 they lost at 64 rows (11,400 vs 37,900 tokens/s for the cuBLAS
     step) while winning at 1 (1,950 vs 960).
