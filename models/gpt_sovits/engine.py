@@ -221,25 +221,27 @@ class T2SEngine:
     # ---- the two computations -------------------------------------------------------------
 
     @torch.no_grad()
-    def prefill(self, slots: list[int], requests: list[T2SRequest]) -> None:
+    def prefill(self, slots: list[int], requests: list[T2SRequest], positions: int | None = None) -> None:
         """Run the text and prompt pass of each request into its slot in one padded batch, and
         choose each one's first token. A row attends only its own positions, so its cache and
         first token do not depend on what it was batched with.
 
         The pass itself (``_prefill_pass``) reads only device tensors, so ``capture_graphs`` can
         capture it per (group size, length bucket); the host packs the requests into those tensors
-        and sets each slot's counters and sampling settings around it."""
+        and sets each slot's counters and sampling settings around it. Without a captured pass the
+        batch is padded to its longest row, or to ``positions`` when given."""
         groups = len(requests)
         text_lens = [request.phoneme_ids.shape[0] for request in requests]
         prompt_lens = [0 if request.prompt_tokens is None else request.prompt_tokens.shape[0] for request in requests]
         lengths = [text + prompt for text, prompt in zip(text_lens, prompt_lens)]
+        if positions is not None and positions < max(lengths):
+            raise ValueError(f"positions {positions} cannot hold a prefill of {max(lengths)}")
         bucket = next((size for size in self.prefill_buckets if size >= max(lengths)), None)
-        graph = self._prefill_graphs.get((groups, bucket))
+        graph = self._prefill_graphs.get((groups, bucket)) if positions in (None, bucket) else None
         if graph is not None:
             inputs = self._prefill_inputs.view(groups, bucket)
         else:
-            padded = bucket or -(-max(lengths) // 16) * 16
-            inputs = PrefillInputs.allocate(groups, padded, self.weights.bert_proj_weight.shape[1],
+            inputs = PrefillInputs.allocate(groups, positions or max(lengths), self.weights.bert_proj_weight.shape[1],
                                             self.config.vocab_size, self.weights.dtype, self.device)
         ids = torch.zeros(groups, inputs.ids.shape[1], dtype=torch.int64)  # text ids, then prompt tokens
         for row, request in enumerate(requests):

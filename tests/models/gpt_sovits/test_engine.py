@@ -497,17 +497,18 @@ def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
 
 
 @needs_fixtures
-# [256]: every prefill padded to 256 positions (a captured pass's bucket); [16]: no bucket fits, so
-# each pass is padded only to its longest row, rounded up to 16.
-@pytest.mark.parametrize("prefill_buckets", [[256], [16]])
-def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture_model, prefill_buckets):
+# None: the pass padded to its longest row; 256: to 256 positions, as a captured pass's bucket is.
+@pytest.mark.parametrize("positions", [None, 256])
+def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture_model, positions):
     """Rows of different text and prompt lengths (one reference-free) prefilled together: each
     slot's cache and first token equal those of its own prefill."""
     config, state_dict, cases = fixture_model
     requests = [request for request, _, _ in fixture_requests(cases).values()][:4]
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
-    together = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=prefill_buckets)
-    together.prefill([0, 1, 2, 3], requests)
+    together = T2SEngine(weights, max_batch=4, max_len=256)
+    with pytest.raises(ValueError, match="cannot hold"):
+        together.prefill([0], requests[:1], positions=4)
+    together.prefill([0, 1, 2, 3], requests, positions=positions)
     alone = T2SEngine(weights, max_batch=4, max_len=256)
     for slot, request in enumerate(requests):
         alone.prefill([slot], [request])
