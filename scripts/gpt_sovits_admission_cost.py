@@ -18,6 +18,7 @@ schedule can make per second whatever admission costs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -88,34 +89,40 @@ def admission_costs(engine: TritonT2SEngine, config) -> dict:
     return rows
 
 
-def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> float:
+@contextlib.contextmanager
+def every_slot_full(engine: TritonT2SEngine, config):
+    """Every slot holding a ``BENCH_TOKENS``-token request, admitted; the slots freed on exit."""
     for index in range(STREAMS):
         engine.submit(make_request(config, BENCH_TOKENS, seed=7000 + index))
     engine.admit()
+    torch.cuda.synchronize()
+    try:
+        yield
+    finally:
+        engine.done.fill_(True)
+        engine.collect()
+
+
+def timed_steps(engine: TritonT2SEngine, steps: int) -> float:
+    """Seconds for ``steps`` decode steps over the occupied slots, queue drained at both ends."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     engine.advance(steps)
     torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    engine.done.fill_(True)
-    engine.collect()
-    return round(1000 * elapsed / steps, 3)
+    return time.perf_counter() - start
+
+
+def full_slot_step_ms(engine: TritonT2SEngine, config, steps: int = 160) -> float:
+    with every_slot_full(engine, config):
+        return round(1000 * timed_steps(engine, steps) / steps, 3)
 
 
 def step_kernel_table(engine: TritonT2SEngine, config, steps: int = 20, top: int = 12) -> dict:
     """GPU time by kernel over ``steps`` full-slot graph replays: is the step kernel- or gap-bound?"""
-    for index in range(STREAMS):
-        engine.submit(make_request(config, BENCH_TOKENS, seed=7000 + index))
-    engine.admit()
-    engine.advance(2)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        start = time.perf_counter()
-        engine.advance(steps)
-        torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-    engine.done.fill_(True)
-    engine.collect()
+    with every_slot_full(engine, config):
+        engine.advance(2)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            elapsed = timed_steps(engine, steps)
     kernels = [event for event in profile.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA]
     kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
     return {"steps": steps, "wall_ms_per_step_profiled": round(1000 * elapsed / steps, 3),
