@@ -240,6 +240,11 @@ STREAM_ROWS = {
 }
 
 
+def stream_top_k(name: str) -> int:
+    """The requests' top-k of a ``STREAM_ROWS`` row (1: greedy)."""
+    return STREAM_ROWS[name][1].get("top_k", 1)
+
+
 def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, result: dict) -> None:
     """Each ``--stream-rows`` engine through the continuous-batching run ``--rounds`` times,
     visiting the engines in a rotated order each round (a drift of the machine falls on each alike);
@@ -251,7 +256,7 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
     for name in args.stream_rows:
         shards, knobs = STREAM_ROWS[name]
         engine_knobs = {key: value for key, value in knobs.items() if key != "top_k"}
-        sampling = knobs.get("top_k", 1) > 1
+        sampling = stream_top_k(name) > 1
         try:
             built = [engine_for(torch.float16, fused=True, sampling=sampling, max_batch=STREAMS // shards, **engine_knobs)]
             built += [engine_for(torch.float16, fused=True, sampling=sampling, max_batch=STREAMS // shards,
@@ -268,7 +273,7 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             try:
                 rows[name]["rounds"].append(continuous_batching(engines[name], config, args.tokens,
                                                                 args.stream_requests, made,
-                                                                top_k=STREAM_ROWS[name][1].get("top_k", 1)))
+                                                                top_k=stream_top_k(name)))
                 tokens[name] = made
             except Exception as error:  # noqa: BLE001
                 rows[name]["error"] = f"{type(error).__name__}: {error}"[:800]
@@ -281,7 +286,7 @@ def stream_rounds(args: argparse.Namespace, config: T2SConfig, engine_for, resul
             if values:
                 rows[name][figure] = statistics.median(values)
                 rows[name][f"{figure}_spread"] = round(max(values) - min(values), 1)
-        same_sampler = STREAM_ROWS[name][1].get("top_k", 1) == STREAM_ROWS[reference][1].get("top_k", 1)
+        same_sampler = stream_top_k(name) == stream_top_k(reference)
         if name != reference and same_sampler and name in tokens and reference in tokens:
             rows[name][f"agreement_with_{reference}"] = stream_agreement(tokens[name], tokens[reference])
     write(result, args.out)

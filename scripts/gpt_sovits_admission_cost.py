@@ -51,10 +51,16 @@ def schedule_steps(lengths: list[int], slots: int = STREAMS, sync_every: int = S
     return steps
 
 
+def prefill_as_admitted(engine: TritonT2SEngine, slots: list[int], requests: list) -> None:
+    """Prefill ``requests`` into ``slots`` in groups of ``prefill_batch``, as ``admit`` does."""
+    for first in range(0, len(requests), engine.prefill_batch):
+        engine.prefill(slots[first : first + engine.prefill_batch], requests[first : first + engine.prefill_batch])
+
+
 def cuda_kernels(engine: TritonT2SEngine, slots: list[int], requests: list) -> int:
-    """CUDA kernels one prefill of ``requests`` into ``slots`` launches."""
+    """CUDA kernels one admission's prefills of ``requests`` into ``slots`` launch."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        engine.prefill(slots, requests)
+        prefill_as_admitted(engine, slots, requests)
         torch.cuda.synchronize()
     return sum(event.count for event in profile.key_averages() if event.device_type == torch.autograd.DeviceType.CUDA)
 
@@ -74,7 +80,7 @@ def admission_costs(engine: TritonT2SEngine, config) -> dict:
             slots = engine.occupied_slots()
             requests = [make_request(config, 300, seed=5000 + index) for index in range(group)]
             start = time.perf_counter()
-            engine.prefill(slots, requests)  # the same group's prefill alone
+            prefill_as_admitted(engine, slots, requests)  # the same group's prefills alone
             torch.cuda.synchronize()
             prefill_s.append(time.perf_counter() - start)
             engine.done.fill_(True)

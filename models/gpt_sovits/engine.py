@@ -94,7 +94,7 @@ class PrefillInputs:
     of the largest group and length bucket and each reads its view of it."""
 
     ids: torch.Tensor  # (B, n) int64: a row's phoneme ids, then its prompt tokens, then padding
-    bert: torch.Tensor  # (B, n, 1024): BERT features of the text positions (later positions unread)
+    bert: torch.Tensor  # (B, n, 1024): BERT features of the text positions (later ones projected, then dropped)
     lengths: torch.Tensor  # (3, B) int64: text length, text + prompt length, slot
     logits: torch.Tensor  # (B, V) float32: each row's logits after its last position (written)
 
@@ -111,6 +111,15 @@ class PrefillInputs:
     def view(self, rows: int, positions: int) -> PrefillInputs:
         return PrefillInputs(self.ids[:rows, :positions], self.bert[:rows, :positions], self.lengths[:, :rows],
                              self.logits[:rows])
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    """What a prefill's requests set in their slots, on the device."""
+
+    ints: torch.Tensor  # (B, 4) int64: early stop, max steps, top-k, EOS-from step
+    floats: torch.Tensor  # (B, 3) float32: top-p, temperature, repetition penalty
+    rows_by_mode: dict[bool, torch.Tensor]  # greedy? -> (n,) rows of the group choosing that way
 
 
 def after_attention(x: torch.Tensor, attention: torch.Tensor, layer: T2SLayerWeights) -> torch.Tensor:
@@ -224,40 +233,47 @@ class T2SEngine:
     def prefill(self, slots: list[int], requests: list[T2SRequest], positions: int | None = None) -> None:
         """Run the text and prompt pass of each request into its slot in one padded batch, and
         choose each one's first token. A row attends only its own positions, so its cache and
-        first token do not depend on what it was batched with.
+        greedy first token do not depend on what it was batched with.
 
         The pass itself (``_prefill_pass``) reads only device tensors, so ``capture_graphs`` can
         capture it per (group size, length bucket); the host packs the requests into those tensors
         and sets each slot's counters and sampling settings around it. Without a captured pass the
         batch is padded to its longest row, or to ``positions`` when given."""
-        groups = len(requests)
+        group_size = len(requests)
         text_lens = [request.phoneme_ids.shape[0] for request in requests]
         prompt_lens = [0 if request.prompt_tokens is None else request.prompt_tokens.shape[0] for request in requests]
         lengths = [text + prompt for text, prompt in zip(text_lens, prompt_lens)]
-        if positions is not None and positions < max(lengths):
-            raise ValueError(f"positions {positions} cannot hold a prefill of {max(lengths)}")
+        if positions is not None and not max(lengths) <= positions <= self.max_len:
+            raise ValueError(f"positions {positions} cannot hold a prefill of {max(lengths)} "
+                             f"within max_len {self.max_len}")
         bucket = next((size for size in self.prefill_buckets if size >= max(lengths)), None)
-        graph = self._prefill_graphs.get((groups, bucket)) if positions in (None, bucket) else None
+        graph = self._prefill_graphs.get((group_size, bucket)) if positions in (None, bucket) else None
         if graph is not None:
-            inputs = self._prefill_inputs.view(groups, bucket)
+            inputs = self._prefill_inputs.view(group_size, bucket)
         else:
-            inputs = PrefillInputs.allocate(groups, positions or max(lengths), self.weights.bert_proj_weight.shape[1],
-                                            self.config.vocab_size, self.weights.dtype, self.device)
-        ids = torch.zeros(groups, inputs.ids.shape[1], dtype=torch.int64)  # text ids, then prompt tokens
+            inputs = self._allocate_prefill_inputs(group_size, positions or max(lengths))
+        ids = torch.zeros(group_size, inputs.ids.shape[1], dtype=torch.int64)  # text ids, then prompt tokens
         for row, request in enumerate(requests):
             ids[row, : text_lens[row]] = request.phoneme_ids
             if request.prompt_tokens is not None:
                 ids[row, text_lens[row] : lengths[row]] = request.prompt_tokens
-            # (1024, T) -> the row's first T positions; later positions are read as prompt rows.
+            # (1024, T) -> the row's first T positions. Later positions keep whatever an earlier
+            # prefill left: the pass projects them too and then takes the prompt rows there instead.
             inputs.bert[row, : text_lens[row]].copy_(request.bert_features.transpose(0, 1))
         inputs.ids.copy_(ids)
         inputs.lengths.copy_(torch.tensor([text_lens, lengths, slots], dtype=torch.int64))
+        settings = self._upload_settings(requests)
         if graph is not None:
             graph.replay()
         else:
             self._prefill_pass(inputs)
-        self._start_rows(requests, inputs)
+        self._start_rows(inputs, settings)
 
+    def _allocate_prefill_inputs(self, rows: int, positions: int) -> PrefillInputs:
+        return PrefillInputs.allocate(rows, positions, self.weights.bert_proj_weight.shape[1], self.config.vocab_size,
+                                      self.weights.dtype, self.device)
+
+    @torch.no_grad()
     def _prefill_pass(self, inputs: PrefillInputs) -> None:
         """The prefill's device work: embed each row's text and prompt, run every layer writing
         the row's keys and values into its slot, and leave its last position's logits in
@@ -298,20 +314,31 @@ class T2SEngine:
         last = x[torch.arange(batch, device=self.device), length - 1]  # (B, d)
         inputs.logits.copy_(F.linear(last, w.predict_weight))
 
-    def _start_rows(self, requests: list[T2SRequest], inputs: PrefillInputs) -> None:
+    def _upload_settings(self, requests: list[T2SRequest]) -> RowSettings:
+        """The requests' sampling and stop settings on the device, uploaded before the pass runs
+        (an upload after it would wait for the whole pass before the host could go on)."""
+        ints = torch.tensor([[request.early_stop_num, request.max_steps, request.top_k, request.eos_from_step]
+                             for request in requests], dtype=torch.int64)
+        floats = torch.tensor([[request.top_p, request.temperature, request.repetition_penalty]
+                               for request in requests], dtype=torch.float32)
+        greedy = [request.top_k == 1 for request in requests]
+        rows = {mode: [row for row, greedy_row in enumerate(greedy) if greedy_row == mode] for mode in (True, False)}
+        return RowSettings(ints.to(self.device), floats.to(self.device),
+                           {mode: torch.tensor(chosen, device=self.device) for mode, chosen in rows.items() if chosen})
+
+    def _start_rows(self, inputs: PrefillInputs, settings: RowSettings) -> None:
         """Reset the prefilled slots' counters, set their sampling settings and repetition history
-        (the prompt tokens), and choose each one's first token from ``inputs.logits``."""
+        (the prompt tokens), and choose each one's first token from ``inputs.logits``: greedy rows
+        together, then sampling rows together (one noise draw for the group, so a seeded sampling
+        request's first token depends on the group it was admitted with)."""
         text_len, length, slot_ids = inputs.lengths
         self.step[slot_ids] = 0
         self.done[slot_ids] = False
         self.stop_step[slot_ids] = 0
         self.stop_by_eos[slot_ids] = False
-        settings = torch.tensor([[request.early_stop_num, request.max_steps, request.top_k, request.eos_from_step]
-                                 for request in requests], dtype=torch.int64).to(self.device)  # (B, 4)
-        self.early_stop[slot_ids], self.max_steps[slot_ids] = settings[:, 0], settings[:, 1]
-        self.sampling.top_k[slot_ids], self.sampling.eos_from_step[slot_ids] = settings[:, 2], settings[:, 3]
-        floats = torch.tensor([[request.top_p, request.temperature, request.repetition_penalty]
-                               for request in requests], dtype=torch.float32).to(self.device)  # (B, 3)
+        ints, floats = settings.ints, settings.floats
+        self.early_stop[slot_ids], self.max_steps[slot_ids] = ints[:, 0], ints[:, 1]
+        self.sampling.top_k[slot_ids], self.sampling.eos_from_step[slot_ids] = ints[:, 2], ints[:, 3]
         self.sampling.top_p[slot_ids] = floats[:, 0]
         self.sampling.temperature[slot_ids] = floats[:, 1]
         self.sampling.repetition_penalty[slot_ids] = floats[:, 2]
@@ -319,15 +346,11 @@ class T2SEngine:
         positions = torch.arange(inputs.ids.shape[1], device=self.device)
         is_prompt = (positions.unsqueeze(0) >= text_len.unsqueeze(1)) & (positions.unsqueeze(0) < length.unsqueeze(1))
         vocab = self.config.vocab_size
-        seen = torch.zeros(len(requests), vocab + 1, dtype=torch.bool, device=self.device)
+        seen = torch.zeros(inputs.ids.shape[0], vocab + 1, dtype=torch.bool, device=self.device)
         seen.scatter_(1, inputs.ids.where(is_prompt, vocab), True)
         self.seen[slot_ids] = seen[:, :vocab]
-        greedy = torch.tensor([request.top_k == 1 for request in requests])
-        for chosen_greedily in (True, False):
-            rows = torch.nonzero(greedy == chosen_greedily).flatten().tolist()
-            if rows:
-                index = torch.tensor(rows, device=self.device)
-                self._choose_and_record(slot_ids[index], inputs.logits[index].float(), greedy=chosen_greedily)
+        for greedy, rows in settings.rows_by_mode.items():
+            self._choose_and_record(slot_ids[rows], inputs.logits[rows], greedy=greedy)
         self.cache_len[slot_ids] = length
         self.audio_pos[slot_ids] = length - text_len
 
@@ -391,12 +414,10 @@ class T2SEngine:
         if any(request is not None for request in self._slot_request) or self._waiting:
             raise RuntimeError("capture_graphs() must run before any request is submitted")
         decode_keys = list(itertools.product(self.batch_buckets, self.length_buckets, greedy_modes))
-        groups = range(1, min(self.prefill_batch, self.max_batch) + 1)
-        prefill_keys = list(itertools.product(groups, self.prefill_buckets)) if prefill else []
+        group_sizes = range(1, min(self.prefill_batch, self.max_batch) + 1)
+        prefill_keys = list(itertools.product(group_sizes, self.prefill_buckets)) if prefill else []
         if prefill:
-            self._prefill_inputs = PrefillInputs.allocate(
-                groups[-1], self.prefill_buckets[-1], self.weights.bert_proj_weight.shape[1],
-                self.config.vocab_size, self.weights.dtype, self.device)
+            self._prefill_inputs = self._allocate_prefill_inputs(group_sizes[-1], self.prefill_buckets[-1])
             self._prefill_inputs.lengths[2].zero_()  # every warm-up row writes slot 0, reset after
         pool = torch.cuda.graph_pool_handle()
         side_stream = torch.cuda.Stream(self.device)
@@ -404,8 +425,8 @@ class T2SEngine:
         with torch.cuda.stream(side_stream):  # warm-up: library handles, kernel choice, JIT
             for batch, bucket, greedy in decode_keys:
                 self.decode_step(batch, bucket, greedy)
-            for groups, bucket in prefill_keys:
-                self._prefill_pass(self._prefill_inputs.view(groups, bucket))
+            for group_size, bucket in prefill_keys:
+                self._prefill_pass(self._prefill_inputs.view(group_size, bucket))
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
         # This engine's own capture stream: cuBLAS keeps a workspace per stream and a captured product
         # keeps its address, so engines captured on torch's one shared capture stream and replayed at
@@ -420,11 +441,11 @@ class T2SEngine:
             with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
                 self.decode_step(batch, bucket, greedy)
             self._graphs[(batch, bucket, greedy)] = graph
-        for groups, bucket in prefill_keys:
+        for group_size, bucket in prefill_keys:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=capture_stream):
-                self._prefill_pass(self._prefill_inputs.view(groups, bucket))
-            self._prefill_graphs[(groups, bucket)] = graph
+                self._prefill_pass(self._prefill_inputs.view(group_size, bucket))
+            self._prefill_graphs[(group_size, bucket)] = graph
         torch.cuda.synchronize(self.device)
         self._reset_state()
 

@@ -30,7 +30,7 @@ be met, so the engine launches one phase of one layer at a time instead (``phase
 phase code, the kernel boundary as the barrier.
 
     engine = PersistentT2SEngine(weights, max_batch=1, max_len=640, length_buckets=[640])
-    engine.capture_graphs()          # GPU: memset of the barrier, the step kernel, the greedy kernel
+    engine.capture_graphs()          # GPU: memset of the barrier, the step kernel, the choice kernel
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The idea (measured before admissions became CUDA graphs and the 64-row step seven kernels a layer):
 a 64-row decode step was ~270 small kernels (products of 64 rows, LayerNorms, the attention over
-each row's keys), and an admission (then an eager prefill of several hundred kernel launches, 9-21 ms
+each row's keys), and an admission (then an eager prefill of several hundred kernel launches, 6-21 ms
 on the H200) stopped every row's decoding while the host issued it. Shards of 16 or
 32 slots on separate streams could run their steps side by side, and while the host prefills one
 shard, the steps queued for the others would keep the GPU busy. Measured on the H200 (64 streams,

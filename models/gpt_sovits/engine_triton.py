@@ -220,8 +220,9 @@ def _choose_record_kernel(
     (``T2SEngine._choose_and_record`` plus the position advance) in one program.
 
     The nucleus and top-k cuts are applied by value (an id is cut when its score is below the last
-    kept one), where the torch sampler cuts positions of its sort: they differ only for ids tied at
-    the cut."""
+    kept one), where the torch sampler cuts positions of its sort, and the softmax and cumulative
+    sums add in another order: the two can differ for ids tied at a cut, for a cumulative sum within
+    rounding of top-p, and for near-ties of the race."""
     b = tl.program_id(0)
     vocab = tl.arange(0, VOCAB_PAD)
     vocab_ok = vocab < VOCAB

@@ -3,6 +3,7 @@ itself alone vs batched, and its sampler against the eager port's (the official 
 GPU tests skip without CUDA."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -525,19 +526,31 @@ def test_a_padded_prefill_batch_fills_each_slot_as_a_prefill_alone_would(fixture
 @needs_cuda
 @needs_fixtures
 def test_captured_prefill_fills_slots_as_the_eager_prefill_does(fixture_model):
-    """Admission as one CUDA graph per (group size, length bucket): two groups replayed into the
-    same engine (the second refills the static inputs) leave every slot's cache, counters and first
-    token as the eager prefill does."""
+    """Admission as one CUDA graph per (group size, length bucket): three groups replayed into the
+    same engine (each refills the static inputs; buckets 256 and 64; one row sampling) leave every
+    slot's cache, counters and first token as the eager prefill does, and no pass runs eagerly."""
     config, state_dict, cases = fixture_model
     requests = [request for request, _, _ in fixture_requests(cases).values()][:4]
+    requests[1] = dataclasses.replace(requests[1], top_k=5, temperature=0.8)
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
-    graphed = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[128, 256])
+    graphed = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[64, 256])
     graphed.capture_graphs(greedy_modes=(True,))
-    assert sorted(graphed._prefill_graphs) == [(groups, bucket) for groups in range(1, 5) for bucket in (128, 256)]
-    eager = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[128, 256])
+    assert sorted(graphed._prefill_graphs) == [(groups, bucket) for groups in range(1, 5) for bucket in (64, 256)]
+
+    def no_eager_pass(inputs):
+        raise AssertionError("a captured prefill ran eagerly")
+
+    graphed._prefill_pass = no_eager_pass
+    eager = T2SEngine(weights, max_batch=4, max_len=256, prefill_buckets=[64, 256])
+    lengths = [request.phoneme_ids.shape[0] + (0 if request.prompt_tokens is None else request.prompt_tokens.shape[0])
+               for request in requests]
+    short = min(range(4), key=lambda row: lengths[row])
+    assert lengths[short] <= 64 < max(lengths)  # both buckets are replayed
+    long = [row for row in range(4) if row != short]
     for engine in (graphed, eager):
-        engine.prefill([3, 1], requests[:2])
-        engine.prefill([0, 2], requests[2:])
+        engine.prefill([3, 1], [requests[long[0]], requests[long[1]]])
+        engine.prefill([0], [requests[long[2]]])
+        engine.prefill([2], [requests[short]])
     for slot in range(4):
         length = int(eager.cache_len[slot])
         torch.testing.assert_close(graphed.kv_cache[:, slot, :length], eager.kv_cache[:, slot, :length],
@@ -572,7 +585,7 @@ def test_the_one_kernel_choice_equals_the_torch_sampler_and_its_bookkeeping(devi
     for engine in (fused, reference):
         engine.done.fill_(False)
         engine.early_stop.fill_(-1)
-        engine.max_steps.fill_(4)  # the fifth step stops every row at max_steps
+        engine.max_steps.fill_(4)  # rows stop at max_steps: rows 2-5 at once, row 1 on the 2nd call, row 0 on the 4th
         engine.step.copy_(torch.tensor([0, 2, 5, 9, 12, 20]))
         engine.sampling.eos_from_step.fill_(11)
         engine.sampling.top_k.copy_(torch.tensor([1, 3, 15, vocab, 2, 7]))
