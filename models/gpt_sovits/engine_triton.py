@@ -133,7 +133,7 @@ def _attention_kernel(
 
     ``FROM_QKV``: ``q_ptr`` is the (B, 3d) product q | k | v, and the program first writes its
     head's new key and value into the cache at the row's last valid position (the wide step's
-    cache write and q copy, folded in); else ``q_ptr`` is (B, d) and the cache is written."""
+    cache write and q copy, folded in); else ``q_ptr`` is (B, d) and the cache already holds them."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     dim = tl.arange(0, HEAD_PAD)
