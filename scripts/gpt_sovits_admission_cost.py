@@ -163,8 +163,8 @@ def main() -> None:
                                         fused_max_batch=1, **knobs)
         engines[name].capture_graphs(greedy_modes=(True,), prefill=prefill)
     result = {"what": "GPT-SoVITS T2S admission cost by group size (300-token requests, 60-position prefill) and "
-                      "the 64-row step, FP16; graphs_folded: prefill graphs + folded wide step; eager_unfolded: "
-                      "the engine before both",
+                      "the 64-row step, FP16; graphs_folded: prefill graphs + folded wide step; eager_unfolded: the "
+                      "unfolded step with eager prefills (the eager path of this tree)",
               "provenance": origin,
               "device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "admission": {name: admission_costs(engine, config) for name, engine in engines.items()},
