@@ -14,6 +14,24 @@ pytestmark = pytest.mark.slow  # loads the real voice
 DEBUG_VARIANTS = ["original_onnx", "teacher"]
 
 
+RESULTS = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
+
+
+def outputs_without_errors(executed) -> list:
+    """Every code cell's outputs of an executed notebook; fails if any cell raised."""
+    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    return outputs
+
+
+def joined(outputs: list, mime: str) -> str:
+    return "".join(o.data[mime] for o in outputs if mime in o.get("data", {}))
+
+
+def pngs(outputs: list) -> int:
+    return len([o for o in outputs if "image/png" in o.get("data", {})])
+
+
 @pytest.fixture(scope="module")
 def debug_store(tmp_path_factory):
     """The debug pipeline into a temporary store whose artifacts also stay under the temporary folder."""
@@ -66,15 +84,12 @@ def test_notebook_executes_against_the_store(debug_store, tmp_path):
 def test_serving_notebook_reads_the_recorded_load_tests(tmp_path):
     """Against the committed reports (docs/results): the H200 plot, the levels that meet the target,
     the streaming table and the CPU comparison, with no cell failing."""
-    results = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
-    executed = execute_notebook(SERVING_LOADTESTS, loadtest_dir=results, output_path=tmp_path / "serving.ipynb",
-                                timeout_s=120)
-    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2  # H200 curves, CPU bars
-    notes = "".join(o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    outputs = outputs_without_errors(execute_notebook(SERVING_LOADTESTS, loadtest_dir=RESULTS,
+                                                      output_path=tmp_path / "serving.ipynb", timeout_s=120))
+    assert pngs(outputs) == 2  # H200 curves, CPU bars
+    notes = joined(outputs, "text/markdown")
     assert "levels meet the target" in notes and "cpu_4_loadtest_unbatched_t2.json" in notes
-    html = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    html = joined(outputs, "text/html")
     # The recorded H200 run met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
     assert "h200_5d_loadtest_w3.json" in html and "729.9" in html
 
@@ -90,14 +105,12 @@ def test_serving_notebook_names_a_folder_without_reports(tmp_path):
 def test_h200_engines_notebook_reads_the_recorded_calls(tmp_path):
     """Against the committed engines reports: every row, the batch-16 plot, and the verdict on #19's
     target, where only session 22's duration-student engine meets 1e-4 beside the teacher."""
-    results = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
-    executed = execute_notebook(H200_ENGINES, results_dir=results, output_path=tmp_path / "h200.ipynb", timeout_s=120)
-    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 1
+    outputs = outputs_without_errors(execute_notebook(H200_ENGINES, results_dir=RESULTS,
+                                                      output_path=tmp_path / "h200.ipynb", timeout_s=120))
+    assert pngs(outputs) == 1
     notes = [o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
     assert notes[-1] == "**Meets the target:** lite_dur_fp16/compile_cuda_graphs in h200_22_engines_compile"
-    tables = "".join(o.data["text/html"] for o in outputs if "text/html" in o.get("data", {}))
+    tables = joined(outputs, "text/html")
     assert "not measured" in tables  # session 20's autotuning call saved no audio
 
 
@@ -112,13 +125,10 @@ def test_gpt_sovits_notebook_reads_the_recorded_engine_calls(tmp_path):
     """Against the committed reports (docs/results): the 64-stream rows with the target, the
     admission costs and kernel tables, batch 1 and memory, with no cell failing and the call whose
     figures are not results left out."""
-    results = Path(__file__).resolve().parent.parent.parent / "docs" / "results"
-    executed = execute_notebook(GPT_SOVITS_ENGINE, results_dir=results, output_path=tmp_path / "gpt_sovits.ipynb",
-                                timeout_s=120)
-    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.outputs]
-    assert not [o for o in outputs if o.output_type == "error"]
-    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == 2  # streams bars, admission curves
-    notes = "".join(o.data["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {}))
+    outputs = outputs_without_errors(execute_notebook(GPT_SOVITS_ENGINE, results_dir=RESULTS,
+                                                      output_path=tmp_path / "gpt_sovits.ipynb", timeout_s=120))
+    assert pngs(outputs) == 2  # streams bars, admission curves
+    notes = joined(outputs, "text/markdown")
     # Session 25's final call met the 64-stream target greedy (54,771) and sampling (51,895); the
     # batch-1 target was missed in every call, and the FP16 memory ratio missed since the prefill graphs.
     assert "h200_25_gpt_sovits_streams_final.json` (54,771)" in notes and "(51,895)" in notes
