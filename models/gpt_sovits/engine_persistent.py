@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.gpt_sovits.engine_triton import TritonT2SEngine
+from models.gpt_sovits.engine_triton import TritonT2SEngine, row_layer_norm
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
@@ -97,17 +97,6 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
 
 
 @triton.jit
-def _layer_norm(values, ok, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr):
-    """LayerNorm of one (D_PAD,) float32 row whose padding is masked by ``ok``."""
-    mean = tl.sum(values, axis=0) / D
-    centred = tl.where(ok, values - mean, 0.0)
-    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + EPS)
-    gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
-    beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
-    return tl.where(ok, centred * rstd * gamma + beta, 0.0)
-
-
-@triton.jit
 def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr,
                  D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr):
     """The layer's input row (D_PAD,): the token's embedding at layer 0, else LayerNorm 2 of the
@@ -119,7 +108,7 @@ def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, 
         x += tl.load(positions_ptr + position * D + dim, mask=ok, other=0.0).to(tl.float32)
     else:
         summed = tl.load(sum_ptr + dim, mask=ok, other=0.0, cache_modifier=".cg")
-        x = _layer_norm(summed, ok, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D, dim, D, EPS)
+        x = row_layer_norm(summed, ok, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D, dim, D, EPS)
     return x
 
 
@@ -276,7 +265,7 @@ def _ffn1_phase(
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
     summed = tl.load(sum1_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
-    x = _layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
+    x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
     if pid == 0:
         tl.store(normed1_ptr + dim, x, mask=dim_ok)
     hidden = tl.maximum(tl.sum(w.to(tl.float32) * x[None, :], axis=1) + bias, 0.0)
@@ -320,7 +309,7 @@ def _logits_phase(
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
     summed = tl.load(sum2_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
-    x = _layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
+    x = row_layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
     tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
 
 

@@ -170,6 +170,17 @@ def _attention_kernel(
 
 
 @triton.jit
+def row_layer_norm(values, ok, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr):
+    """LayerNorm of one (D_PAD,) float32 row whose padding is masked by ``ok``."""
+    mean = tl.sum(values, axis=0) / D
+    centred = tl.where(ok, values - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + EPS)
+    gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    return tl.where(ok, centred * rstd * gamma + beta, 0.0)
+
+
+@triton.jit
 def _add_layer_norm_kernel(
     x_ptr, y_ptr, weight_ptr, bias_ptr, out_ptr, EPS: tl.constexpr, D_MODEL: tl.constexpr, D_PAD: tl.constexpr,
 ):
@@ -179,12 +190,7 @@ def _add_layer_norm_kernel(
     dim_ok = dim < D_MODEL
     x = tl.load(x_ptr + b * D_MODEL + dim, mask=dim_ok, other=0.0)
     total = (x.to(tl.float32) + tl.load(y_ptr + b * D_MODEL + dim, mask=dim_ok, other=0.0).to(tl.float32))
-    total = total.to(x.dtype).to(tl.float32)
-    mean = tl.sum(total, axis=0) / D_MODEL
-    centred = tl.where(dim_ok, total - mean, 0.0)
-    normed = centred * tl.rsqrt(tl.sum(centred * centred, axis=0) / D_MODEL + EPS)
-    normed = normed * tl.load(weight_ptr + dim, mask=dim_ok, other=0.0).to(tl.float32)
-    normed += tl.load(bias_ptr + dim, mask=dim_ok, other=0.0).to(tl.float32)
+    normed = row_layer_norm(total.to(x.dtype).to(tl.float32), dim_ok, weight_ptr, bias_ptr, dim, D_MODEL, EPS)
     tl.store(out_ptr + b * D_MODEL + dim, normed.to(x.dtype), mask=dim_ok)
 
 
