@@ -420,18 +420,19 @@ class T2SEngine:
             self._prefill_inputs = self._allocate_prefill_inputs(group_sizes[-1], self.prefill_buckets[-1])
             self._prefill_inputs.lengths[2].zero_()  # every warm-up row writes slot 0, reset after
         pool = torch.cuda.graph_pool_handle()
-        side_stream = torch.cuda.Stream(self.device)
-        side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side_stream):  # warm-up: library handles, kernel choice, JIT
+        # This engine's own stream for warm-up and capture alike. cuBLAS keeps a workspace per stream
+        # (32 MiB on Hopper) and a captured product keeps its address: warming up on another stream
+        # would hold one workspace more that does not shrink with the dtype, and engines captured on
+        # torch's one shared capture stream and replayed at the same time (engine_shards.py) would
+        # write one workspace at once.
+        capture_stream = torch.cuda.Stream(self.device)
+        capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(capture_stream):  # warm-up: library handles, kernel choice, JIT
             for batch, bucket, greedy in decode_keys:
                 self.decode_step(batch, bucket, greedy)
             for group_size, bucket in prefill_keys:
                 self._prefill_pass(self._prefill_inputs.view(group_size, bucket))
-        torch.cuda.current_stream(self.device).wait_stream(side_stream)
-        # This engine's own capture stream: cuBLAS keeps a workspace per stream and a captured product
-        # keeps its address, so engines captured on torch's one shared capture stream and replayed at
-        # the same time (engine_shards.py) would write one workspace at once.
-        capture_stream = torch.cuda.Stream(self.device)
+        capture_stream.synchronize()
         for batch, bucket, greedy in decode_keys:
             graph = torch.cuda.CUDAGraph()
             if not greedy:

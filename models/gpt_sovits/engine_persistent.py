@@ -15,7 +15,11 @@ barrier between the phases that need the whole previous result:
     ffn2    W_2 hidden + b_2 + LayerNorm 1 output                            -> sum 2
     (after the last layer) logits = W_p LayerNorm 2(sum 2)
 
-so four barriers a layer. Each program issues the load of its next weight tile *before* it waits
+so four barriers a layer. With ``fold_ffn`` (the default) the two FFN phases are one: each program
+takes a slice of the hidden units, relu(W_1 . + b_1) for them, then their columns of W_2 times
+that slice: a partial of sum 2 that it adds into the layer's sum with float atomics. Three barriers
+a layer instead of four; the price is that the order of the additions, so the last bits of sum 2
+in float32, varies from run to run. Each program issues the load of its next weight tile *before* it waits
 at a barrier: weights never depend on the step, so their memory latency hides behind the wait, and
 after the barrier only activations (in L2, written a phase ago) are on the critical path.
 
@@ -48,8 +52,7 @@ from models.gpt_sovits.engine_weights import (
 )
 
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
-PHASES_PER_LAYER = 4
-PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PERSISTENT = 0, 1, 2, 3, 4, -1
+PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PERSISTENT = 0, 1, 2, 3, 4, 5, -1
 
 
 @triton.jit
@@ -119,7 +122,8 @@ def _attend_phase(
     cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK_MAX: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr,
-    MAX_POSITION: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+    MAX_POSITION: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
@@ -164,7 +168,8 @@ def _attend_phase(
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
-    x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr,
+    previous_sum2 = sum2_ptr + tl.maximum(layer - 1, 0) * SUM2_STRIDE
+    x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, previous_sum2, norm2_w_ptr, norm2_b_ptr,
                      D, D_PAD, EPS)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
@@ -295,10 +300,42 @@ def _ffn2_phase(
 
 
 @triton.jit
+def _ffn_phase(
+    pid, layer, counter_ptr, error_ptr, target, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr,
+    norm1_b_ptr, sum1_ptr, sum2_ptr,
+    D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
+    SYNC: tl.constexpr, ASM: tl.constexpr,
+):
+    """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
+    added into the layer's row of ``sum2_ptr`` (zeroed before the step)."""
+    unit = pid * BN + tl.arange(0, BN)
+    unit_ok = unit < FFN
+    dim = tl.arange(0, D_PAD)
+    dim_ok = dim < D
+    w_ok = unit_ok[:, None] & dim_ok[None, :]
+    w1 = tl.load(ffn1_w_ptr + layer * (FFN * D) + unit[:, None] * D + dim[None, :], mask=w_ok, other=0.0)  # (BN, D_PAD)
+    b1 = tl.load(ffn1_b_ptr + layer * FFN + unit, mask=unit_ok, other=0.0).to(tl.float32)
+    # W_2 is (D, FFN): the program's columns, as (BN, D_PAD).
+    w2 = tl.load(ffn2_w_ptr + layer * (D * FFN) + dim[None, :] * FFN + unit[:, None], mask=w_ok, other=0.0)
+    # Program 0 adds the bias and the residual once.
+    lead = (dim * 0 + pid) == 0  # (D_PAD,): a vector, as the interpreter needs in a mask
+    b2 = tl.load(ffn2_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
+
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+
+    summed = tl.load(sum1_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)  # (D_PAD,)
+    hidden = tl.maximum(tl.sum(w1.to(tl.float32) * x[None, :], axis=1) + b1, 0.0)  # (BN,)
+    partial = tl.sum(w2.to(tl.float32) * hidden[:, None], axis=0)  # (D_PAD,)
+    partial += tl.where(lead, b2 + x, 0.0)
+    tl.atomic_add(sum2_ptr + layer * D + dim, partial, mask=dim_ok, sem="relaxed", scope="gpu")
+
+
+@triton.jit
 def _logits_phase(
     pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
-    EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+    SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < VOCAB
@@ -308,7 +345,7 @@ def _logits_phase(
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
-    summed = tl.load(sum2_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    summed = tl.load(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
     x = row_layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
     tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
 
@@ -325,36 +362,46 @@ def _t2s_step_kernel(
     PROGRAMS: tl.constexpr, CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, CHUNK_MAX: tl.constexpr,
     BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr, MAX_POSITION: tl.constexpr,
     BN_OUT: tl.constexpr, BN_FFN1: tl.constexpr, BN_FFN2: tl.constexpr, BN_VOCAB: tl.constexpr,
-    EPS: tl.constexpr, PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr,
+    FOLD_FFN: tl.constexpr, PHASES: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr,
+    PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
-    ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases)."""
+    ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
+    FOLD_FFN: one FFN phase (PHASES 3 a layer), sum 2 a row per layer (SUM2_STRIDE D) that the
+    programs add into; else PHASES 4 and one sum 2 row, rewritten each layer (SUM2_STRIDE 0)."""
     pid = tl.program_id(0)
     if PHASE == -1:
         for layer in range(LAYERS):
             # Barrier n (1-based) waits for n x PROGRAMS arrivals; every phase has one (at layer 0's
             # attend phase it costs a microsecond and keeps the count uniform).
-            first = layer * 4 + 1
+            first = layer * PHASES + 1
             _attend_phase(pid, layer, counter_ptr, error_ptr, first * PROGRAMS, last_token_ptr, audio_pos_ptr,
                           cache_len_ptr, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr,
                           qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
-                          scale, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, EPS,
-                          True, ASM_BARRIER)
+                          scale, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION,
+                          SUM2_STRIDE, EPS, True, ASM_BARRIER)
             _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
                        part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
                        BN_OUT, True, ASM_BARRIER)
-            _ffn1_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
-                        norm1_w_ptr, norm1_b_ptr, sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                        True, ASM_BARRIER)
-            _ffn2_phase(pid, layer, counter_ptr, error_ptr, (first + 3) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
-                        hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
-        _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * 4 + 1) * PROGRAMS + pid * 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr,
-                      sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, EPS, True, ASM_BARRIER)
+            if FOLD_FFN:
+                _ffn_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
+                           ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, sum1_ptr, sum2_ptr, D, D_PAD, FFN,
+                           BN_FFN1, EPS, True, ASM_BARRIER)
+            else:
+                _ffn1_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
+                            norm1_w_ptr, norm1_b_ptr, sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
+                            True, ASM_BARRIER)
+                _ffn2_phase(pid, layer, counter_ptr, error_ptr, (first + 3) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
+                            hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
+        _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
+                      norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
+                      EPS, True, ASM_BARRIER)
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
-                      D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, EPS, False, False)
+                      D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS,
+                      False, False)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
@@ -364,9 +411,12 @@ def _t2s_step_kernel(
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
                     sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False)
+    elif PHASE == 5:
+        _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
+                   norm1_w_ptr, norm1_b_ptr, sum1_ptr, sum2_ptr, D, D_PAD, FFN, BN_FFN1, EPS, False, False)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
-                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, EPS, False, False)
+                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -380,10 +430,13 @@ class PersistentT2SEngine(TritonT2SEngine):
 
     ``programs``: the grid, at most the GPU's SM count (every program must be resident for the
     barriers), and at least three per head (a chunk of cached keys, the new key, the new value). ``phased``:
-    one launch per phase (required under the Triton interpreter)."""
+    one launch per phase (required under the Triton interpreter). ``fold_ffn``: the FFN as one phase
+    whose partial sums meet through float atomics (three barriers a layer instead of four; float32
+    results then vary in their last bits from run to run)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
-                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, **kwargs):
+                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
+                 **kwargs):
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -397,6 +450,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.step_warps = step_warps
         self.phased = phased
         self.asm_barrier = asm_barrier
+        self.fold_ffn = fold_ffn
         self.chunks = programs // heads - 2
         self.step_block = attention_block
         # One stacked tensor per parameter kind, (layers, ...); each per-layer field becomes a view
@@ -417,7 +471,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         def scratch(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=self.device)
 
-        self._step_xin, self._step_sum1, self._step_normed1, self._step_sum2 = (scratch(d) for _ in range(4))
+        self._step_xin, self._step_sum1, self._step_normed1 = (scratch(d) for _ in range(3))
+        # Folded FFN: one row per layer, zeroed before each step, that the programs' partials add into.
+        self._step_sum2 = scratch(config.num_layers, d) if fold_ffn else scratch(d)
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
@@ -449,7 +505,9 @@ class PersistentT2SEngine(TritonT2SEngine):
             MAX_POSITION=POSITION_TABLE_LEN,
             BN_OUT=_tile_width(d, self.programs), BN_FFN1=_tile_width(ffn, self.programs),
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
-            EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier, num_warps=self.step_warps,
+            FOLD_FFN=self.fold_ffn, PHASES=3 if self.fold_ffn else 4, SUM2_STRIDE=d if self.fold_ffn else 0,
+            EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier,
+            num_warps=self.step_warps,
         )
 
     @torch.no_grad()
@@ -457,9 +515,12 @@ class PersistentT2SEngine(TritonT2SEngine):
         if batch != 1:
             super().decode_step(batch, cache_bucket, greedy)
             return
+        if self.fold_ffn:
+            self._step_sum2.zero_()
         if self.phased:
+            phases = (PHASE_ATTEND, PHASE_OUT, PHASE_FFN) if self.fold_ffn else (PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2)
             for layer in range(self.config.num_layers):
-                for phase in (PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2):
+                for phase in phases:
                     self._launch(phase, layer)
             self._launch(PHASE_LOGITS, 0)
         else:
