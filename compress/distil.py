@@ -4,7 +4,8 @@ models/family.py); the other parts stay the teacher's.
 
 In the pipeline (`python -m compress +experiment=distil`) the stage loads a committed student
 checkpoint (models/checkpoints/, with its model card), or trains on this machine when
-``stages.distil.checkpoint`` is null, on ``texts.training_text`` sentences (never eval or Harvard).
+``stages.distil.checkpoint`` is null, on ``texts.training_text`` sentences or the family's named
+training set (``DistilHooks.training_set``; never eval or Harvard).
 
 Training on a GPU machine: this module prepares the family's bundle here (teacher weights and the
 training sentences as phoneme ids; espeak is needed here, not there), and prints the family's
@@ -31,6 +32,7 @@ from texts import load_sentences
 from texts.training_text import generate_training_sentences
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+HELD_OUT_SETS = ("eval", "eval_ja", "harvard")  # what a compressed voice is measured on: never trained on
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,20 @@ def build(teacher: Variant, settings: DistilSettings, ctx: StageContext) -> Vari
                    artifacts={"lite_weights": weights_path}, trained_weights=(weights_path,))
 
 
-def _training_phoneme_ids(model, count: int, seed: int) -> list[list[int]]:
-    sentences = generate_training_sentences(count, seed)
+def _training_phoneme_ids(hooks: DistilHooks, model, count: int, seed: int) -> list[list[int]]:
+    """The family's training sentences (its named set, else the generated English ones) as phoneme ids."""
+    if hooks.training_set is not None:
+        if hooks.training_set in HELD_OUT_SETS:
+            raise ConfigError(f"the family's distillation set {hooks.training_set!r} is held out for evaluation")
+        sentences = load_sentences(hooks.training_set)[:count]
+    else:
+        sentences = generate_training_sentences(count, seed)
     return [seq.phoneme_ids for text in sentences for seq in model.text_to_utterances(text)]
 
 
 def _train_here(hooks: DistilHooks, model, settings: DistilSettings, work_dir: Path,
                 weights_path: Path) -> dict[str, float]:
-    phoneme_ids = _training_phoneme_ids(model, settings.training_sentences, settings.seed)
+    phoneme_ids = _training_phoneme_ids(hooks, model, settings.training_sentences, settings.seed)
     card = {"machine": "pipeline (this machine)", **dataclasses.asdict(settings)}
     summary = hooks.train_student(
         model, phoneme_ids, dict(settings.student), work_dir / "lite_state", weights_path, card,
@@ -129,9 +137,9 @@ def _prepare(args: argparse.Namespace) -> None:
     hooks = distil_hooks(family)
     voice = args.voice or family.default_voice
     model = family.load_teacher(voice, Path(args.cache_dir))
-    phoneme_ids = _training_phoneme_ids(model, args.sentences, args.seed)
-    # Held-out sentences for the quality curve: the eval set, never Harvard (the external test set).
-    eval_ids = [seq.phoneme_ids for text in load_sentences("eval")[: args.eval_sentences]
+    phoneme_ids = _training_phoneme_ids(hooks, model, args.sentences, args.seed)
+    # Held-out sentences for the quality curve: the family's eval set, never Harvard (the external test set).
+    eval_ids = [seq.phoneme_ids for text in load_sentences(hooks.held_out_set)[: args.eval_sentences]
                 for seq in model.text_to_utterances(text)]
     hooks.write_bundle(model, phoneme_ids, Path(args.out), {"voice": voice, "training_text_seed": args.seed,
                                                             "eval_phoneme_ids": eval_ids})

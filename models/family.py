@@ -156,6 +156,10 @@ class DistilHooks:
     train_student: Callable[..., dict]
     write_bundle: Callable[[TTSModel, list, Path, dict], None]  # (teacher, phoneme ids, folder, provenance)
     train_command: str  # the GPU machine's command on such a bundle, "{bundle}" where its folder goes
+    # The named sentence sets (texts.load_sentences) the student trains on and its quality curve is
+    # read on; training None: texts/training_text.py's generated English sentences.
+    training_set: str | None = None
+    held_out_set: str = "eval"
 
 
 @dataclass(frozen=True)

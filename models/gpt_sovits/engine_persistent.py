@@ -15,13 +15,15 @@ barrier between the phases that need the whole previous result:
     ffn2    W_2 hidden + b_2 + LayerNorm 1 output                            -> sum 2
     (after the last layer) logits = W_p LayerNorm 2(sum 2)
 
-so four barriers a layer. With ``fold_ffn`` (the default) the two FFN phases are one: each program
-takes a slice of the hidden units, relu(W_1 . + b_1) for them, then their columns of W_2 times
-that slice: a partial of sum 2 that it adds into the layer's sum with float atomics. Three barriers
-a layer instead of four; the price is that the order of the additions, so the last bits of sum 2
-in float32, varies from run to run. Each program issues the load of its next weight tile *before* it waits
+so four barriers a layer. Each program issues the load of its next weight tile *before* it waits
 at a barrier: weights never depend on the step, so their memory latency hides behind the wait, and
 after the barrier only activations (in L2, written a phase ago) are on the critical path.
+
+``fold_ffn`` (opt-in until an H200 has timed it) makes the two FFN phases one: each program takes
+a slice of the hidden units, relu(W_1 . + b_1) for them, then their columns of W_2 times that
+slice: a partial of sum 2 that it adds into the layer's row of sum 2 with float atomics. Three
+barriers a layer instead of four; the price is that the order of the additions, so the last bits
+of sum 2 in float32, varies from run to run.
 
 A barrier is a counter in global memory: each program adds one (release) and polls until the
 counter reaches ``phase x programs`` (acquire). That needs every program resident at once, so the
@@ -435,7 +437,7 @@ class PersistentT2SEngine(TritonT2SEngine):
     results then vary in their last bits from run to run)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
-                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
+                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = False,
                  **kwargs):
         super().__init__(weights, *args, **kwargs)
         config = self.config

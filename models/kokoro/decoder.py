@@ -120,20 +120,35 @@ def upsample_linear(x: torch.Tensor, scale: int, frame_counts: torch.Tensor) -> 
     return blended.to(x.dtype)
 
 
+def official_stage_channels(config: KokoroConfig) -> tuple[int, ...]:
+    """The official generator's width after each upsampling: halved at every stage."""
+    net = config.istftnet
+    return tuple(net.upsample_initial_channel // 2 ** (i + 1) for i in range(len(net.upsample_rates)))
+
+
 class Generator(nn.Module):
-    def __init__(self, config: KokoroConfig, stft_variant: str = "torch"):
+    """``stage_channels``: the width after each upsampling (None: the official halving). A narrower
+    generator (models/kokoro/generator_student.py) takes the same input, the decoder's
+    ``upsample_initial_channel`` channels, and returns the same spectrum."""
+
+    def __init__(self, config: KokoroConfig, stft_variant: str = "torch",
+                 stage_channels: tuple[int, ...] | None = None):
         super().__init__()
         net, style_dim = config.istftnet, config.style_dim
         self.num_kernels = len(net.resblock_kernel_sizes)
         self.num_upsamples = len(net.upsample_rates)
+        self.stage_channels = tuple(stage_channels or official_stage_channels(config))
+        if len(self.stage_channels) != self.num_upsamples or min(self.stage_channels) < 1:
+            raise ValueError(f"stage_channels {self.stage_channels}: need {self.num_upsamples} positive widths, "
+                             "one per upsampling")
         self.n_fft = net.n_fft
         self.upsample_scale = math.prod(net.upsample_rates) * net.hop_length  # samples per F0 value
         self.m_source = HarmonicSource(config.sample_rate_hz, self.upsample_scale)
         self.ups, self.resblocks = nn.ModuleList(), nn.ModuleList()
         self.noise_convs, self.noise_res = nn.ModuleList(), nn.ModuleList()
+        channels_in = net.upsample_initial_channel
         for i, (rate, kernel) in enumerate(zip(net.upsample_rates, net.upsample_kernel_sizes)):
-            channels_in = net.upsample_initial_channel // 2 ** i
-            channels = net.upsample_initial_channel // 2 ** (i + 1)
+            channels = self.stage_channels[i]
             self.ups.append(nn.ConvTranspose1d(channels_in, channels, kernel, rate, padding=(kernel - rate) // 2))
             for res_kernel, dilations in zip(net.resblock_kernel_sizes, net.resblock_dilation_sizes):
                 self.resblocks.append(AdaINResBlock1(channels, res_kernel, dilations, style_dim))
@@ -144,6 +159,7 @@ class Generator(nn.Module):
             else:
                 self.noise_convs.append(nn.Conv1d(self.n_fft + 2, channels, 1))
                 self.noise_res.append(AdaINResBlock1(channels, 11, (1, 3, 5), style_dim))
+            channels_in = channels
         self.conv_post = nn.Conv1d(channels, self.n_fft + 2, 7, 1, padding=3)
         # The "custom" variant reproduces the official CustomSTFT, rounding-noise phases included.
         self.stft = ConvStft(self.n_fft, net.hop_length, stft_variant,

@@ -1,5 +1,5 @@
 """Kokoro-82M as a registered family: loaders, parts, sampling, the shipped int8 graph as its reference
-runtime, its ONNX graph and its INT8 blocks (hooks it lacks stay None)."""
+runtime, its ONNX graph, its INT8 blocks and its Lite decoder (hooks it lacks stay None)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,6 +13,7 @@ from models.kokoro.quantization import QUANTIZATION
 from models.kokoro.reference_runtime import REFERENCE
 from models.kokoro.release import load_recovered_model, voice_pack
 from models.kokoro.sampling import KokoroSampling
+from models.kokoro.stage_hooks import DISTIL_HOOKS
 from models.kokoro.tiny import tiny_voice
 from models.kokoro.voice import KokoroVoice
 
@@ -38,4 +39,5 @@ FAMILY = Family(
     quantization=QUANTIZATION,  # INT8 of our exported graph (teacher_int8); not the shipped one, already int8
     torch_engine=bucketed_engine,  # serve.torch_engine=cuda_graphs: per-sentence text stage, batched frame stage
     engine_precision=True,  # serve.source=fp16|bf16 on that engine: a half frame stage with float32 islands
+    distil=DISTIL_HOOKS,  # lite: the teacher's decoder with a narrower generator (models/kokoro/generator_student.py)
 )

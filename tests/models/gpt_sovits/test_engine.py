@@ -447,7 +447,7 @@ def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model,
     """On the CPU (a minute a case, so the first two): the fused step's ``DOT`` products (tl.dot,
     LayerNorm statistics chunk by chunk), two rows at once; the wide step (cuBLAS products, the
     attention kernel writing the cache, the add + LayerNorm kernel), two rows at once; the persistent
-    kernel's phase code, one launch per phase, with the FFN as one phase (the default) and as two."""
+    kernel's phase code, one launch per phase, with the FFN as two phases (the default) and as one."""
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
     from models.gpt_sovits.engine_triton import TritonT2SEngine

@@ -1,0 +1,68 @@
+"""What the distillation stage reads from Kokoro's registry entry (models/family.py: DistilHooks):
+the student is the Lite decoder, the teacher's decoder with a narrower generator. Kept apart from
+models/kokoro/generator_student.py, which a GPU machine imports with torch alone.
+
+    python -m compress model=kokoro_ja +experiment=debug_kokoro_lite   # the lite variant and its graphs
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from core.atomic_io import write_text_atomic
+from models.family import DistilHooks
+from models.kokoro.generator_student import (
+    DATASET_FILE,
+    check_student_config,
+    lite_decoder,
+    load_student_generator,
+    train_student,
+    write_dataset,
+)
+
+DECODER = "decoder"
+
+
+def _load_student(voice, weights_path: Path) -> tuple[dict[str, nn.Module], dict]:
+    generator, config = load_student_generator(voice.model.config, weights_path)
+    return {DECODER: lite_decoder(voice.model.decoder, generator)}, config
+
+
+def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, checkpoint_path: Path,
+                   weights_path: Path, card: dict, *, steps: int, lr: float, warmup_steps: int,
+                   final_lr_fraction: float, batch_size: int, segment_frames: int, latent_weight: float,
+                   seed: int) -> dict:
+    """Slice the teacher's generator and train it here toward the teacher generator's audio on
+    ``phoneme_ids`` at three speeds. ``latent_weight`` is not read: the student's input is the
+    teacher's own decode-block output, so there is no latent of its own to match."""
+    checkpoint_path = Path(checkpoint_path)
+    checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+    widths = check_student_config(student_config)
+    dataset = write_dataset(voice, phoneme_ids, checkpoint_path.with_name(DATASET_FILE))
+    return train_student(dataset, widths, checkpoint_path, weights_path, card, steps, lr=lr,
+                         batch_size=batch_size, segment_frames=segment_frames, seed=seed,
+                         warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction)
+
+
+def _write_bundle(voice, phoneme_ids: list[list[int]], out: Path, provenance: dict) -> None:
+    """The teacher's packed generator inputs and its generator (one safetensors file) for ``train``."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_dataset(voice, phoneme_ids, out / DATASET_FILE)
+    write_text_atomic(out / "bundle.json", json.dumps({"family": voice.family, "sentences": len(phoneme_ids),
+                                                       "sample_rate_hz": voice.sample_rate_hz, **provenance}))
+
+
+DISTIL_HOOKS = DistilHooks(
+    student_parts=(DECODER,),
+    check_student_config=check_student_config,
+    load_student=_load_student,
+    train_student=_train_student,
+    write_bundle=_write_bundle,
+    train_command=f"python -m models.kokoro.generator_student train --dataset {{bundle}}/{DATASET_FILE} "
+                  "--steps 20000 --max-steps-this-call 4000 --checkpoint $OUT/lite_ckpt.pt --device cuda "
+                  "--export $OUT/lite_generator.safetensors",
+    training_set="calibration_ja",  # Japanese voices: the generated training text is English
+    held_out_set="eval_ja",
+)

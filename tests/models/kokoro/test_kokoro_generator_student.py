@@ -1,0 +1,175 @@
+"""Kokoro's Lite decoder (models/kokoro/generator_student.py) on the tiny architecture: slicing the
+teacher's generator, the packed training form, the dataset file, training and loading."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from models.kokoro.decoder import Generator
+from models.kokoro.generator_student import (
+    PackedGenerator,
+    build_packed_generator,
+    check_student_config,
+    export_student,
+    generator_inputs,
+    lite_decoder,
+    load_student_generator,
+    slice_generator,
+    train_student,
+    write_dataset,
+)
+from models.kokoro.tiny import tiny_voice
+from models.training.decoder_training import LatentDataset
+
+SEGMENT = 100  # columns: 1,200 samples at the tiny generator's 12 a column, past the loss's 2,048-point STFT pad
+
+
+@pytest.fixture(scope="module")
+def voice():
+    return tiny_voice(0)
+
+
+def _generator_call(voice, generator: Generator, frames: int = 12, seed: int = 1) -> torch.Tensor:
+    """One random generator input through ``generator`` (noise off)."""
+    config = voice.model.config
+    torch.manual_seed(seed)
+    x = torch.randn(2, config.istftnet.upsample_initial_channel, frames)
+    style = torch.randn(2, config.style_dim)
+    f0 = 120 + 80 * torch.rand(2, frames)
+    with torch.no_grad():
+        return generator(x, style, f0)
+
+
+def test_slicing_to_the_teacher_width_computes_what_the_teacher_does(voice):
+    teacher = voice.model.decoder.generator
+    same = slice_generator(teacher, teacher.stage_channels)
+    torch.testing.assert_close(_generator_call(voice, same), _generator_call(voice, teacher), rtol=0, atol=1e-6)
+
+
+def test_a_narrower_slice_keeps_the_most_important_channels_and_the_output_shape(voice):
+    teacher = voice.model.decoder.generator
+    narrow = slice_generator(teacher, (4, 2))
+    assert narrow.stage_channels == (4, 2)
+    assert narrow.ups[0].weight.shape[1] == 4 and narrow.ups[1].weight.shape[:2] == (4, 2)
+    assert narrow.conv_post.weight.shape[1] == 2
+    assert sum(p.numel() for p in narrow.parameters()) < sum(p.numel() for p in teacher.parameters()) / 2
+    expected = _generator_call(voice, teacher)
+    got = _generator_call(voice, narrow)
+    assert got.shape == expected.shape and torch.isfinite(got).all()
+    # A plain Generator of those widths loads the sliced weights (what a student file holds).
+    rebuilt = Generator(voice.model.config, stage_channels=(4, 2))
+    rebuilt.load_state_dict(narrow.state_dict(), strict=True)
+    torch.testing.assert_close(_generator_call(voice, rebuilt), got, rtol=0, atol=0)
+
+
+def test_bad_student_configs_and_widths_are_refused(voice):
+    teacher = voice.model.decoder.generator
+    with pytest.raises(ValueError, match="unknown keys"):
+        check_student_config({"stage_channel": [4, 2]})
+    with pytest.raises(ValueError, match="positive integers"):
+        check_student_config({"stage_channels": [4, 0]})
+    with pytest.raises(ValueError, match="wider than"):
+        slice_generator(teacher, (64, 2))
+    with pytest.raises(ValueError, match="2 stages"):
+        slice_generator(teacher, (4,))
+
+
+def test_the_packed_form_gives_the_generator_its_own_output(voice):
+    generator = voice.model.decoder.generator
+    ids = voice.text_to_utterances("A short test sentence.")[0].phoneme_ids
+    packed = generator_inputs(voice.model, [ids], voice.style_row, speeds=(1.0,))[0]  # (U + S + 1, 2F)
+    config = voice.model.config
+    assert packed.shape[0] == config.istftnet.upsample_initial_channel + config.style_dim + 1
+    with torch.no_grad():
+        audio = PackedGenerator(generator, config.istftnet.upsample_initial_channel)(packed.unsqueeze(0))
+        request_audio = voice.model.forward_with_tokens(torch.tensor([list(ids)]), voice.style_row(len(ids) - 2)).audio
+    assert audio.shape[-1] == packed.shape[-1] * generator.upsample_scale
+    torch.testing.assert_close(audio.reshape(-1), request_audio.reshape(-1), rtol=0, atol=1e-5)
+
+
+def test_dataset_round_trip_training_and_loading(voice, tmp_path):
+    texts = ("The first training sentence is here, and it runs on for a while before it stops.",
+             "And a second, longer one follows it now, with several more words to make it long enough.")
+    ids = [u.phoneme_ids for text in texts for u in voice.text_to_utterances(text)]
+    path = tmp_path / "generator_inputs.safetensors"
+    written = write_dataset(voice, ids, path, speeds=(0.9, 1.1))
+    loaded = LatentDataset.load(path, build_packed_generator)
+    assert len(loaded.latents) == 4 and loaded.hop_length == voice.model.decoder.generator.upsample_scale
+    for a, b in zip(written.latents, loaded.latents):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)  # stored as float16
+    weights = tmp_path / "lite_generator.safetensors"
+    summary = train_student(loaded, (4, 2), tmp_path / "ckpt.pt", weights, {"note": "test"}, steps=6,
+                            lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0)
+    assert summary["done"] and summary["step"] == 6 and weights.is_file()
+    generator, config = load_student_generator(voice.model.config, weights)
+    assert config == {"kind": "kokoro_generator", "stage_channels": [4, 2]} and generator.stage_channels == (4, 2)
+    decoder = lite_decoder(voice.model.decoder, generator)
+    assert decoder.generator is generator and voice.model.decoder.generator is not generator
+    # Resuming past the end trains no more steps and keeps the file.
+    again = train_student(loaded, (4, 2), tmp_path / "ckpt.pt", weights, {}, steps=6, batch_size=2,
+                          segment_frames=SEGMENT, log_every=0)
+    assert again["steps_this_call"] == 0
+
+
+def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
+    path = tmp_path / "plain.safetensors"
+    export_student(voice.model.decoder.generator, path, {})
+    generator, config = load_student_generator(voice.model.config, path)  # the teacher's own widths load
+    assert tuple(config["stage_channels"]) == voice.model.decoder.generator.stage_channels
+    from safetensors.torch import save_file
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="student_config"):
+        load_student_generator(voice.model.config, tmp_path / "other.safetensors")
+    assert json.loads(json.dumps(config)) == config
+
+
+def test_the_distil_stage_builds_the_lite_decoder_and_reloads_it(voice, tmp_path):
+    """compress/distil.py on the tiny voice, through Kokoro's hooks (their training set swapped for the
+    English calibration set: the tiny voice's frontend is English): the student replaces the
+    decoder's generator only, keeps the durations, trains, and the saved student is reloaded."""
+    import dataclasses
+
+    from compress.distil import DistilSettings
+    from compress.distil import build as build_lite
+    from compress.variants import StageContext, Variant
+    from evaluate.memory import parameter_count, state_dict_size_mb
+    from models.interface import SynthesisRequest
+    from models.kokoro.family import FAMILY
+
+    family = dataclasses.replace(FAMILY, distil=dataclasses.replace(FAMILY.distil, training_set="calibration"))
+    teacher = Variant("teacher", voice, "torch", "cpu", parameter_count(voice) / 1e6, state_dict_size_mb(voice))
+    context = StageContext(calibration_sequences=[], work_dir=tmp_path, cpu_threads=1, cache_dir=tmp_path,
+                           family=family, voice="random")
+    settings = DistilSettings(checkpoint=None, student={"stage_channels": [4, 2]}, train_steps=2, lr=1e-3,
+                              warmup_steps=1, batch_size=2, segment_frames=SEGMENT, training_sentences=6)
+    settings.check_family(family)
+    lite = build_lite(teacher, settings, context)
+    assert lite.stage_metrics["distil_steps"] == 2
+    assert lite.stage_metrics["decoder_params_after"] < lite.stage_metrics["decoder_params_before"]
+    assert lite.model.model.decoder.generator.stage_channels == (4, 2)
+    assert lite.model.model.decoder.encode is not voice.model.decoder.encode  # a copy: the teacher is untouched
+    assert voice.model.decoder.generator.stage_channels != (4, 2)
+    request = SynthesisRequest.from_utterances(voice.text_to_utterances("A sentence to speak."))
+    before, after = voice.synthesize(request), lite.model.synthesize(request)
+    assert torch.equal(after.durations, before.durations) and after.audio.shape == before.audio.shape
+    reloaded = build_lite(teacher, settings, context)  # the saved student, not retrained
+    assert "distil_steps" not in reloaded.stage_metrics
+    assert torch.equal(reloaded.model.synthesize(request).audio, after.audio)
+
+
+def test_distillation_never_trains_on_a_held_out_set(voice):
+    import dataclasses
+
+    from compress.distil import _training_phoneme_ids
+    from core.config import ConfigError
+    from models.kokoro.family import FAMILY
+
+    assert FAMILY.distil.training_set == "calibration_ja" and FAMILY.distil.held_out_set == "eval_ja"
+    for held_out in ("eval", "eval_ja", "harvard"):
+        with pytest.raises(ConfigError, match="held out"):
+            _training_phoneme_ids(dataclasses.replace(FAMILY.distil, training_set=held_out), voice, 4, 0)
+    with pytest.raises(ValueError, match="unknown keys"):
+        from compress.distil import DistilSettings
+        DistilSettings(checkpoint=None, student={"width": 3}, train_steps=1).check_family(FAMILY)
