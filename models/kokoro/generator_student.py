@@ -16,8 +16,11 @@ audio for the same segment. Here (the teacher's text side on the CPU, seconds a 
 
 There (torch, numpy and safetensors only), in bounded chunks that resume from the checkpoint:
 
-    python -m models.kokoro.generator_student train --dataset .device/distil/generator_inputs.safetensors \
+    python -m models.kokoro.generator_student train --dataset .device/distil/generator_inputs-*.safetensors \
         --steps 20000 --checkpoint $OUT/lite_ckpt.pt --device cuda --export $OUT/lite_generator.safetensors
+
+The dataset comes in shards of at most 60 MiB (a GPU call carries 64 MiB; a warm machine keeps what
+earlier calls carried), the teacher generator (float16) in the first.
 
 A student config is JSON: ``{"kind": "kokoro_generator", "stage_channels": [128, 64]}``.
 """
@@ -43,7 +46,7 @@ from models.training.decoder_training import LatentDataset, SegmentSampler, trai
 
 STUDENT_KIND = "kokoro_generator"
 DEFAULT_STAGE_CHANNELS = (128, 64)  # 2.1x the shipped int8 graph's speed on a 2-core CPU (untrained weights)
-DATASET_FILE = "generator_inputs.safetensors"
+DATASET_STEM = "generator_inputs"  # shards <stem>-000.safetensors, ... (the teacher in the first)
 
 
 # ---------------------------------------------------------------- student configs
@@ -221,15 +224,13 @@ def generator_inputs(model, phoneme_ids: Sequence[Sequence[int]], style_of, spee
     return packed
 
 
-def write_dataset(voice, phoneme_ids: Sequence[Sequence[int]], path: Path, speeds: Sequence[float] = (0.9, 1.0, 1.1)) -> LatentDataset:
-    """The teacher voice's packed generator inputs for ``phoneme_ids`` and its generator, in one file."""
+def teacher_dataset(voice, phoneme_ids: Sequence[Sequence[int]], speeds: Sequence[float] = (0.9, 1.0, 1.1)) -> LatentDataset:
+    """The teacher voice's packed generator inputs for ``phoneme_ids`` at ``speeds``, and its generator."""
     model = voice.model
     teacher = PackedGenerator(model.decoder.generator, model.config.istftnet.upsample_initial_channel)
-    dataset = LatentDataset(generator_inputs(model, phoneme_ids, voice.style_row, speeds), teacher,
-                            dataset_generator_config(model.config, model.decoder.generator.stage_channels),
-                            hop_length=teacher.generator.upsample_scale, sample_rate_hz=model.config.sample_rate_hz)
-    dataset.save(Path(path))
-    return dataset
+    return LatentDataset(generator_inputs(model, phoneme_ids, voice.style_row, speeds), teacher,
+                         dataset_generator_config(model.config, model.decoder.generator.stage_channels),
+                         hop_length=teacher.generator.upsample_scale, sample_rate_hz=model.config.sample_rate_hz)
 
 
 # ---------------------------------------------------------------- training and loading

@@ -14,12 +14,12 @@ from torch import nn
 from core.atomic_io import write_text_atomic
 from models.family import DistilHooks
 from models.kokoro.generator_student import (
-    DATASET_FILE,
+    DATASET_STEM,
     check_student_config,
     lite_decoder,
     load_student_generator,
+    teacher_dataset,
     train_student,
-    write_dataset,
 )
 
 DECODER = "decoder"
@@ -40,16 +40,16 @@ def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, ch
     checkpoint_path = Path(checkpoint_path)
     checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     widths = check_student_config(student_config)
-    dataset = write_dataset(voice, phoneme_ids, checkpoint_path.with_name(DATASET_FILE))
+    dataset = teacher_dataset(voice, phoneme_ids)  # seconds a sentence, the same on a resume
     return train_student(dataset, widths, checkpoint_path, weights_path, card, steps, lr=lr,
                          batch_size=batch_size, segment_frames=segment_frames, seed=seed,
                          warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction)
 
 
 def _write_bundle(voice, phoneme_ids: list[list[int]], out: Path, provenance: dict) -> None:
-    """The teacher's packed generator inputs and its generator (one safetensors file) for ``train``."""
+    """The teacher's packed generator inputs and its generator, in shards a GPU call can carry, for ``train``."""
     out.mkdir(parents=True, exist_ok=True)
-    write_dataset(voice, phoneme_ids, out / DATASET_FILE)
+    teacher_dataset(voice, phoneme_ids).save_shards(out, DATASET_STEM)
     write_text_atomic(out / "bundle.json", json.dumps({"family": voice.family, "sentences": len(phoneme_ids),
                                                        "sample_rate_hz": voice.sample_rate_hz, **provenance}))
 
@@ -60,7 +60,7 @@ DISTIL_HOOKS = DistilHooks(
     load_student=_load_student,
     train_student=_train_student,
     write_bundle=_write_bundle,
-    train_command=f"python -m models.kokoro.generator_student train --dataset {{bundle}}/{DATASET_FILE} "
+    train_command=f"python -m models.kokoro.generator_student train --dataset {{bundle}}/{DATASET_STEM}-*.safetensors "
                   "--steps 20000 --max-steps-this-call 4000 --checkpoint $OUT/lite_ckpt.pt --device cuda "
                   "--export $OUT/lite_generator.safetensors",
     training_set="calibration_ja",  # Japanese voices: the generated training text is English

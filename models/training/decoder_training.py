@@ -48,22 +48,49 @@ class LatentDataset:
     def total_frames(self) -> int:
         return sum(z.shape[1] for z in self.latents)
 
-    def save(self, path: Path, dtype: torch.dtype = torch.float16) -> None:
+    def save(self, path: Path, dtype: torch.dtype = torch.float16, latents: slice = slice(None),
+             teacher_dtype: torch.dtype | None = torch.float32) -> None:
         """One safetensors file: latents concatenated along time, frame lengths, teacher decoder.
 
         float16 latents halve the file (a GPU call carries at most 64 MiB); the teacher decodes
         the same rounded latents the student sees, so the rounding costs the targets nothing. The
-        teacher decoder stays float32 (6.7 MB for the medium voice).
+        teacher decoder stays float32 (6.7 MB for the medium voice) unless ``teacher_dtype`` says
+        otherwise; None leaves it out (a shard after the first, ``save_shards``). ``latents``: which
+        utterances go in.
         """
+        chosen = self.latents[latents]
         tensors = {
-            "z": torch.cat(self.latents, dim=1).to(dtype).contiguous(),  # (C_lat, sum T_frames)
-            "frame_lengths": torch.tensor([z.shape[1] for z in self.latents], dtype=torch.int64),
+            "z": torch.cat(chosen, dim=1).to(dtype).contiguous(),  # (C_lat, sum T_frames)
+            "frame_lengths": torch.tensor([z.shape[1] for z in chosen], dtype=torch.int64),
         }
-        tensors |= {f"{TEACHER_PREFIX}{k}": v.detach().float().cpu().contiguous()
-                    for k, v in self.teacher_decoder.state_dict().items()}
+        if teacher_dtype is not None:
+            tensors |= {f"{TEACHER_PREFIX}{k}": v.detach().to(teacher_dtype).cpu().contiguous()
+                        for k, v in self.teacher_decoder.state_dict().items()}
         metadata = {"hop_length": str(self.hop_length), "sample_rate_hz": str(self.sample_rate_hz),
                     "teacher_decoder_config": json.dumps(self.teacher_decoder_config)}
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+    def save_shards(self, folder: Path, stem: str, max_mib: float = 60.0,
+                    dtype: torch.dtype = torch.float16) -> list[Path]:
+        """Files of at most about ``max_mib`` each, for GPU calls that carry 64 MiB at most: the
+        teacher (in float16) in the first only, the utterances in order across all. ``load`` takes
+        them back together."""
+        folder.mkdir(parents=True, exist_ok=True)
+        limit = max_mib * 2**20
+        teacher_bytes = sum(v.numel() * 2 for v in self.teacher_decoder.state_dict().values())
+        if teacher_bytes >= limit:
+            raise ValueError(f"the teacher alone is {teacher_bytes / 2**20:.1f} MiB: over max_mib={max_mib}")
+        element = torch.finfo(dtype).bits // 8
+        paths, start, used = [], 0, teacher_bytes
+        for index, z in enumerate(self.latents + [None]):
+            size = 0 if z is None else z.numel() * element
+            if z is None or (used + size > limit and index > start):
+                path = folder / f"{stem}-{len(paths):03d}.safetensors"
+                self.save(path, dtype, slice(start, index), torch.float16 if not paths else None)
+                paths.append(path)
+                start, used = index, 0
+            used += size
+        return paths
 
     @classmethod
     def load(cls, paths: Path | Sequence[Path], build_decoder: Callable[[dict], nn.Module]) -> "LatentDataset":
@@ -78,14 +105,19 @@ class LatentDataset:
                 shard_metadata = handle.metadata()
             tensors = load_file(str(path))
             shard_teacher = {k[len(TEACHER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TEACHER_PREFIX)}
-            if metadata is not None and (shard_metadata != metadata or any(
+            if metadata is not None and shard_metadata != metadata:
+                raise ValueError(f"dataset shard {path} comes from another teacher than {paths[0]}")
+            if shard_teacher and teacher_state is not None and (shard_teacher.keys() != teacher_state.keys() or any(
                     not torch.equal(v, teacher_state[k]) for k, v in shard_teacher.items())):
                 raise ValueError(f"dataset shard {path} comes from another teacher than {paths[0]}")
-            metadata, teacher_state = shard_metadata, shard_teacher
+            metadata = shard_metadata
+            teacher_state = teacher_state or shard_teacher or None  # save_shards: the first shard holds it
             latents += list(torch.split(tensors["z"].float(), tensors["frame_lengths"].tolist(), dim=1))
+        if teacher_state is None:
+            raise ValueError(f"no teacher decoder weights in {[str(p) for p in paths]}: give the first shard too")
         config = json.loads(metadata["teacher_decoder_config"])
         teacher_decoder = build_decoder(config)
-        teacher_decoder.load_state_dict(teacher_state, strict=True)
+        teacher_decoder.load_state_dict({k: v.float() for k, v in teacher_state.items()}, strict=True)
         return cls(latents, teacher_decoder.eval().requires_grad_(False), config,
                    int(metadata["hop_length"]), int(metadata["sample_rate_hz"]))
 

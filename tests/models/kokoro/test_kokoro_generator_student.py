@@ -17,8 +17,8 @@ from models.kokoro.generator_student import (
     lite_decoder,
     load_student_generator,
     slice_generator,
+    teacher_dataset,
     train_student,
-    write_dataset,
 )
 from models.kokoro.tiny import tiny_voice
 from models.training.decoder_training import LatentDataset
@@ -93,9 +93,10 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
     texts = ("The first training sentence is here, and it runs on for a while before it stops.",
              "And a second, longer one follows it now, with several more words to make it long enough.")
     ids = [u.phoneme_ids for text in texts for u in voice.text_to_utterances(text)]
-    path = tmp_path / "generator_inputs.safetensors"
-    written = write_dataset(voice, ids, path, speeds=(0.9, 1.1))
-    loaded = LatentDataset.load(path, build_packed_generator)
+    written = teacher_dataset(voice, ids, speeds=(0.9, 1.1))
+    paths = written.save_shards(tmp_path, "generator_inputs", max_mib=0.3)  # the tiny teacher is 0.1 MiB
+    assert len(paths) > 1
+    loaded = LatentDataset.load(paths, build_packed_generator)
     assert len(loaded.latents) == 4 and loaded.hop_length == voice.model.decoder.generator.upsample_scale
     for a, b in zip(written.latents, loaded.latents):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)  # stored as float16

@@ -1,0 +1,54 @@
+"""LatentDataset files (models/training/decoder_training.py): one file, or shards that fit a GPU
+call, the teacher's weights in the first shard only."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models.training.decoder_training import LatentDataset
+
+
+def _build(config: dict) -> nn.Module:
+    return nn.ConvTranspose1d(config["channels"], 1, config["hop"], config["hop"])
+
+
+def _dataset(utterances: int = 7) -> LatentDataset:
+    torch.manual_seed(0)
+    teacher = _build({"channels": 64, "hop": 4})
+    latents = [torch.randn(64, 200 + 37 * i) for i in range(utterances)]
+    return LatentDataset(latents, teacher, {"channels": 64, "hop": 4}, hop_length=4, sample_rate_hz=16000)
+
+
+def test_shards_stay_under_the_limit_and_load_back_as_one_dataset(tmp_path):
+    dataset = _dataset()
+    paths = dataset.save_shards(tmp_path, "latents", max_mib=0.1)
+    assert len(paths) > 2
+    assert all(path.stat().st_size < 0.1 * 2**20 + 4096 for path in paths)  # + the header
+    loaded = LatentDataset.load(paths, _build)
+    assert [z.shape for z in loaded.latents] == [z.shape for z in dataset.latents]
+    for ours, theirs in zip(loaded.latents, dataset.latents):
+        torch.testing.assert_close(ours, theirs.half().float(), rtol=0, atol=0)
+    for name, weight in dataset.teacher_decoder.state_dict().items():  # float16-rounded in the shards
+        torch.testing.assert_close(loaded.teacher_decoder.state_dict()[name], weight.half().float(), rtol=0, atol=0)
+
+
+def test_shards_without_the_teacher_or_from_another_teacher_are_refused(tmp_path):
+    paths = _dataset().save_shards(tmp_path / "a", "latents", max_mib=0.1)
+    with pytest.raises(ValueError, match="first shard"):
+        LatentDataset.load(paths[1:], _build)
+    other = _dataset()
+    with torch.no_grad():
+        other.teacher_decoder.weight.add_(1.0)
+    other_paths = other.save_shards(tmp_path / "b", "latents", max_mib=0.1)
+    with pytest.raises(ValueError, match="another teacher"):
+        LatentDataset.load([paths[0], other_paths[0]], _build)
+    with pytest.raises(ValueError, match="over max_mib"):
+        _dataset().save_shards(tmp_path / "c", "latents", max_mib=0.0001)  # 105 bytes: the teacher is 514
+
+
+def test_one_file_keeps_the_float32_teacher(tmp_path):
+    dataset = _dataset(3)
+    dataset.save(tmp_path / "one.safetensors")
+    loaded = LatentDataset.load(tmp_path / "one.safetensors", _build)
+    torch.testing.assert_close(loaded.teacher_decoder.weight, dataset.teacher_decoder.weight, rtol=0, atol=0)
