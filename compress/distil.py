@@ -28,7 +28,7 @@ from core.paths import DEFAULT_CACHE_DIR
 from evaluate.memory import parameter_count, state_dict_size_mb
 from models.family import DistilHooks, Family
 from models.registry import FAMILIES, get_family
-from texts import load_sentences
+from texts import NAMED_SETS, load_sentences
 from texts.training_text import generate_training_sentences
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -105,10 +105,16 @@ def build(teacher: Variant, settings: DistilSettings, ctx: StageContext) -> Vari
                    artifacts={"lite_weights": weights_path}, trained_weights=(weights_path,))
 
 
+def _set_path(name_or_path: str) -> Path:
+    """A sentence set's file, so a set is recognised by name or by path."""
+    return Path(NAMED_SETS.get(name_or_path, name_or_path)).resolve()
+
+
 def _training_phoneme_ids(hooks: DistilHooks, model, count: int, seed: int) -> list[list[int]]:
     """The family's training sentences (its named set, else the generated English ones) as phoneme ids."""
     if hooks.training_set is not None:
-        if hooks.training_set in HELD_OUT_SETS:
+        held_out = {_set_path(name) for name in (*HELD_OUT_SETS, hooks.held_out_set)}
+        if _set_path(hooks.training_set) in held_out:
             raise ConfigError(f"the family's distillation set {hooks.training_set!r} is held out for evaluation")
         sentences = load_sentences(hooks.training_set)[:count]
     else:

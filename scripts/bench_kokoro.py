@@ -24,6 +24,8 @@ recovered from the int8 graph and the voice pack are read from this machine's ca
 
     # the model's FLOPs per second of audio (any device, no timing): what an RTF target asks of a GPU
     PYTHONPATH=. python scripts/bench_kokoro.py --device cpu --random-weights --count-flops
+    # any of these with the Lite decoder's generator widths (models/kokoro/generator_student.py)
+    PYTHONPATH=. python scripts/bench_kokoro.py --device cpu --random-weights --count-flops --lite-stage-channels 128 64
 
 ``--engines`` times the bucketed engine (FP32 text stage per exact shape, frame stage per frame
 bucket in FP32 or FP16 with FP32 islands, each a CUDA graph) against the eager model, both with
@@ -50,6 +52,7 @@ from core.publishing import add_allow_dirty_argument, print_and_save_report, pub
 from models.kokoro.checkpoint import load_model_state
 from models.kokoro.config import KokoroConfig
 from models.kokoro.engines import BucketedEngine
+from models.kokoro.generator_student import slice_generator
 from models.kokoro.model import KokoroModel
 from models.kokoro.shards import read_shards
 
@@ -309,6 +312,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--lite-stage-channels", type=int, nargs="+", default=None,
+                        help="the Lite decoder: the generator sliced to these stage widths (official 256 128) from "
+                             "the loaded weights, untrained (timing and FLOPs only)")
     parser.add_argument("--random-weights", action="store_true",
                         help="full-size random weights and fixed durations: timing only, no shards needed")
     parser.add_argument("--engines", action="store_true", help="CUDA: time the bucketed engine against eager")
@@ -339,6 +345,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         state, style_pack = load_inputs(args.weights, args.voice)
         model = load_model_state(KokoroModel(config), state)
+    if args.lite_stage_channels:
+        model.decoder.generator = slice_generator(model.decoder.generator, args.lite_stage_channels).eval()
     if args.count_flops:
         results = count_flops(model, style_pack, config)
     elif args.engines:
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         results = bench_cuda(model, style_pack, config, args.batches, args.repeats)
     report = {"device": args.device, "machine": platform.node(), "provenance": origin, "voice": args.voice,
               "sentences": len(PHONEMES_JA), "weights": "random (timing only)" if args.random_weights else str(args.weights or "recovered cache (float32)"),
-              "torch": torch.__version__, **results}
+              "lite_stage_channels": args.lite_stage_channels, "torch": torch.__version__, **results}
     print_and_save_report(report, args.out)
 
 

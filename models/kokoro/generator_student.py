@@ -237,19 +237,19 @@ def teacher_dataset(voice, phoneme_ids: Sequence[Sequence[int]], speeds: Sequenc
 
 
 def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpoint: Path, weights_path: Path,
-                  card: dict, steps: int, lr: float = 2e-4, batch_size: int = 8, segment_frames: int = 32,
-                  seed: int = 0, device: str = "cpu", warmup_steps: int = 0, final_lr_fraction: float = 1.0,
+                  card: dict, steps: int, lr: float = 5e-4, batch_size: int = 4, segment_frames: int = 32,
+                  seed: int = 0, device: str = "cpu", warmup_steps: int = 50, final_lr_fraction: float = 0.1,
                   max_steps_this_call: int | None = None, log_every: int = 50) -> dict:
     """Slice the dataset's teacher generator to ``stage_channels`` and train it toward the teacher's
-    audio (resumes from ``checkpoint``); when the schedule ends, write the student's weights and
-    config (with ``card``) to ``weights_path``."""
+    audio (resumes from ``checkpoint``); when the schedule ends in this call (or no file is there
+    yet), write the student's weights and config (with ``card``) to ``weights_path``."""
     teacher = dataset.teacher_decoder
     student = PackedGenerator(slice_generator(teacher.generator, stage_channels), teacher.input_channels)
     sampler = SegmentSampler(dataset, batch_size, segment_frames, seed, device)
     summary = train_decoder(student, sampler, steps, lr, Path(checkpoint), device=device, log_every=log_every,
                             max_steps_this_call=max_steps_this_call, warmup_steps=warmup_steps,
                             final_lr_fraction=final_lr_fraction)
-    if summary["done"]:
+    if summary["done"] and (summary["steps_this_call"] > 0 or not Path(weights_path).is_file()):
         export_student(student.generator, weights_path, card)
     return summary
 
@@ -273,10 +273,9 @@ def load_student_generator(model_config: KokoroConfig, path: Path) -> tuple[Gene
 
 
 def lite_decoder(teacher_decoder: Decoder, generator: Generator) -> Decoder:
-    """The teacher's decoder (text-side blocks shared in a copy) with ``generator`` in its place."""
-    decoder = copy.deepcopy(teacher_decoder)
-    decoder.generator = generator
-    return decoder
+    """A copy of the teacher's decoder with ``generator`` in its generator's place (the memo makes
+    the copy take the student as it is, instead of copying the teacher's generator to drop it)."""
+    return copy.deepcopy(teacher_decoder, memo={id(teacher_decoder.generator): generator})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -287,10 +286,11 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--stage-channels", type=int, nargs="+", default=list(DEFAULT_STAGE_CHANNELS))
     train.add_argument("--steps", type=int, required=True, help="the whole schedule's steps")
     train.add_argument("--max-steps-this-call", type=int, default=None)
-    train.add_argument("--lr", type=float, default=2e-4)
-    train.add_argument("--warmup-steps", type=int, default=0)
-    train.add_argument("--final-lr-fraction", type=float, default=1.0)
-    train.add_argument("--batch-size", type=int, default=8)
+    # Defaults: conf/stages/family/kokoro.yaml's recipe (from the teacher's own channels, not from scratch).
+    train.add_argument("--lr", type=float, default=5e-4)
+    train.add_argument("--warmup-steps", type=int, default=50)
+    train.add_argument("--final-lr-fraction", type=float, default=0.1)
+    train.add_argument("--batch-size", type=int, default=4)
     train.add_argument("--segment-frames", type=int, default=32, help="F0 values per segment (300 samples each)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--device", default="cpu")
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     dataset = LatentDataset.load(args.dataset, build_packed_generator)
     check_student_config({"stage_channels": args.stage_channels})
-    card = {"dataset": [str(p) for p in args.dataset], "steps": args.steps, "lr": args.lr,
+    card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
+            "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,
             "batch_size": args.batch_size, "segment_frames": args.segment_frames, "seed": args.seed,
             "device": args.device, "trained_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     summary = train_student(dataset, args.stage_channels, args.checkpoint, args.export, card, args.steps,

@@ -40,6 +40,10 @@ def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, ch
     checkpoint_path = Path(checkpoint_path)
     checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     widths = check_student_config(student_config)
+    teacher_widths = voice.model.decoder.generator.stage_channels
+    if len(widths) != len(teacher_widths) or any(w > t for w, t in zip(widths, teacher_widths)):
+        raise ValueError(f"stage_channels {list(widths)}: need one width per stage, each at most the teacher's "
+                         f"{list(teacher_widths)}")
     dataset = teacher_dataset(voice, phoneme_ids)  # seconds a sentence, the same on a resume
     return train_student(dataset, widths, checkpoint_path, weights_path, card, steps, lr=lr,
                          batch_size=batch_size, segment_frames=segment_frames, seed=seed,
@@ -60,9 +64,11 @@ DISTIL_HOOKS = DistilHooks(
     load_student=_load_student,
     train_student=_train_student,
     write_bundle=_write_bundle,
+    # The CLI's defaults are the recipe of conf/stages/family/kokoro.yaml (lr, warm-up, decay,
+    # batch, segment), here with the GPU's longer schedule.
     train_command=f"python -m models.kokoro.generator_student train --dataset {{bundle}}/{DATASET_STEM}-*.safetensors "
-                  "--steps 20000 --max-steps-this-call 4000 --checkpoint $OUT/lite_ckpt.pt --device cuda "
-                  "--export $OUT/lite_generator.safetensors",
+                  "--stage-channels 128 64 --steps 20000 --max-steps-this-call 4000 --batch-size 16 "
+                  "--checkpoint $OUT/lite_ckpt.pt --device cuda --export $OUT/lite_generator.safetensors",
     training_set="calibration_ja",  # Japanese voices: the generated training text is English
     held_out_set="eval_ja",
 )

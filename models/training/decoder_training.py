@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,78 +49,110 @@ class LatentDataset:
     def total_frames(self) -> int:
         return sum(z.shape[1] for z in self.latents)
 
-    def save(self, path: Path, dtype: torch.dtype = torch.float16, latents: slice = slice(None),
-             teacher_dtype: torch.dtype | None = torch.float32) -> None:
+    def save(self, path: Path, dtype: torch.dtype = torch.float16, utterances: slice = slice(None),
+             teacher_dtype: torch.dtype | None = torch.float32, shard: tuple[int, int, str] | None = None) -> None:
         """One safetensors file: latents concatenated along time, frame lengths, teacher decoder.
 
         float16 latents halve the file (a GPU call carries at most 64 MiB); the teacher decodes
         the same rounded latents the student sees, so the rounding costs the targets nothing. The
         teacher decoder stays float32 (6.7 MB for the medium voice) unless ``teacher_dtype`` says
-        otherwise; None leaves it out (a shard after the first, ``save_shards``). ``latents``: which
-        utterances go in.
+        otherwise (its floating-point tensors only); None leaves it out. ``utterances``: which go
+        in; ``shard``: (index, count, dataset id) of a file ``save_shards`` writes.
         """
-        chosen = self.latents[latents]
+        chosen = self.latents[utterances]
+        if not chosen:
+            raise ValueError(f"no utterances to save in {path}")
         tensors = {
             "z": torch.cat(chosen, dim=1).to(dtype).contiguous(),  # (C_lat, sum T_frames)
             "frame_lengths": torch.tensor([z.shape[1] for z in chosen], dtype=torch.int64),
         }
         if teacher_dtype is not None:
-            tensors |= {f"{TEACHER_PREFIX}{k}": v.detach().to(teacher_dtype).cpu().contiguous()
-                        for k, v in self.teacher_decoder.state_dict().items()}
+            tensors |= {f"{TEACHER_PREFIX}{k}": (v.detach().to(teacher_dtype) if v.is_floating_point() else v.detach())
+                        .cpu().contiguous() for k, v in self.teacher_decoder.state_dict().items()}
         metadata = {"hop_length": str(self.hop_length), "sample_rate_hz": str(self.sample_rate_hz),
                     "teacher_decoder_config": json.dumps(self.teacher_decoder_config)}
+        if shard is not None:
+            metadata |= {"shard_index": str(shard[0]), "shard_count": str(shard[1]), "dataset_id": shard[2]}
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
-    def save_shards(self, folder: Path, stem: str, max_mib: float = 60.0,
-                    dtype: torch.dtype = torch.float16) -> list[Path]:
-        """Files of at most about ``max_mib`` each, for GPU calls that carry 64 MiB at most: the
-        teacher (in float16) in the first only, the utterances in order across all. ``load`` takes
-        them back together."""
-        folder.mkdir(parents=True, exist_ok=True)
+    def save_shards(self, folder: Path, stem: str, max_mib: float = 60.0, dtype: torch.dtype = torch.float16,
+                    teacher_dtype: torch.dtype = torch.float16) -> list[Path]:
+        """``<stem>-000.safetensors``, ... of at most ``max_mib`` of tensors each, for GPU calls that
+        carry 64 MiB at most: the teacher in the first only, the utterances in order across all.
+        Earlier shards of ``stem`` in ``folder`` are removed first; ``load`` wants every shard of one
+        writing (each names its index, the count and the writing's id)."""
+        if not self.latents:
+            raise ValueError("the dataset has no utterances")
         limit = max_mib * 2**20
-        teacher_bytes = sum(v.numel() * 2 for v in self.teacher_decoder.state_dict().values())
-        if teacher_bytes >= limit:
-            raise ValueError(f"the teacher alone is {teacher_bytes / 2**20:.1f} MiB: over max_mib={max_mib}")
-        element = torch.finfo(dtype).bits // 8
-        paths, start, used = [], 0, teacher_bytes
-        for index, z in enumerate(self.latents + [None]):
-            size = 0 if z is None else z.numel() * element
-            if z is None or (used + size > limit and index > start):
-                path = folder / f"{stem}-{len(paths):03d}.safetensors"
-                self.save(path, dtype, slice(start, index), torch.float16 if not paths else None)
-                paths.append(path)
+        teacher_bytes = sum(v.numel() * (teacher_dtype.itemsize if v.is_floating_point() else v.element_size())
+                            for v in self.teacher_decoder.state_dict().values())
+        sizes = [z.numel() * dtype.itemsize for z in self.latents]
+        if teacher_bytes + sizes[0] > limit or max(sizes) > limit:
+            raise ValueError(f"max_mib={max_mib} holds neither the teacher ({teacher_bytes / 2**20:.1f} MiB) with the "
+                             f"first utterance nor the largest utterance ({max(sizes) / 2**20:.1f} MiB)")
+        groups, start, used = [], 0, teacher_bytes
+        for index, size in enumerate(sizes):
+            if used + size > limit:
+                groups.append(slice(start, index))
                 start, used = index, 0
             used += size
+        groups.append(slice(start, len(sizes)))
+        folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob(f"{stem}-*.safetensors"):
+            stale.unlink()
+        dataset_id = uuid.uuid4().hex
+        paths = []
+        for index, group in enumerate(groups):
+            path = folder / f"{stem}-{index:03d}.safetensors"
+            self.save(path, dtype, group, teacher_dtype if index == 0 else None, (index, len(groups), dataset_id))
+            paths.append(path)
         return paths
 
     @classmethod
     def load(cls, paths: Path | Sequence[Path], build_decoder: Callable[[dict], nn.Module]) -> "LatentDataset":
-        """One file, or shards made from the same voice (carried to the GPU machine in separate calls).
+        """One file, or every shard of one ``save_shards`` writing (carried to the GPU machine in
+        separate calls), or files of the same voice each with its teacher.
 
         ``build_decoder``: the family's decoder from the config saved with the dataset.
         """
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-        latents, metadata, teacher_state = [], None, None
+        latents, shared, teacher_state, shards = [], None, None, {}
         for path in paths:
             with safe_open(str(path), framework="pt") as handle:
-                shard_metadata = handle.metadata()
+                metadata = dict(handle.metadata())
+            shard = tuple(metadata.pop(key, None) for key in ("shard_index", "shard_count", "dataset_id"))
+            if shard[0] is not None:
+                shards[path] = shard
+            if shared is not None and metadata != shared:
+                raise ValueError(f"dataset file {path} comes from another teacher than {paths[0]}")
+            shared = metadata
             tensors = load_file(str(path))
-            shard_teacher = {k[len(TEACHER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TEACHER_PREFIX)}
-            if metadata is not None and shard_metadata != metadata:
-                raise ValueError(f"dataset shard {path} comes from another teacher than {paths[0]}")
-            if shard_teacher and teacher_state is not None and (shard_teacher.keys() != teacher_state.keys() or any(
-                    not torch.equal(v, teacher_state[k]) for k, v in shard_teacher.items())):
-                raise ValueError(f"dataset shard {path} comes from another teacher than {paths[0]}")
-            metadata = shard_metadata
-            teacher_state = teacher_state or shard_teacher or None  # save_shards: the first shard holds it
+            file_teacher = {k[len(TEACHER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TEACHER_PREFIX)}
+            if file_teacher and teacher_state is not None and (file_teacher.keys() != teacher_state.keys() or any(
+                    not torch.equal(v, teacher_state[k]) for k, v in file_teacher.items())):
+                raise ValueError(f"dataset file {path} comes from another teacher than {paths[0]}")
+            teacher_state = teacher_state or file_teacher or None
             latents += list(torch.split(tensors["z"].float(), tensors["frame_lengths"].tolist(), dim=1))
+        if shards:
+            _check_complete_shards(shards, len(paths))
         if teacher_state is None:
             raise ValueError(f"no teacher decoder weights in {[str(p) for p in paths]}: give the first shard too")
-        config = json.loads(metadata["teacher_decoder_config"])
+        config = json.loads(shared["teacher_decoder_config"])
         teacher_decoder = build_decoder(config)
-        teacher_decoder.load_state_dict({k: v.float() for k, v in teacher_state.items()}, strict=True)
+        teacher_decoder.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in teacher_state.items()},
+                                        strict=True)
         return cls(latents, teacher_decoder.eval().requires_grad_(False), config,
-                   int(metadata["hop_length"]), int(metadata["sample_rate_hz"]))
+                   int(shared["hop_length"]), int(shared["sample_rate_hz"]))
+
+
+def _check_complete_shards(shards: dict, files: int) -> None:
+    """Every shard of one writing, each once, and no other file beside them."""
+    ids = {dataset_id for _, _, dataset_id in shards.values()}
+    counts = {int(count) for _, count, _ in shards.values()}
+    indices = sorted(int(index) for index, _, _ in shards.values())
+    if len(ids) > 1 or len(shards) != files or len(counts) > 1 or indices != list(range(counts.pop())):
+        raise ValueError(f"shards {[str(p) for p in shards]} are not one whole writing: each of save_shards' "
+                         "files, once, and nothing else")
 
 
 class SegmentSampler:

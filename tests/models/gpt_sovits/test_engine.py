@@ -442,7 +442,7 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
 @pytest.mark.slow
 @needs_fixtures
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels run on the CPU under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("step", ["fused_tensor_cores", "wide", "persistent_phases", "persistent_phases_unfolded"])
+@pytest.mark.parametrize("step", ["fused_tensor_cores", "wide", "persistent_phases", "persistent_phases_folded_ffn"])
 def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model, step):
     """On the CPU (a minute a case, so the first two): the fused step's ``DOT`` products (tl.dot,
     LayerNorm statistics chunk by chunk), two rows at once; the wide step (cuBLAS products, the
@@ -463,7 +463,7 @@ def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model,
     else:
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256],
                                      programs=4 * config.num_heads, phased=True,
-                                     fold_ffn=step == "persistent_phases")
+                                     fold_ffn=step == "persistent_phases_folded_ffn")
     chosen = list(fixture_requests(cases).items())[:2]
     for start in range(0, len(chosen), engine.max_batch):
         group = chosen[start : start + engine.max_batch]
@@ -623,7 +623,7 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
     request = other_shape_requests(config, 1)[0]
     for engine in engines:
         engine.prefill([0], [request])
-    assert engine._step_sum2.shape == (config.hidden_dim,)  # the two-phase engine keeps one row
+    assert engines[1]._step_sum2.shape == (config.hidden_dim,)  # the two-phase engine keeps one row
     assert engines[0]._step_sum2.shape == (config.num_layers, config.hidden_dim)
     for step in range(6):
         for engine in engines:

@@ -11,6 +11,7 @@ from models.kokoro.decoder import Generator
 from models.kokoro.generator_student import (
     PackedGenerator,
     build_packed_generator,
+    channel_importance,
     check_student_config,
     export_student,
     generator_inputs,
@@ -64,6 +65,48 @@ def test_a_narrower_slice_keeps_the_most_important_channels_and_the_output_shape
     torch.testing.assert_close(_generator_call(voice, rebuilt), got, rtol=0, atol=0)
 
 
+def _masked_teacher(teacher: Generator, keeps: list[torch.Tensor]) -> Generator:
+    """A copy of the teacher whose dropped channels carry nothing: every weight writing them and
+    every weight reading them zeroed. The slice must compute exactly what it computes."""
+    import copy
+
+    masked = copy.deepcopy(teacher)
+    with torch.no_grad():
+        for stage, keep in enumerate(keeps):
+            drop = torch.ones(teacher.stage_channels[stage], dtype=torch.bool)
+            drop[keep] = False
+            up = masked.ups[stage]
+            up.weight[:, drop] = 0  # ConvTranspose1d (in, out, k): the stream is its output
+            up.bias[drop] = 0
+            masked.noise_convs[stage].weight[drop] = 0
+            masked.noise_convs[stage].bias[drop] = 0
+            reader = masked.ups[stage + 1] if stage + 1 < teacher.num_upsamples else masked.conv_post
+            if stage + 1 < teacher.num_upsamples:
+                reader.weight[drop] = 0
+            else:
+                reader.weight[:, drop] = 0
+            kernels = teacher.num_kernels
+            for block in list(masked.resblocks[stage * kernels:(stage + 1) * kernels]) + [masked.noise_res[stage]]:
+                for conv in list(block.convs1) + list(block.convs2):
+                    conv.weight[drop] = 0
+                    conv.weight[:, drop] = 0
+                    conv.bias[drop] = 0
+    return masked
+
+
+def test_a_narrower_slice_computes_what_the_teacher_does_without_the_dropped_channels(voice):
+    teacher = voice.model.decoder.generator
+    widths = (5, 3)
+    keeps = [channel_importance(teacher, stage).topk(width).indices for stage, width in enumerate(widths)]
+    narrow = slice_generator(teacher, widths)
+    torch.testing.assert_close(_generator_call(voice, narrow), _generator_call(voice, _masked_teacher(teacher, keeps)),
+                               rtol=0, atol=1e-5)
+    # Another choice of channels computes something else: the slice follows the importance order.
+    wrong = [torch.arange(width) if not torch.equal(keep.sort().values, torch.arange(width))
+             else torch.arange(1, width + 1) for keep, width in zip(keeps, widths)]
+    assert (_generator_call(voice, narrow) - _generator_call(voice, _masked_teacher(teacher, wrong))).abs().max() > 1e-3
+
+
 def test_bad_student_configs_and_widths_are_refused(voice):
     teacher = voice.model.decoder.generator
     with pytest.raises(ValueError, match="unknown keys"):
@@ -94,7 +137,7 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
              "And a second, longer one follows it now, with several more words to make it long enough.")
     ids = [u.phoneme_ids for text in texts for u in voice.text_to_utterances(text)]
     written = teacher_dataset(voice, ids, speeds=(0.9, 1.1))
-    paths = written.save_shards(tmp_path, "generator_inputs", max_mib=0.3)  # the tiny teacher is 0.1 MiB
+    paths = written.save_shards(tmp_path, "generator_inputs", max_mib=0.4)  # the tiny teacher 0.1 MiB, an utterance up to 0.2
     assert len(paths) > 1
     loaded = LatentDataset.load(paths, build_packed_generator)
     assert len(loaded.latents) == 4 and loaded.hop_length == voice.model.decoder.generator.upsample_scale
@@ -108,10 +151,11 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
     assert config == {"kind": "kokoro_generator", "stage_channels": [4, 2]} and generator.stage_channels == (4, 2)
     decoder = lite_decoder(voice.model.decoder, generator)
     assert decoder.generator is generator and voice.model.decoder.generator is not generator
-    # Resuming past the end trains no more steps and keeps the file.
+    # Resuming past the end trains no more steps and keeps the file as it was.
+    written_bytes = weights.read_bytes()
     again = train_student(loaded, (4, 2), tmp_path / "ckpt.pt", weights, {}, steps=6, batch_size=2,
                           segment_frames=SEGMENT, log_every=0)
-    assert again["steps_this_call"] == 0
+    assert again["steps_this_call"] == 0 and weights.read_bytes() == written_bytes
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
@@ -168,9 +212,14 @@ def test_distillation_never_trains_on_a_held_out_set(voice):
     from models.kokoro.family import FAMILY
 
     assert FAMILY.distil.training_set == "calibration_ja" and FAMILY.distil.held_out_set == "eval_ja"
-    for held_out in ("eval", "eval_ja", "harvard"):
+    from texts import NAMED_SETS
+
+    for held_out in ("eval", "eval_ja", "harvard", str(NAMED_SETS["eval_ja"])):
         with pytest.raises(ConfigError, match="held out"):
             _training_phoneme_ids(dataclasses.replace(FAMILY.distil, training_set=held_out), voice, 4, 0)
+    with pytest.raises(ConfigError, match="held out"):  # the family's own held-out set, whatever its name
+        _training_phoneme_ids(dataclasses.replace(FAMILY.distil, training_set="calibration", held_out_set="calibration"),
+                              voice, 4, 0)
     with pytest.raises(ValueError, match="unknown keys"):
         from compress.distil import DistilSettings
         DistilSettings(checkpoint=None, student={"width": 3}, train_steps=1).check_family(FAMILY)

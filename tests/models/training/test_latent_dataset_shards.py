@@ -33,18 +33,31 @@ def test_shards_stay_under_the_limit_and_load_back_as_one_dataset(tmp_path):
         torch.testing.assert_close(loaded.teacher_decoder.state_dict()[name], weight.half().float(), rtol=0, atol=0)
 
 
-def test_shards_without_the_teacher_or_from_another_teacher_are_refused(tmp_path):
+def test_incomplete_mixed_or_foreign_shards_are_refused(tmp_path):
     paths = _dataset().save_shards(tmp_path / "a", "latents", max_mib=0.1)
-    with pytest.raises(ValueError, match="first shard"):
-        LatentDataset.load(paths[1:], _build)
+    with pytest.raises(ValueError, match="one whole writing"):
+        LatentDataset.load(paths[1:], _build)  # the first shard (and the teacher) missing
+    with pytest.raises(ValueError, match="one whole writing"):
+        LatentDataset.load(paths + paths[-1:], _build)  # one shard twice
     other = _dataset()
     with torch.no_grad():
         other.teacher_decoder.weight.add_(1.0)
     other_paths = other.save_shards(tmp_path / "b", "latents", max_mib=0.1)
     with pytest.raises(ValueError, match="another teacher"):
         LatentDataset.load([paths[0], other_paths[0]], _build)
-    with pytest.raises(ValueError, match="over max_mib"):
+    again = _dataset().save_shards(tmp_path / "a", "latents", max_mib=0.1)  # the same voice, written again
+    with pytest.raises(ValueError, match="one whole writing"):
+        LatentDataset.load(again[:-1] + [other_paths[-1]], _build)
+    with pytest.raises(ValueError, match="holds neither"):
         _dataset().save_shards(tmp_path / "c", "latents", max_mib=0.0001)  # 105 bytes: the teacher is 514
+
+
+def test_a_second_writing_removes_the_first_ones_shards(tmp_path):
+    many = _dataset(7).save_shards(tmp_path, "latents", max_mib=0.1)
+    few = _dataset(2).save_shards(tmp_path, "latents", max_mib=0.1)
+    assert len(few) < len(many)
+    assert sorted(tmp_path.glob("latents-*.safetensors")) == few  # a glob finds this writing only
+    assert len(LatentDataset.load(few, _build).latents) == 2
 
 
 def test_one_file_keeps_the_float32_teacher(tmp_path):
