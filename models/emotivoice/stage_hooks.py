@@ -6,12 +6,10 @@ models/emotivoice/vocoder_student.py, which a GPU machine imports with torch alo
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import nn
 
-from core.atomic_io import write_text_atomic
 from models.emotivoice.vocoder_student import (
     LiteVocoderConfig,
     build_lite_vocoder,
@@ -26,6 +24,7 @@ from models.emotivoice.vocoder_student import (
 )
 from models.family import DecoderPruning, DistilHooks, PruneHooks
 from models.interface import Utterance
+from models.training.decoder_training import write_bundle_record
 
 VOCODER = "vocoder"
 
@@ -81,8 +80,7 @@ def _write_bundle(voice, phoneme_ids: list[list[int]], out: Path, provenance: di
     """The teacher's mels and folded vocoder (one safetensors file) for vocoder_student's ``train``."""
     out.mkdir(parents=True, exist_ok=True)
     teacher_mels(voice, _utterances_of(voice, phoneme_ids)).save(out / "mels.safetensors")
-    write_text_atomic(out / "bundle.json", json.dumps({"family": voice.family, "sentences": len(phoneme_ids),
-                                                       "sample_rate_hz": voice.sample_rate_hz, **provenance}))
+    write_bundle_record(out, voice, len(phoneme_ids), provenance)
 
 
 DISTIL_HOOKS = DistilHooks(

@@ -6,12 +6,10 @@ models/kokoro/generator_student.py, which a GPU machine imports with torch alone
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from torch import nn
 
-from core.atomic_io import write_text_atomic
 from models.family import DistilHooks
 from models.kokoro.generator_student import (
     DATASET_STEM,
@@ -21,6 +19,7 @@ from models.kokoro.generator_student import (
     teacher_dataset,
     train_student,
 )
+from models.training.decoder_training import write_bundle_record
 
 DECODER = "decoder"
 
@@ -54,8 +53,7 @@ def _write_bundle(voice, phoneme_ids: list[list[int]], out: Path, provenance: di
     """The teacher's packed generator inputs and its generator, in shards a GPU call can carry, for ``train``."""
     out.mkdir(parents=True, exist_ok=True)
     teacher_dataset(voice, phoneme_ids).save_shards(out, DATASET_STEM)
-    write_text_atomic(out / "bundle.json", json.dumps({"family": voice.family, "sentences": len(phoneme_ids),
-                                                       "sample_rate_hz": voice.sample_rate_hz, **provenance}))
+    write_bundle_record(out, voice, len(phoneme_ids), provenance)
 
 
 DISTIL_HOOKS = DistilHooks(

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from core.atomic_io import atomic_write
+from core.atomic_io import atomic_write, write_text_atomic
 from models.training.losses import DistillationLoss, LossWeights
 from models.training.schedule import learning_rate
 
@@ -143,6 +143,13 @@ class LatentDataset:
                                         strict=True)
         return cls(latents, teacher_decoder.eval().requires_grad_(False), config,
                    int(shared["hop_length"]), int(shared["sample_rate_hz"]))
+
+
+def write_bundle_record(out: Path, voice, sentences: int, provenance: dict) -> None:
+    """``bundle.json`` beside a teacher-forced training bundle: the family, the sentences it holds,
+    the sample rate and where they came from (``compress.distil prepare``'s provenance)."""
+    write_text_atomic(Path(out) / "bundle.json", json.dumps({"family": voice.family, "sentences": sentences,
+                                                             "sample_rate_hz": voice.sample_rate_hz, **provenance}))
 
 
 def _check_complete_shards(shards: dict, files: int) -> None:

@@ -223,3 +223,15 @@ def test_distillation_never_trains_on_a_held_out_set(voice):
     with pytest.raises(ValueError, match="unknown keys"):
         from compress.distil import DistilSettings
         DistilSettings(checkpoint=None, student={"width": 3}, train_steps=1).check_family(FAMILY)
+
+
+def test_the_gpu_bundle_is_shards_and_a_record_the_training_command_reads(voice, tmp_path):
+    from models.kokoro.family import FAMILY
+
+    ids = [u.phoneme_ids for u in voice.text_to_utterances("A sentence for the bundle, long enough to train on.")]
+    FAMILY.distil.write_bundle(voice, ids, tmp_path, {"voice": "random"})
+    record = json.loads((tmp_path / "bundle.json").read_text())
+    assert record == {"family": "kokoro", "sentences": 1, "sample_rate_hz": voice.sample_rate_hz, "voice": "random"}
+    shards = sorted(tmp_path.glob("generator_inputs-*.safetensors"))
+    assert shards and "generator_inputs-*.safetensors" in FAMILY.distil.train_command
+    assert len(LatentDataset.load(shards, build_packed_generator).latents) == 3  # three speeds
