@@ -211,16 +211,17 @@ def build_packed_generator(config: dict) -> PackedGenerator:
 def generator_inputs(model, phoneme_ids: Sequence[Sequence[int]], style_of, speeds: Sequence[float]) -> list[torch.Tensor]:
     """Each utterance at each speed through the teacher's text side and decode blocks (noise off)
     -> packed generator inputs (U + S + 1, 2F). ``style_of(n)``: the (1, 2S) voice row of n phonemes."""
+    device = next(model.parameters()).device
     packed = []
     for ids in phoneme_ids:
-        input_ids = torch.tensor([list(ids)], dtype=torch.long)
-        ref_s = style_of(len(ids) - 2)
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=device)
+        ref_s = style_of(len(ids) - 2).to(device)
         acoustic_style, _ = model.split_style(ref_s)
         for speed in speeds:
             prediction = model.predict(input_ids, ref_s, speed)
             x = model.decoder.generator_input(prediction["asr"], prediction["F0_pred"], prediction["N_pred"],
                                               acoustic_style)
-            packed.append(pack_inputs(x, acoustic_style, prediction["F0_pred"])[0].float())
+            packed.append(pack_inputs(x, acoustic_style, prediction["F0_pred"])[0].float().cpu())
     return packed
 
 

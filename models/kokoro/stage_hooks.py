@@ -46,7 +46,8 @@ def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, ch
     dataset = teacher_dataset(voice, phoneme_ids)  # seconds a sentence, the same on a resume
     return train_student(dataset, widths, checkpoint_path, weights_path, card, steps, lr=lr,
                          batch_size=batch_size, segment_frames=segment_frames, seed=seed,
-                         warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction)
+                         device=str(next(voice.model.parameters()).device), warmup_steps=warmup_steps,
+                         final_lr_fraction=final_lr_fraction)
 
 
 def _write_bundle(voice, phoneme_ids: list[list[int]], out: Path, provenance: dict) -> None:
