@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compress.settings import NEVER_CALIBRATE_ON
 from compress.variants import StageContext, Variant, require_parts
 from core.config import ConfigError
 from core.paths import DEFAULT_CACHE_DIR
@@ -32,7 +33,6 @@ from texts import NAMED_SETS, load_sentences
 from texts.training_text import generate_training_sentences
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-HELD_OUT_SETS = ("eval", "eval_ja", "harvard")  # what a compressed voice is measured on: never trained on
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _set_path(name_or_path: str) -> Path:
 def _training_phoneme_ids(hooks: DistilHooks, model, count: int, seed: int) -> list[list[int]]:
     """The family's training sentences (its named set, else the generated English ones) as phoneme ids."""
     if hooks.training_set is not None:
-        held_out = {_set_path(name) for name in (*HELD_OUT_SETS, hooks.held_out_set)}
+        held_out = {_set_path(name) for name in (*NEVER_CALIBRATE_ON, hooks.held_out_set)}
         if _set_path(hooks.training_set) in held_out:
             raise ConfigError(f"the family's distillation set {hooks.training_set!r} is held out for evaluation")
         sentences = load_sentences(hooks.training_set)[:count]

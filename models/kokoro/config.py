@@ -76,6 +76,24 @@ class KokoroConfig:
             decoder_asr_res=int(widths.get("asr_res", 64)),
         )
 
+    def to_dict(self) -> dict:
+        """The official config.json layout ``from_dict`` reads (widths that file lacks included)."""
+        net, plbert = self.istftnet, self.plbert
+        return {"n_token": self.n_token, "hidden_dim": self.hidden_dim, "style_dim": self.style_dim,
+                "n_layer": self.n_layer, "max_dur": self.max_dur, "text_encoder_kernel_size": self.text_encoder_kernel_size,
+                "plbert": {"hidden_size": plbert.hidden_size, "num_attention_heads": plbert.num_attention_heads,
+                           "intermediate_size": plbert.intermediate_size,
+                           "max_position_embeddings": plbert.max_position_embeddings,
+                           "num_hidden_layers": plbert.num_hidden_layers, "embedding_size": plbert.embedding_size},
+                "istftnet": {"upsample_rates": list(net.upsample_rates),
+                             "upsample_kernel_sizes": list(net.upsample_kernel_sizes),
+                             "upsample_initial_channel": net.upsample_initial_channel,
+                             "resblock_kernel_sizes": list(net.resblock_kernel_sizes),
+                             "resblock_dilation_sizes": [list(d) for d in net.resblock_dilation_sizes],
+                             "gen_istft_n_fft": net.n_fft, "gen_istft_hop_size": net.hop_length},
+                "vocab": dict(self.vocab),
+                "fixture_decoder_widths": {"hidden": self.decoder_hidden, "asr_res": self.decoder_asr_res}}
+
     @classmethod
     def from_json(cls, path: Path) -> KokoroConfig:
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))

@@ -65,6 +65,14 @@ def check_student_config(config: dict) -> tuple[int, ...]:
     return widths
 
 
+def check_fits(widths: Sequence[int], teacher: Generator) -> None:
+    """ValueError unless ``widths`` has one width per stage of ``teacher``, none wider than its own."""
+    if len(widths) != teacher.num_upsamples:
+        raise ValueError(f"stage_channels {list(widths)}: the generator has {teacher.num_upsamples} stages")
+    if any(width > own for width, own in zip(widths, teacher.stage_channels)):
+        raise ValueError(f"stage_channels {list(widths)}: wider than the teacher's {list(teacher.stage_channels)}")
+
+
 def student_config(generator: Generator) -> dict:
     return {"kind": STUDENT_KIND, "stage_channels": list(generator.stage_channels)}
 
@@ -118,11 +126,7 @@ def slice_generator(teacher: Generator, stage_channels: Sequence[int]) -> Genera
     channels (``channel_importance``), with the teacher's weights on them. Keeping every channel
     returns a generator that computes exactly what the teacher does."""
     widths = tuple(stage_channels)
-    if len(widths) != teacher.num_upsamples:
-        raise ValueError(f"stage_channels {list(widths)}: the generator has {teacher.num_upsamples} stages")
-    too_wide = [(w, c) for w, c in zip(widths, teacher.stage_channels) if w > c]
-    if too_wide:
-        raise ValueError(f"stage_channels {list(widths)}: wider than the teacher's {list(teacher.stage_channels)}")
+    check_fits(widths, teacher)
     student = copy.deepcopy(teacher)
     keeps = [channel_importance(teacher, stage).topk(width).indices.sort().values
              for stage, width in enumerate(widths)]
@@ -176,25 +180,7 @@ class PackedGenerator(nn.Module):
 def dataset_generator_config(model_config: KokoroConfig, stage_channels: Sequence[int]) -> dict:
     """What ``build_packed_generator`` rebuilds a (teacher or student) generator from."""
     return {"kind": STUDENT_KIND, "stage_channels": list(stage_channels),
-            "model_config": _config_dict(model_config)}
-
-
-def _config_dict(config: KokoroConfig) -> dict:
-    net, plbert = config.istftnet, config.plbert
-    return {"n_token": config.n_token, "hidden_dim": config.hidden_dim, "style_dim": config.style_dim,
-            "n_layer": config.n_layer, "max_dur": config.max_dur,
-            "text_encoder_kernel_size": config.text_encoder_kernel_size,
-            "plbert": {"hidden_size": plbert.hidden_size, "num_attention_heads": plbert.num_attention_heads,
-                       "intermediate_size": plbert.intermediate_size,
-                       "max_position_embeddings": plbert.max_position_embeddings,
-                       "num_hidden_layers": plbert.num_hidden_layers, "embedding_size": plbert.embedding_size},
-            "istftnet": {"upsample_rates": list(net.upsample_rates),
-                         "upsample_kernel_sizes": list(net.upsample_kernel_sizes),
-                         "upsample_initial_channel": net.upsample_initial_channel,
-                         "resblock_kernel_sizes": list(net.resblock_kernel_sizes),
-                         "resblock_dilation_sizes": [list(d) for d in net.resblock_dilation_sizes],
-                         "gen_istft_n_fft": net.n_fft, "gen_istft_hop_size": net.hop_length},
-            "fixture_decoder_widths": {"hidden": config.decoder_hidden, "asr_res": config.decoder_asr_res}}
+            "model_config": model_config.to_dict()}
 
 
 def build_packed_generator(config: dict) -> PackedGenerator:

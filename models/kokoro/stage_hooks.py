@@ -13,6 +13,7 @@ from torch import nn
 from models.family import DistilHooks
 from models.kokoro.generator_student import (
     DATASET_STEM,
+    check_fits,
     check_student_config,
     lite_decoder,
     load_student_generator,
@@ -39,11 +40,8 @@ def _train_student(voice, phoneme_ids: list[list[int]], student_config: dict, ch
     checkpoint_path = Path(checkpoint_path)
     checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
     widths = check_student_config(student_config)
-    teacher_widths = voice.model.decoder.generator.stage_channels
-    if len(widths) != len(teacher_widths) or any(w > t for w, t in zip(widths, teacher_widths)):
-        raise ValueError(f"stage_channels {list(widths)}: need one width per stage, each at most the teacher's "
-                         f"{list(teacher_widths)}")
-    dataset = teacher_dataset(voice, phoneme_ids)  # seconds a sentence, the same on a resume
+    check_fits(widths, voice.model.decoder.generator)  # before the dataset, which takes seconds a sentence
+    dataset = teacher_dataset(voice, phoneme_ids)  # the same on a resume
     return train_student(dataset, widths, checkpoint_path, weights_path, card, steps, lr=lr,
                          batch_size=batch_size, segment_frames=segment_frames, seed=seed,
                          device=str(next(voice.model.parameters()).device), warmup_steps=warmup_steps,

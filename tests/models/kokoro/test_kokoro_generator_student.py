@@ -167,7 +167,14 @@ def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
     save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(ValueError, match="student_config"):
         load_student_generator(voice.model.config, tmp_path / "other.safetensors")
-    assert json.loads(json.dumps(config)) == config
+
+
+def test_the_config_a_dataset_stores_reads_back_as_the_same_config(voice):
+    from models.kokoro.config import KokoroConfig
+    from models.kokoro.release import official_config
+
+    for config in (voice.model.config, official_config()):
+        assert KokoroConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
 
 
 def test_the_distil_stage_builds_the_lite_decoder_and_reloads_it(voice, tmp_path):
