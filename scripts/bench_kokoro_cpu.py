@@ -52,6 +52,7 @@ from core.publishing import add_allow_dirty_argument, print_and_save_report, pub
 from evaluate.dnsmos import dnsmos_p808, dnsmos_p835
 from evaluate.speaker import speaker_similarity
 from export.onnx_export import export_graph
+from export.tensorrt_support import readiness_report
 from models.interface import SynthesisRequest, Utterance
 from models.kokoro.family import load_teacher
 from models.kokoro.generator_student import load_student_generator, slice_generator
@@ -68,6 +69,9 @@ INT8_CONV_PATTERN = r"^/generator/(?:resblocks|noise_res)\.\d+/convs[12]\.\d+/Co
 # onnxruntime's NhwcTransformer turns the int8 graph channels-last around each QLinearConv; the
 # AdaIN sums over time then reduce a strided axis (ReduceSum 0.3 s -> 5.4 s of 22 s, two sentences).
 CPU_SESSION_CONFIG = {"optimization.disable_specified_optimizers": "NhwcTransformer"}
+# What no exported graph may contain: TensorRT has no STFT/DFT, ignores random ops' seeds, and
+# NonZero makes shapes data-dependent.
+FORBIDDEN_IN_EXPORTED_GRAPHS = frozenset({"STFT", "DFT", "RandomNormal", "RandomNormalLike", "NonZero"})
 QUIET = KokoroSampling.deterministic()  # no source noise: what the shipped graph computes
 
 
@@ -283,9 +287,18 @@ def main(argv: list[str] | None = None) -> None:
     if lite is not None:
         report["shipped_over_lite_time"] = {name: results["shipped_int8"]["rtf"] / results[name]["rtf"]
                                             for name in runners if name.startswith("lite_")}
+    report["graph_operators"] = {name: graph_operators(path) for name, path in paths.items()}
     if args.profile:
         report["profile_ms_by_op_type_one_sentence"] = profile_graphs(paths, voice, utterances[0], args.threads)
     print_and_save_report(report, args.out)
+
+
+def graph_operators(path: Path) -> dict:
+    """The issue's forbidden operators found in the graph, and what TensorRT's op table would refuse."""
+    readiness = readiness_report(path)
+    return {"forbidden_ops": sorted(set(readiness["op_histogram"]) & FORBIDDEN_IN_EXPORTED_GRAPHS),
+            "tensorrt_blockers_by_op": dict(collections.Counter(blocker["op"] for blocker in readiness["blockers"])),
+            "nodes": sum(readiness["op_histogram"].values())}
 
 
 def profile_graphs(paths: dict[str, Path], voice: KokoroVoice, utterance: Utterance, threads: int) -> dict:
