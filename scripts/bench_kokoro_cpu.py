@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def graph_operators(path: Path) -> dict:
-    """The issue's forbidden operators found in the graph, and what TensorRT's op table would refuse."""
+    """The forbidden operators the graph holds, and what TensorRT's op table would refuse, by op type."""
     readiness = readiness_report(path)
     return {"forbidden_ops": sorted(set(readiness["op_histogram"]) & FORBIDDEN_IN_EXPORTED_GRAPHS),
             "tensorrt_blockers_by_op": dict(collections.Counter(blocker["op"] for blocker in readiness["blockers"])),

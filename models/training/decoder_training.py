@@ -170,7 +170,8 @@ class SegmentSampler:
 
     ``pool_segments`` > 0 draws that many segments once and decodes them up front; batches are then
     drawn from that pool. On a CPU the teacher's decode is about half of a training step, so a
-    pool nearly doubles the steps per second, at the price of a finite set of segments.
+    pool nearly doubles the steps per second, at the price of a finite set of segments. ``log_every``
+    > 0 prints the pool's progress every that many decoded batches.
     """
 
     def __init__(self, dataset: LatentDataset, batch_size: int, segment_frames: int, seed: int,
