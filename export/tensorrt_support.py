@@ -76,6 +76,10 @@ POLICY_BLOCKERS = {
     "NonZero": "data-dependent output shape: build the alignment from cumulative sums instead",
 }
 
+# What no exported graph of this project may hold, whatever the runtime: spectra TensorRT cannot
+# compute and the policy blockers above.
+EXPORT_HOSTILE_OPS = frozenset({"STFT", "DFT", *POLICY_BLOCKERS})
+
 # Supported with a caveat worth reading in the report.
 CAVEATS = {
     "ArgMin": "imported as TopK(k=1): select_last_index must be 0",

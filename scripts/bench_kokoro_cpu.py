@@ -52,7 +52,7 @@ from core.publishing import add_allow_dirty_argument, print_and_save_report, pub
 from evaluate.dnsmos import dnsmos_p808, dnsmos_p835
 from evaluate.speaker import speaker_similarity
 from export.onnx_export import export_graph
-from export.tensorrt_support import readiness_report
+from export.tensorrt_support import EXPORT_HOSTILE_OPS, readiness_report
 from models.interface import SynthesisRequest, Utterance
 from models.kokoro.family import load_teacher
 from models.kokoro.generator_student import load_student_generator, slice_generator
@@ -69,9 +69,6 @@ INT8_CONV_PATTERN = r"^/generator/(?:resblocks|noise_res)\.\d+/convs[12]\.\d+/Co
 # onnxruntime's NhwcTransformer turns the int8 graph channels-last around each QLinearConv; the
 # AdaIN sums over time then reduce a strided axis (ReduceSum 0.3 s -> 5.4 s of 22 s, two sentences).
 CPU_SESSION_CONFIG = {"optimization.disable_specified_optimizers": "NhwcTransformer"}
-# What no exported graph may contain: TensorRT has no STFT/DFT, ignores random ops' seeds, and
-# NonZero makes shapes data-dependent.
-FORBIDDEN_IN_EXPORTED_GRAPHS = frozenset({"STFT", "DFT", "RandomNormal", "RandomNormalLike", "NonZero"})
 QUIET = KokoroSampling.deterministic()  # no source noise: what the shipped graph computes
 
 
@@ -296,7 +293,7 @@ def main(argv: list[str] | None = None) -> None:
 def graph_operators(path: Path) -> dict:
     """The forbidden operators the graph holds, and what TensorRT's op table would refuse, by op type."""
     readiness = readiness_report(path)
-    return {"forbidden_ops": sorted(set(readiness["op_histogram"]) & FORBIDDEN_IN_EXPORTED_GRAPHS),
+    return {"forbidden_ops": sorted(set(readiness["op_histogram"]) & EXPORT_HOSTILE_OPS),
             "tensorrt_blockers_by_op": dict(collections.Counter(blocker["op"] for blocker in readiness["blockers"])),
             "nodes": sum(readiness["op_histogram"].values())}
 
