@@ -19,8 +19,9 @@ There (torch, numpy and safetensors only), in bounded chunks that resume from th
     python -m models.kokoro.generator_student train --dataset .device/distil/generator_inputs-*.safetensors \
         --steps 20000 --checkpoint $OUT/lite_ckpt.pt --device cuda --export $OUT/lite_generator.safetensors
 
-The dataset comes in shards of at most 60 MiB (a GPU call carries 64 MiB; a warm machine keeps what
-earlier calls carried), the teacher generator (float16) in the first.
+The dataset comes in shards of at most 39 MiB (a GPU call carries 64 MiB with the working tree; a
+warm machine keeps what earlier calls carried, so each shard goes in its own back-to-back call),
+the teacher generator (float16) in the first. Bound each call with ``--max-seconds-this-call``.
 
 A student config is JSON: ``{"kind": "kokoro_generator", "stage_channels": [128, 64]}``.
 """
@@ -226,19 +227,22 @@ def teacher_dataset(voice, phoneme_ids: Sequence[Sequence[int]], speeds: Sequenc
 def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpoint: Path, weights_path: Path,
                   card: dict, steps: int, lr: float = 5e-4, batch_size: int = 4, segment_frames: int = 32,
                   seed: int = 0, device: str = "cpu", warmup_steps: int = 50, final_lr_fraction: float = 0.1,
-                  max_steps_this_call: int | None = None, log_every: int = 50, pool_segments: int = 0) -> dict:
+                  max_steps_this_call: int | None = None, log_every: int = 50, pool_segments: int = 0,
+                  max_seconds_this_call: float | None = None, export_each_call: bool = False) -> dict:
     """Slice the dataset's teacher generator to ``stage_channels`` and train it toward the teacher's
     audio (resumes from ``checkpoint``); when the schedule ends in this call (or no file is there
-    yet), write the student's weights and config (with ``card``) to ``weights_path``."""
+    yet, or ``export_each_call``), write the student's weights and config (with ``card`` and the
+    step reached) to ``weights_path``."""
     teacher = dataset.teacher_decoder
     student = PackedGenerator(slice_generator(teacher.generator, stage_channels), teacher.input_channels)
     sampler = SegmentSampler(dataset, batch_size, segment_frames, seed, device, pool_segments=pool_segments,
                              log_every=log_every)
     summary = train_decoder(student, sampler, steps, lr, Path(checkpoint), device=device, log_every=log_every,
-                            max_steps_this_call=max_steps_this_call, warmup_steps=warmup_steps,
-                            final_lr_fraction=final_lr_fraction)
-    if summary["done"] and (summary["steps_this_call"] > 0 or not Path(weights_path).is_file()):
-        export_student(student.generator, weights_path, card)
+                            max_steps_this_call=max_steps_this_call, max_seconds_this_call=max_seconds_this_call,
+                            warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction)
+    finished = summary["done"] and (summary["steps_this_call"] > 0 or not Path(weights_path).is_file())
+    if finished or (export_each_call and summary["steps_this_call"] > 0):
+        export_student(student.generator, weights_path, card | {"step_reached": summary["step"]})
     return summary
 
 
@@ -274,6 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--stage-channels", type=int, nargs="+", default=list(DEFAULT_STAGE_CHANNELS))
     train.add_argument("--steps", type=int, required=True, help="the whole schedule's steps")
     train.add_argument("--max-steps-this-call", type=int, default=None)
+    train.add_argument("--max-seconds-this-call", type=float, default=None,
+                       help="end this call cleanly (with a checkpoint) after the step that crosses this many seconds")
+    train.add_argument("--export-each-call", action="store_true",
+                       help="write the student at the end of every call, not only when the schedule ends")
     # Defaults: conf/stages/family/kokoro.yaml's recipe (from the teacher's own channels, not from scratch).
     train.add_argument("--lr", type=float, default=5e-4)
     train.add_argument("--warmup-steps", type=int, default=50)
@@ -301,7 +309,8 @@ def main(argv: list[str] | None = None) -> None:
                             lr=args.lr, batch_size=args.batch_size, segment_frames=args.segment_frames,
                             seed=args.seed, device=args.device, warmup_steps=args.warmup_steps,
                             final_lr_fraction=args.final_lr_fraction, max_steps_this_call=args.max_steps_this_call,
-                            pool_segments=args.pool_segments)
+                            pool_segments=args.pool_segments, max_seconds_this_call=args.max_seconds_this_call,
+                            export_each_call=args.export_each_call)
     print(json.dumps(summary))
 
 

@@ -75,10 +75,12 @@ class LatentDataset:
             metadata |= {"shard_index": str(shard[0]), "shard_count": str(shard[1]), "dataset_id": shard[2]}
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
-    def save_shards(self, folder: Path, stem: str, max_mib: float = 60.0, dtype: torch.dtype = torch.float16,
+    def save_shards(self, folder: Path, stem: str, max_mib: float = 39.0, dtype: torch.dtype = torch.float16,
                     teacher_dtype: torch.dtype = torch.float16) -> list[Path]:
         """``<stem>-000.safetensors``, ... of at most ``max_mib`` of tensors each, for GPU calls that
-        carry 64 MiB at most: the teacher in the first only, the utterances in order across all.
+        carry 64 MiB at most, the project's working tree (about 22 MiB) included; 39 MiB still holds
+        Kokoro's teacher generator in float16 (37.5 MiB). The teacher goes in the first shard only,
+        the utterances in order across all.
         Earlier shards of ``stem`` in ``folder`` are removed first; ``load`` wants every shard of one
         writing (each names its index, the count and the writing's id)."""
         if not self.latents:
@@ -250,6 +252,7 @@ def train_decoder(
     log_every: int = 50,
     checkpoint_every: int = 500,
     max_steps_this_call: int | None = None,
+    max_seconds_this_call: float | None = None,
     grad_clip_norm: float = 1.0,  # norms run 10-50; clipping to 1 gave a slightly lower loss than none
     final_lr_fraction: float = 1.0,
     warmup_steps: int = 0,
@@ -259,13 +262,14 @@ def train_decoder(
 
     AdamW with HiFi-GAN's betas, gradient clipping, a checkpoint (model, optimizer, step) every
     ``checkpoint_every`` steps and at the end of the call, written atomically. A checkpoint found
-    at ``checkpoint_path`` is resumed; ``max_steps_this_call`` bounds one call, so a long run goes
-    in chunks. ``autocast_bf16`` runs the student's forward in bfloat16 (CUDA; weights stay fp32).
+    at ``checkpoint_path`` is resumed; ``max_steps_this_call`` and ``max_seconds_this_call`` bound
+    one call (the call ends after the step that crosses either, with a checkpoint), so a long run
+    goes in chunks that fit a machine lent for minutes. ``autocast_bf16`` runs the student's forward in bfloat16 (CUDA; weights stay fp32).
     Returns the step reached and the losses of this call.
     """
-    if steps < 0 or lr <= 0 or checkpoint_every < 1:
-        raise ValueError(f"train_decoder: need steps >= 0, lr > 0, checkpoint_every >= 1 "
-                         f"(got {steps}, {lr}, {checkpoint_every})")
+    if steps < 0 or lr <= 0 or checkpoint_every < 1 or (max_seconds_this_call is not None and max_seconds_this_call <= 0):
+        raise ValueError(f"train_decoder: need steps >= 0, lr > 0, checkpoint_every >= 1, max_seconds_this_call > 0 "
+                         f"(got {steps}, {lr}, {checkpoint_every}, {max_seconds_this_call})")
     checkpoint_path = Path(checkpoint_path)
     student.to(device).train()
     criterion = DistillationLoss(batches.dataset.sample_rate_hz, batches.dataset.hop_length, loss_weights).to(device)
@@ -293,6 +297,8 @@ def train_decoder(
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), grad_clip_norm)
         optimizer.step()
         step += 1
+        if max_seconds_this_call is not None and time.perf_counter() - started >= max_seconds_this_call:
+            end_step = step
         history.append({k: v.item() for k, v in parts.items()} | {"grad_norm": float(grad_norm)})
         if log_every and (step % log_every == 0 or step == end_step):
             window = history[-log_every:]

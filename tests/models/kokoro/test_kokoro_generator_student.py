@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from models.kokoro.decoder import Generator
 from models.kokoro.generator_student import (
@@ -156,6 +157,12 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
     again = train_student(loaded, (4, 2), tmp_path / "ckpt.pt", weights, {}, steps=6, batch_size=2,
                           segment_frames=SEGMENT, log_every=0)
     assert again["steps_this_call"] == 0 and weights.read_bytes() == written_bytes
+    # A longer schedule in bounded calls: with export_each_call each call leaves the student it reached.
+    partial = train_student(loaded, (4, 2), tmp_path / "ckpt.pt", weights, {}, steps=10, batch_size=2,
+                            segment_frames=SEGMENT, log_every=0, max_steps_this_call=2, export_each_call=True)
+    assert partial["step"] == 8 and not partial["done"]
+    with safe_open(str(weights), framework="pt") as handle:
+        assert json.loads(handle.metadata()["card"])["step_reached"] == 8
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):

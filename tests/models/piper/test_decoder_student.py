@@ -103,6 +103,22 @@ def test_resumed_training_equals_straight_training(voice, batches, tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # atomic writes leave nothing behind
 
 
+def test_time_budget_ends_the_call_with_a_checkpoint_and_a_resume_goes_on(voice, batches, tmp_path):
+    torch.manual_seed(0)
+    student = build_decoder(tiny_student_config(voice))
+    checkpoint = tmp_path / "ckpt.pt"
+    # A budget no step fits in: the call ends after its first step, and saves it.
+    first = train_decoder(student, batches, steps=5, lr=1e-3, checkpoint_path=checkpoint, log_every=0,
+                          max_seconds_this_call=1e-9)
+    assert first["step"] == 1 and first["steps_this_call"] == 1 and not first["done"]
+    assert torch.load(checkpoint, weights_only=True)["step"] == 1
+    second = train_decoder(student, batches, steps=5, lr=1e-3, checkpoint_path=checkpoint, log_every=0,
+                           max_seconds_this_call=3600)
+    assert second["start_step"] == 1 and second["step"] == 5 and second["done"]
+    with pytest.raises(ValueError, match="max_seconds_this_call"):
+        train_decoder(student, batches, steps=5, lr=1e-3, checkpoint_path=checkpoint, max_seconds_this_call=0)
+
+
 def test_dataset_file_round_trip(batches, tmp_path):
     path = tmp_path / "latents.safetensors"
     batches.dataset.save(path)
