@@ -228,13 +228,18 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
                   card: dict, steps: int, lr: float = 5e-4, batch_size: int = 4, segment_frames: int = 32,
                   seed: int = 0, device: str = "cpu", warmup_steps: int = 50, final_lr_fraction: float = 0.1,
                   max_steps_this_call: int | None = None, log_every: int = 50, pool_segments: int = 0,
-                  max_seconds_this_call: float | None = None, export_each_call: bool = False) -> dict:
+                  max_seconds_this_call: float | None = None, export_each_call: bool = False,
+                  initial_weights: Path | None = None) -> dict:
     """Slice the dataset's teacher generator to ``stage_channels`` and train it toward the teacher's
     audio (resumes from ``checkpoint``); when the schedule ends in this call (or no file is there
     yet, or ``export_each_call``), write the student's weights and config (with ``card`` and the
-    step reached) to ``weights_path``."""
+    step reached) to ``weights_path``. ``initial_weights``: a student file of the same widths to
+    start from instead of the teacher's slice (a new schedule on another machine, say), read only
+    when no checkpoint is there yet."""
     teacher = dataset.teacher_decoder
     student = PackedGenerator(slice_generator(teacher.generator, stage_channels), teacher.input_channels)
+    if initial_weights is not None and not Path(checkpoint).is_file():
+        _load_initial_weights(student.generator, Path(initial_weights))
     sampler = SegmentSampler(dataset, batch_size, segment_frames, seed, device, pool_segments=pool_segments,
                              log_every=log_every)
     summary = train_decoder(student, sampler, steps, lr, Path(checkpoint), device=device, log_every=log_every,
@@ -244,6 +249,18 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
     if finished or (export_each_call and summary["steps_this_call"] > 0):
         export_student(student.generator, weights_path, card | {"step_reached": summary["step"]})
     return summary
+
+
+def _load_initial_weights(generator: Generator, path: Path) -> None:
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+    if "student_config" not in metadata:
+        raise ValueError(f"{path}: no student_config in its metadata; not a Kokoro Lite generator file")
+    widths = check_student_config(json.loads(metadata["student_config"]))
+    if widths != tuple(generator.stage_channels):
+        raise ValueError(f"{path}: a student of stage channels {widths}, not the {tuple(generator.stage_channels)} "
+                         "being trained")
+    generator.load_state_dict(load_file(str(path)), strict=True)
 
 
 def export_student(generator: Generator, path: Path, card: dict) -> None:
@@ -291,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--pool-segments", type=int, default=0,
                        help="decode this many segments once and draw batches from them (CPU: ~2x steps/s)")
+    train.add_argument("--init-weights", type=Path, default=None,
+                       help="start from this student file (same widths) instead of the teacher's slice")
     train.add_argument("--device", default="cpu")
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--checkpoint", type=Path, required=True)
@@ -303,14 +322,14 @@ def main(argv: list[str] | None = None) -> None:
     card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
             "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,
             "batch_size": args.batch_size, "segment_frames": args.segment_frames, "seed": args.seed,
-            "pool_segments": args.pool_segments,
+            "pool_segments": args.pool_segments, "init_weights": str(args.init_weights) if args.init_weights else None,
             "device": args.device, "trained_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     summary = train_student(dataset, args.stage_channels, args.checkpoint, args.export, card, args.steps,
                             lr=args.lr, batch_size=args.batch_size, segment_frames=args.segment_frames,
                             seed=args.seed, device=args.device, warmup_steps=args.warmup_steps,
                             final_lr_fraction=args.final_lr_fraction, max_steps_this_call=args.max_steps_this_call,
                             pool_segments=args.pool_segments, max_seconds_this_call=args.max_seconds_this_call,
-                            export_each_call=args.export_each_call)
+                            export_each_call=args.export_each_call, initial_weights=args.init_weights)
     print(json.dumps(summary))
 
 

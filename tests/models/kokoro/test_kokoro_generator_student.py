@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from models.kokoro.decoder import Generator
 from models.kokoro.generator_student import (
@@ -163,6 +164,15 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
     assert partial["step"] == 8 and not partial["done"]
     with safe_open(str(weights), framework="pt") as handle:
         assert json.loads(handle.metadata()["card"])["step_reached"] == 8
+    # A new schedule can start from a trained student instead of the teacher's slice (steps=0: as loaded).
+    restarted = tmp_path / "restarted.safetensors"
+    train_student(loaded, (4, 2), tmp_path / "new_ckpt.pt", restarted, {}, steps=0, batch_size=2,
+                  segment_frames=SEGMENT, log_every=0, initial_weights=weights)
+    for name, tensor in load_file(str(weights)).items():
+        assert torch.equal(load_file(str(restarted))[name], tensor), name
+    with pytest.raises(ValueError, match="stage channels"):
+        train_student(loaded, (2, 2), tmp_path / "other_ckpt.pt", tmp_path / "other.safetensors", {}, steps=0,
+                      batch_size=2, segment_frames=SEGMENT, log_every=0, initial_weights=weights)
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
