@@ -17,7 +17,8 @@ audio for the same segment. Here (the teacher's text side on the CPU, seconds a 
 There (torch, numpy and safetensors only), in bounded chunks that resume from the checkpoint:
 
     python -m models.kokoro.generator_student train --dataset .device/distil/generator_inputs-*.safetensors \
-        --steps 20000 --checkpoint $OUT/lite_ckpt.pt --device cuda --export $OUT/lite_generator.safetensors
+        --steps 20000 --batch-size 16 --max-seconds-this-call 540 --checkpoint .device/kokoro_lite/lite_ckpt.pt \
+        --device cuda --export-each-call --export-dtype float16 --export $OUT/lite_generator.safetensors
 
 The dataset comes in shards of at most 39 MiB (a GPU call carries 64 MiB with the working tree; a
 warm machine keeps what earlier calls carried, so each shard goes in its own back-to-back call),
@@ -229,13 +230,14 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
                   seed: int = 0, device: str = "cpu", warmup_steps: int = 50, final_lr_fraction: float = 0.1,
                   max_steps_this_call: int | None = None, log_every: int = 50, pool_segments: int = 0,
                   max_seconds_this_call: float | None = None, export_each_call: bool = False,
-                  initial_weights: Path | None = None) -> dict:
+                  initial_weights: Path | None = None, export_dtype: torch.dtype = torch.float32) -> dict:
     """Slice the dataset's teacher generator to ``stage_channels`` and train it toward the teacher's
     audio (resumes from ``checkpoint``); when the schedule ends in this call (or no file is there
     yet, or ``export_each_call``), write the student's weights and config (with ``card`` and the
     step reached) to ``weights_path``. ``initial_weights``: a student file of the same widths to
     start from instead of the teacher's slice (a new schedule on another machine, say), read only
-    when no checkpoint is there yet."""
+    when no checkpoint is there yet. ``export_dtype`` float16 halves the file (a GPU call returns
+    files of at most 16 MiB; the (128, 64) student is 24.8 MB in float32); loading widens it again."""
     teacher = dataset.teacher_decoder
     student = PackedGenerator(slice_generator(teacher.generator, stage_channels), teacher.input_channels)
     if initial_weights is not None and not Path(checkpoint).is_file():
@@ -247,7 +249,7 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
                             warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction)
     finished = summary["done"] and (summary["steps_this_call"] > 0 or not Path(weights_path).is_file())
     if finished or (export_each_call and summary["steps_this_call"] > 0):
-        export_student(student.generator, weights_path, card | {"step_reached": summary["step"]})
+        export_student(student.generator, weights_path, card | {"step_reached": summary["step"]}, export_dtype)
     return summary
 
 
@@ -263,8 +265,8 @@ def _load_initial_weights(generator: Generator, path: Path) -> None:
     generator.load_state_dict(load_file(str(path)), strict=True)
 
 
-def export_student(generator: Generator, path: Path, card: dict) -> None:
-    tensors = {k: v.detach().float().cpu().contiguous() for k, v in generator.state_dict().items()}
+def export_student(generator: Generator, path: Path, card: dict, dtype: torch.dtype = torch.float32) -> None:
+    tensors = {k: v.detach().to(dtype).cpu().contiguous() for k, v in generator.state_dict().items()}
     metadata = {"student_config": json.dumps(student_config(generator)), "card": json.dumps(card)}
     atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
@@ -314,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--checkpoint", type=Path, required=True)
     train.add_argument("--export", type=Path, required=True, help="the student's safetensors, written at the end")
+    train.add_argument("--export-dtype", choices=("float32", "float16"), default="float32",
+                       help="float16: half the file, for a GPU call's 16 MiB limit on returned files")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -322,14 +326,15 @@ def main(argv: list[str] | None = None) -> None:
     card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
             "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,
             "batch_size": args.batch_size, "segment_frames": args.segment_frames, "seed": args.seed,
-            "pool_segments": args.pool_segments, "init_weights": str(args.init_weights) if args.init_weights else None,
+            "pool_segments": args.pool_segments, "export_dtype": args.export_dtype, "init_weights": str(args.init_weights) if args.init_weights else None,
             "device": args.device, "trained_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     summary = train_student(dataset, args.stage_channels, args.checkpoint, args.export, card, args.steps,
                             lr=args.lr, batch_size=args.batch_size, segment_frames=args.segment_frames,
                             seed=args.seed, device=args.device, warmup_steps=args.warmup_steps,
                             final_lr_fraction=args.final_lr_fraction, max_steps_this_call=args.max_steps_this_call,
                             pool_segments=args.pool_segments, max_seconds_this_call=args.max_seconds_this_call,
-                            export_each_call=args.export_each_call, initial_weights=args.init_weights)
+                            export_each_call=args.export_each_call, initial_weights=args.init_weights,
+                            export_dtype=getattr(torch, args.export_dtype))
     print(json.dumps(summary))
 
 

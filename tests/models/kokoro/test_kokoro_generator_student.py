@@ -170,6 +170,15 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
                   segment_frames=SEGMENT, log_every=0, initial_weights=weights)
     for name, tensor in load_file(str(weights)).items():
         assert torch.equal(load_file(str(restarted))[name], tensor), name
+    # A float16 file (for a GPU call's returned-file limit) loads back into a float32 generator.
+    half = tmp_path / "half.safetensors"
+    train_student(loaded, (4, 2), tmp_path / "new_ckpt.pt", half, {}, steps=0, batch_size=2,
+                  segment_frames=SEGMENT, log_every=0, initial_weights=weights, export_dtype=torch.float16)
+    assert {t.dtype for t in load_file(str(half)).values()} == {torch.float16}
+    widened, _ = load_student_generator(voice.model.config, half)
+    for name, tensor in widened.state_dict().items():
+        assert tensor.dtype == torch.float32
+        torch.testing.assert_close(tensor, load_file(str(weights))[name].half().float(), rtol=0, atol=0)
     with pytest.raises(ValueError, match="stage channels"):
         train_student(loaded, (2, 2), tmp_path / "other_ckpt.pt", tmp_path / "other.safetensors", {}, steps=0,
                       batch_size=2, segment_frames=SEGMENT, log_every=0, initial_weights=weights)
