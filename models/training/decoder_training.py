@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,63 +50,78 @@ class LatentDataset:
         return sum(z.shape[1] for z in self.latents)
 
     def save(self, path: Path, dtype: torch.dtype = torch.float16, utterances: slice = slice(None),
-             teacher_dtype: torch.dtype | None = torch.float32, shard: tuple[int, int, str] | None = None) -> None:
+             teacher_dtype: torch.dtype | None = torch.float32, shard: tuple[int, int, str] | None = None,
+             teacher_keys: Collection[str] | None = None) -> None:
         """One safetensors file: latents concatenated along time, frame lengths, teacher decoder.
 
         float16 latents halve the file (a GPU call carries at most 64 MiB); the teacher decodes
         the same rounded latents the student sees, so the rounding costs the targets nothing. The
         teacher decoder stays float32 (6.7 MB for the medium voice) unless ``teacher_dtype`` says
-        otherwise (its floating-point tensors only); None leaves it out. ``utterances``: which go
-        in; ``shard``: (index, count, dataset id) of a file ``save_shards`` writes.
+        otherwise (its floating-point tensors only); None leaves it out, ``teacher_keys`` keeps
+        only those of its tensors. ``utterances``: which go in (none only beside teacher tensors);
+        ``shard``: (index, count, dataset id) of a file ``save_shards`` writes.
         """
         chosen = self.latents[utterances]
-        if not chosen:
-            raise ValueError(f"no utterances to save in {path}")
+        teacher = {} if teacher_dtype is None else {
+            k: v for k, v in self.teacher_decoder.state_dict().items() if teacher_keys is None or k in teacher_keys}
+        if not chosen and not teacher:
+            raise ValueError(f"nothing to save in {path}: no utterances and no teacher tensors")
+        latent_channels = self.latents[0].shape[0]
         tensors = {
-            "z": torch.cat(chosen, dim=1).to(dtype).contiguous(),  # (C_lat, sum T_frames)
+            "z": (torch.cat(chosen, dim=1) if chosen else torch.zeros(latent_channels, 0)).to(dtype).contiguous(),  # (C_lat, sum T)
             "frame_lengths": torch.tensor([z.shape[1] for z in chosen], dtype=torch.int64),
         }
-        if teacher_dtype is not None:
-            tensors |= {f"{TEACHER_PREFIX}{k}": (v.detach().to(teacher_dtype) if v.is_floating_point() else v.detach())
-                        .cpu().contiguous() for k, v in self.teacher_decoder.state_dict().items()}
+        tensors |= {f"{TEACHER_PREFIX}{k}": (v.detach().to(teacher_dtype) if v.is_floating_point() else v.detach())
+                    .cpu().contiguous() for k, v in teacher.items()}
         metadata = {"hop_length": str(self.hop_length), "sample_rate_hz": str(self.sample_rate_hz),
                     "teacher_decoder_config": json.dumps(self.teacher_decoder_config)}
         if shard is not None:
             metadata |= {"shard_index": str(shard[0]), "shard_count": str(shard[1]), "dataset_id": shard[2]}
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
-    def save_shards(self, folder: Path, stem: str, max_mib: float = 39.0, dtype: torch.dtype = torch.float16,
+    def save_shards(self, folder: Path, stem: str, max_mib: float = 30.0, dtype: torch.dtype = torch.float16,
                     teacher_dtype: torch.dtype = torch.float16) -> list[Path]:
         """``<stem>-000.safetensors``, ... of at most ``max_mib`` of tensors each, for GPU calls that
-        carry 64 MiB at most, the project's working tree (about 22 MiB) included; 39 MiB still holds
-        Kokoro's teacher generator in float16 (37.5 MiB). The teacher goes in the first shard only,
-        the utterances in order across all.
+        carry 64 MiB at most with the project's working tree (about 23 MiB): the teacher's tensors
+        first, then the utterances in order, packed across the shards. The teacher may span shards
+        (Kokoro's generator is 37.5 MiB in float16), so the limit is set by the call, not the model.
         Earlier shards of ``stem`` in ``folder`` are removed first; ``load`` wants every shard of one
         writing (each names its index, the count and the writing's id)."""
         if not self.latents:
             raise ValueError("the dataset has no utterances")
         limit = max_mib * 2**20
-        teacher_bytes = sum(v.numel() * (teacher_dtype.itemsize if v.is_floating_point() else v.element_size())
-                            for v in self.teacher_decoder.state_dict().values())
+        teacher_sizes = {k: v.numel() * (teacher_dtype.itemsize if v.is_floating_point() else v.element_size())
+                         for k, v in self.teacher_decoder.state_dict().items()}
         sizes = [z.numel() * dtype.itemsize for z in self.latents]
-        if teacher_bytes + sizes[0] > limit or max(sizes) > limit:
-            raise ValueError(f"max_mib={max_mib} holds neither the teacher ({teacher_bytes / 2**20:.1f} MiB) with the "
-                             f"first utterance nor the largest utterance ({max(sizes) / 2**20:.1f} MiB)")
-        groups, start, used = [], 0, teacher_bytes
-        for index, size in enumerate(sizes):
-            if used + size > limit:
-                groups.append(slice(start, index))
-                start, used = index, 0
-            used += size
-        groups.append(slice(start, len(sizes)))
+        if max(teacher_sizes.values(), default=0) > limit or max(sizes) > limit:
+            raise ValueError(f"max_mib={max_mib} is too small: a shard must hold the largest teacher tensor "
+                             f"({max(teacher_sizes.values(), default=0) / 2**20:.1f} MiB) and the largest utterance "
+                             f"({max(sizes) / 2**20:.1f} MiB)")
+        # Greedy packing in order: the teacher's tensors, then the utterances, a new shard when full.
+        items = [("teacher", key, size) for key, size in teacher_sizes.items()] + \
+                [("utterance", index, size) for index, size in enumerate(sizes)]
+        bins: list[list[tuple[str, str | int, int]]] = [[]]
+        used = 0
+        for item in items:
+            if used + item[2] > limit and bins[-1]:
+                bins.append([])
+                used = 0
+            bins[-1].append(item)
+            used += item[2]
+        groups = []
+        for contents in bins:
+            keys = [name for kind, name, _ in contents if kind == "teacher"]
+            indices = [name for kind, name, _ in contents if kind == "utterance"]
+            groups.append((keys, slice(indices[0], indices[-1] + 1) if indices else slice(0, 0)))
         folder.mkdir(parents=True, exist_ok=True)
         for stale in folder.glob(f"{stem}-*.safetensors"):
             stale.unlink()
         dataset_id = uuid.uuid4().hex
         paths = []
-        for index, group in enumerate(groups):
+        for index, (keys, utterances) in enumerate(groups):
             path = folder / f"{stem}-{index:03d}.safetensors"
-            self.save(path, dtype, group, teacher_dtype if index == 0 else None, (index, len(groups), dataset_id))
+            self.save(path, dtype, utterances, teacher_dtype if keys else None, (index, len(groups), dataset_id),
+                      teacher_keys=keys)
             paths.append(path)
         return paths
 
@@ -118,7 +133,7 @@ class LatentDataset:
         ``build_decoder``: the family's decoder from the config saved with the dataset.
         """
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
-        latents, shared, teacher_state, shards = [], None, None, {}
+        latents, shared, teacher_state, shards = [], None, {}, {}
         for path in paths:
             with safe_open(str(path), framework="pt") as handle:
                 metadata = dict(handle.metadata())
@@ -130,14 +145,17 @@ class LatentDataset:
             shared = metadata
             tensors = load_file(str(path))
             file_teacher = {k[len(TEACHER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TEACHER_PREFIX)}
-            if file_teacher and teacher_state is not None and (file_teacher.keys() != teacher_state.keys() or any(
-                    not torch.equal(v, teacher_state[k]) for k, v in file_teacher.items())):
+            # Shards of one writing each hold part of the teacher; whole files each hold all of it.
+            keys_differ = shard[0] is None and teacher_state and file_teacher and file_teacher.keys() != teacher_state.keys()
+            if keys_differ or any(k in teacher_state and not torch.equal(v, teacher_state[k])
+                                  for k, v in file_teacher.items()):
                 raise ValueError(f"dataset file {path} comes from another teacher than {paths[0]}")
-            teacher_state = teacher_state or file_teacher or None
-            latents += list(torch.split(tensors["z"].float(), tensors["frame_lengths"].tolist(), dim=1))
+            teacher_state |= file_teacher
+            if len(tensors["frame_lengths"]):
+                latents += list(torch.split(tensors["z"].float(), tensors["frame_lengths"].tolist(), dim=1))
         if shards:
             _check_complete_shards(shards, len(paths))
-        if teacher_state is None:
+        if not teacher_state:
             raise ValueError(f"no teacher decoder weights in {[str(p) for p in paths]}: give the first shard too")
         config = json.loads(shared["teacher_decoder_config"])
         teacher_decoder = build_decoder(config)

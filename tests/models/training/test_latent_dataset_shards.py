@@ -1,5 +1,5 @@
 """LatentDataset files (models/training/decoder_training.py): one file, or shards that fit a GPU
-call, the teacher's weights in the first shard only."""
+call, the teacher's weights first and spread over the shards when they do not fit one."""
 from __future__ import annotations
 
 import pytest
@@ -48,8 +48,8 @@ def test_incomplete_mixed_or_foreign_shards_are_refused(tmp_path):
     again = _dataset().save_shards(tmp_path / "a", "latents", max_mib=0.1)  # the same voice, written again
     with pytest.raises(ValueError, match="one whole writing"):
         LatentDataset.load(again[:-1] + [other_paths[-1]], _build)
-    with pytest.raises(ValueError, match="holds neither"):
-        _dataset().save_shards(tmp_path / "c", "latents", max_mib=0.0001)  # 105 bytes: the teacher is 514
+    with pytest.raises(ValueError, match="too small"):
+        _dataset().save_shards(tmp_path / "c", "latents", max_mib=0.0001)  # 105 bytes: the teacher's weight is 512
 
 
 def test_a_second_writing_removes_the_first_ones_shards(tmp_path):
@@ -65,3 +65,25 @@ def test_one_file_keeps_the_float32_teacher(tmp_path):
     dataset.save(tmp_path / "one.safetensors")
     loaded = LatentDataset.load(tmp_path / "one.safetensors", _build)
     torch.testing.assert_close(loaded.teacher_decoder.weight, dataset.teacher_decoder.weight, rtol=0, atol=0)
+
+
+def _build_wide(config: dict) -> nn.Module:
+    return nn.Sequential(nn.Conv1d(config["channels"], config["hidden"], 3, padding=1),
+                         nn.ConvTranspose1d(config["hidden"], 1, config["hop"], config["hop"]))
+
+
+def test_a_teacher_larger_than_a_shard_spans_shards_and_loads_back_whole(tmp_path):
+    torch.manual_seed(0)
+    config = {"channels": 16, "hidden": 512, "hop": 4}
+    teacher = _build_wide(config)  # 16*512*3 + 512*4 (+ biases) float16: about 53 KiB
+    dataset = LatentDataset([torch.randn(16, 300 + 11 * i) for i in range(5)], teacher, config, hop_length=4,
+                            sample_rate_hz=16000)
+    paths = dataset.save_shards(tmp_path, "latents", max_mib=0.05)  # 51 KiB: the teacher takes two shards
+    assert len(paths) >= 3
+    assert all(path.stat().st_size < 0.05 * 2**20 + 4096 for path in paths)
+    loaded = LatentDataset.load(paths, _build_wide)
+    for name, weight in teacher.state_dict().items():
+        torch.testing.assert_close(loaded.teacher_decoder.state_dict()[name], weight.half().float(), rtol=0, atol=0)
+    assert [z.shape for z in loaded.latents] == [z.shape for z in dataset.latents]
+    with pytest.raises(ValueError, match="one whole writing"):
+        LatentDataset.load(paths[1:], _build_wide)  # part of the teacher missing
