@@ -149,15 +149,16 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     assert pngs(outputs) == 3  # CPU ratios of the latest run, H200 best RTF per session, training loss
     notes = joined(outputs, "text/markdown")
     # The Lite decoder is the only graph past 2x in sessions 26-28 (2.07x, 2.11x after 8,000 CPU steps,
-    # 2.40x for the H200 student) but misses both quality bars, closer each time; the teacher's INT8
-    # graph keeps quality at 1.11x in the latest run: no run meets the CPU target.
+    # 2.40x for the H200 student, 2.30x after 2,200 more CPU steps) but misses both quality bars; the
+    # teacher's INT8 graph keeps quality at 1.10x in the latest run: no run meets the CPU target.
     assert "**`cpu_26_kokoro_cpu_lite.json`: CPU target missed.**" in notes
     assert "lite_cpu_graph 2.07x" in notes
     assert "lite_cpu_graph quality missed (DNSMOS 3.439 < 3.669, spk_sim 0.882 < 0.95)" in notes
     assert "lite_cpu_graph quality missed (DNSMOS 3.584 < 3.669, spk_sim 0.916 < 0.95)" in notes
     assert "lite_cpu_graph quality missed (DNSMOS 3.652 < 3.669, spk_sim 0.932 < 0.95)" in notes
-    assert "In `cpu_28_kokoro_cpu_lite.json` the fastest graph is lite_cpu_graph_int8 at 2.43x" in notes
-    assert "the fastest that keeps quality is cpu_graph_int8 at 1.11x" in notes
+    assert "lite_cpu_graph quality missed (DNSMOS 3.642 < 3.669, spk_sim 0.934 < 0.95)" in notes  # + CPU steps
+    assert "In `cpu_28_kokoro_cpu_lite_continued.json` the fastest graph is lite_cpu_graph_int8 at 2.34x" in notes
+    assert "the fastest that keeps quality is cpu_graph_int8 at 1.10x" in notes
     assert "Graphs meeting both in any run: none." in notes
     assert "Lite (128, 64) 16.64 (3.21x fewer)" in notes
     # The H200 (random weights): batch 1 met by session 22's compiled engine; batch 16 missed, 1.6x over
@@ -173,3 +174,4 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     tables = joined(outputs, "text/html")
     assert "cpu_26_kokoro_lite_train.log" in tables and "cpu_27_kokoro_lite_train_b_pool.log" in tables
     assert "h200_28_kokoro_lite_train_b.log" in tables  # the H200 run's logs too
+    assert "cpu_28_kokoro_lite_train_continued.log" in tables
