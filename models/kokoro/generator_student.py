@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> None:
     card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
             "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,
             "batch_size": args.batch_size, "segment_frames": args.segment_frames, "seed": args.seed,
-            "pool_segments": args.pool_segments, "export_dtype": args.export_dtype, "init_weights": str(args.init_weights) if args.init_weights else None,
+            "pool_segments": args.pool_segments, "export_dtype": args.export_dtype,
+            "init_weights": str(args.init_weights) if args.init_weights else None,
             "device": args.device, "trained_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     summary = train_student(dataset, args.stage_channels, args.checkpoint, args.export, card, args.steps,
                             lr=args.lr, batch_size=args.batch_size, segment_frames=args.segment_frames,

@@ -66,9 +66,9 @@ class LatentDataset:
             k: v for k, v in self.teacher_decoder.state_dict().items() if teacher_keys is None or k in teacher_keys}
         if not chosen and not teacher:
             raise ValueError(f"nothing to save in {path}: no utterances and no teacher tensors")
-        latent_channels = self.latents[0].shape[0]
+        z = torch.cat(chosen, dim=1) if chosen else self.latents[0].new_zeros(self.latents[0].shape[0], 0)
         tensors = {
-            "z": (torch.cat(chosen, dim=1) if chosen else torch.zeros(latent_channels, 0)).to(dtype).contiguous(),  # (C_lat, sum T)
+            "z": z.to(dtype).contiguous(),  # (C_lat, sum T_frames)
             "frame_lengths": torch.tensor([z.shape[1] for z in chosen], dtype=torch.int64),
         }
         tensors |= {f"{TEACHER_PREFIX}{k}": (v.detach().to(teacher_dtype) if v.is_floating_point() else v.detach())
@@ -146,7 +146,8 @@ class LatentDataset:
             tensors = load_file(str(path))
             file_teacher = {k[len(TEACHER_PREFIX):]: v for k, v in tensors.items() if k.startswith(TEACHER_PREFIX)}
             # Shards of one writing each hold part of the teacher; whole files each hold all of it.
-            keys_differ = shard[0] is None and teacher_state and file_teacher and file_teacher.keys() != teacher_state.keys()
+            keys_differ = (shard[0] is None and bool(teacher_state) and bool(file_teacher)
+                           and file_teacher.keys() != teacher_state.keys())
             if keys_differ or any(k in teacher_state and not torch.equal(v, teacher_state[k])
                                   for k, v in file_teacher.items()):
                 raise ValueError(f"dataset file {path} comes from another teacher than {paths[0]}")
