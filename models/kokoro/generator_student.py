@@ -254,12 +254,17 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
     return summary
 
 
-def _load_initial_weights(generator: Generator, path: Path) -> None:
+def _read_student_config(path: Path) -> dict:
+    """The student config a Lite generator file carries in its metadata."""
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
     if "student_config" not in metadata:
         raise ValueError(f"{path}: no student_config in its metadata; not a Kokoro Lite generator file")
-    widths = check_student_config(json.loads(metadata["student_config"]))
+    return json.loads(metadata["student_config"])
+
+
+def _load_initial_weights(generator: Generator, path: Path) -> None:
+    widths = check_student_config(_read_student_config(path))
     if widths != tuple(generator.stage_channels):
         raise ValueError(f"{path}: a student of stage channels {widths}, not the {tuple(generator.stage_channels)} "
                          "being trained")
@@ -274,11 +279,7 @@ def export_student(generator: Generator, path: Path, card: dict, dtype: torch.dt
 
 def load_student_generator(model_config: KokoroConfig, path: Path) -> tuple[Generator, dict]:
     """A student generator from its safetensors (weights only, no pickle) and its config."""
-    with safe_open(str(path), framework="pt") as handle:
-        metadata = handle.metadata() or {}
-    if "student_config" not in metadata:
-        raise ValueError(f"{path}: no student_config in its metadata; not a Kokoro Lite generator file")
-    config = json.loads(metadata["student_config"])
+    config = _read_student_config(path)
     generator = Generator(model_config, stage_channels=check_student_config(config))
     generator.load_state_dict(load_file(str(path)), strict=True)
     return generator.eval(), config

@@ -283,10 +283,12 @@ def train_decoder(
     ``checkpoint_every`` steps and at the end of the call, written atomically. A checkpoint found
     at ``checkpoint_path`` is resumed; ``max_steps_this_call`` and ``max_seconds_this_call`` bound
     one call (the call ends after the step that crosses either, with a checkpoint), so a long run
-    goes in chunks that fit a machine lent for minutes. ``autocast_bf16`` runs the student's forward in bfloat16 (CUDA; weights stay fp32).
+    goes in chunks that fit a machine lent for minutes. ``autocast_bf16`` runs the student's
+    forward in bfloat16 (CUDA; weights stay fp32).
     Returns the step reached and the losses of this call.
     """
-    if steps < 0 or lr <= 0 or checkpoint_every < 1 or (max_seconds_this_call is not None and max_seconds_this_call <= 0):
+    seconds_bound_bad = max_seconds_this_call is not None and max_seconds_this_call <= 0
+    if steps < 0 or lr <= 0 or checkpoint_every < 1 or seconds_bound_bad:
         raise ValueError(f"train_decoder: need steps >= 0, lr > 0, checkpoint_every >= 1, max_seconds_this_call > 0 "
                          f"(got {steps}, {lr}, {checkpoint_every}, {max_seconds_this_call})")
     checkpoint_path = Path(checkpoint_path)

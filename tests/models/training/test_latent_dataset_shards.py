@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
-from models.training.decoder_training import LatentDataset
+from models.training.decoder_training import TEACHER_PREFIX, LatentDataset
 
 
 def _build(config: dict) -> nn.Module:
@@ -81,6 +82,9 @@ def test_a_teacher_larger_than_a_shard_spans_shards_and_loads_back_whole(tmp_pat
     paths = dataset.save_shards(tmp_path, "latents", max_mib=0.05)  # 51 KiB: the teacher takes two shards
     assert len(paths) >= 3
     assert all(path.stat().st_size < 0.05 * 2**20 + 4096 for path in paths)
+    holding_teacher = [path for path in paths
+                       if any(key.startswith(TEACHER_PREFIX) for key in load_file(str(path)))]
+    assert len(holding_teacher) == 2
     loaded = LatentDataset.load(paths, _build_wide)
     for name, weight in teacher.state_dict().items():
         torch.testing.assert_close(loaded.teacher_decoder.state_dict()[name], weight.half().float(), rtol=0, atol=0)
