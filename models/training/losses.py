@@ -5,7 +5,10 @@
     parts = DistillationLoss(sample_rate_hz, hop_length)(student_audio, teacher_audio)  # both, weighted
 
 They compare magnitudes, not samples: a decoder may shift phase slightly and still sound the
-same, which a waveform L1 would punish. The mel filterbank is built here (Slaney scale and area
+same, which a waveform L1 would punish. Where the student shares the teacher's deterministic
+excitation (a sliced teacher, noise off), its phase can follow the teacher's, and
+``relative_waveform_error`` (weight ``waveform``, off by default) asks it to: magnitude terms alone
+leave the phase free, which a speaker encoder hears. The mel filterbank is built here (Slaney scale and area
 normalisation, as librosa and HiFi-GAN use) so the losses run where librosa is not installed.
 """
 from __future__ import annotations
@@ -127,18 +130,26 @@ class MelSpectrogramLoss(nn.Module):
         return F.l1_loss(self.log_mel(predicted), self.log_mel(target))
 
 
+def relative_waveform_error(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """||predicted - target|| / ||target|| over the batch: 10 ** (-SNR / 20), so 0.45 is 7 dB."""
+    _check_waveforms(predicted, target)
+    return torch.linalg.norm(predicted - target) / torch.linalg.norm(target).clamp_min(MAGNITUDE_FLOOR)
+
+
 @dataclass(frozen=True)
 class LossWeights:
     stft: float = 1.0  # multi-resolution STFT: spectral convergence + log magnitude
     mel: float = 1.0  # log-mel L1 (HiFi-GAN's reconstruction term); same order as the STFT term here
+    waveform: float = 0.0  # relative waveform error: phase-aware, for students that can follow the teacher's phase
 
     def __post_init__(self):
-        if min(self.stft, self.mel) < 0 or self.stft + self.mel == 0:
-            raise ValueError(f"loss weights {self}: need both >= 0 and at least one > 0")
+        weights = (self.stft, self.mel, self.waveform)
+        if min(weights) < 0 or sum(weights) == 0:
+            raise ValueError(f"loss weights {self}: need all >= 0 and at least one > 0")
 
 
 class DistillationLoss(nn.Module):
-    """A student's audio against its teacher's: MR-STFT + log-mel L1, weighted."""
+    """A student's audio against its teacher's: MR-STFT + log-mel L1 (+ relative waveform error), weighted."""
 
     def __init__(self, sample_rate_hz: int, hop_length: int, weights: LossWeights = LossWeights()):
         super().__init__()
@@ -147,7 +158,10 @@ class DistillationLoss(nn.Module):
         self.mel = MelSpectrogramLoss(sample_rate_hz, hop_length)
 
     def forward(self, predicted: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
-        """(B, T) waveforms -> {"loss", "stft", "mel"}; "loss" is the weighted sum to minimise."""
+        """(B, T) waveforms -> {"loss", "stft", "mel"[, "waveform"]}; "loss" is the weighted sum to minimise."""
         parts = {"stft": self.stft(predicted, target), "mel": self.mel(predicted, target)}
         parts["loss"] = self.weights.stft * parts["stft"] + self.weights.mel * parts["mel"]
+        if self.weights.waveform:
+            parts["waveform"] = relative_waveform_error(predicted, target)
+            parts["loss"] = parts["loss"] + self.weights.waveform * parts["waveform"]
         return parts

@@ -259,20 +259,24 @@ def test_distillation_never_trains_on_a_held_out_set(voice):
         DistilSettings(checkpoint=None, student={"width": 3}, train_steps=1).check_family(FAMILY)
 
 
-def test_the_cli_bounds_a_call_by_time_and_returns_the_student_in_float16(voice, tmp_path):
+def test_the_cli_bounds_a_call_by_time_and_returns_the_student_in_float16(voice, tmp_path, capsys):
     ids = [u.phoneme_ids for u in voice.text_to_utterances("A sentence for the command line, long enough to train on.")]
     shards = teacher_dataset(voice, ids).save_shards(tmp_path / "bundle", "generator_inputs")
     export = tmp_path / "student.safetensors"
     arguments = ["train", "--dataset", *map(str, shards), "--stage-channels", "4", "2", "--steps", "5",
                  "--batch-size", "2", "--segment-frames", str(SEGMENT), "--max-seconds-this-call", "1e-9",
                  "--export-each-call", "--export-dtype", "float16", "--checkpoint", str(tmp_path / "ckpt.pt"),
-                 "--export", str(export)]
+                 "--waveform-weight", "2.0", "--export", str(export)]
     main(arguments)  # a bound no step fits in: one step, a checkpoint and the student reached
+    assert "  waveform " in capsys.readouterr().out  # the phase-aware term is in the loss it logs
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 1
     assert {t.dtype for t in load_file(str(export)).values()} == {torch.float16}
     with safe_open(str(export), framework="pt") as handle:
         card = json.loads(handle.metadata()["card"])
     assert card["step_reached"] == 1 and card["export_dtype"] == "float16" and card["init_weights"] is None
+    assert card["waveform_weight"] == 2.0
+    with pytest.raises(ValueError, match="loss weights"):
+        main(arguments[:-4] + ["--waveform-weight", "-1", "--export", str(export)])
     generator, config = load_student_generator(voice.model.config, export)
     assert config["stage_channels"] == [4, 2] and generator.stage_channels == (4, 2)
 

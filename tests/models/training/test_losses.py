@@ -9,7 +9,14 @@ import math
 import pytest
 import torch
 
-from models.training.losses import MelSpectrogramLoss, MultiResolutionSTFTLoss, mel_filterbank
+from models.training.losses import (
+    DistillationLoss,
+    LossWeights,
+    MelSpectrogramLoss,
+    MultiResolutionSTFTLoss,
+    mel_filterbank,
+    relative_waveform_error,
+)
 
 SAMPLE_RATE_HZ = 22050
 HOP_LENGTH = 256  # a Piper medium voice's samples per frame at 22.05 kHz
@@ -65,3 +72,34 @@ def test_mel_filterbank_equals_librosa():
     ours = mel_filterbank(SAMPLE_RATE_HZ, 1024, 80)
     assert ours.shape == reference.shape
     assert torch.allclose(ours, torch.from_numpy(reference).float(), atol=1e-6)
+
+
+def test_relative_waveform_error_is_the_snr_in_amplitude(noise_audio):
+    """Added noise at a known SNR: the error is 10 ** (-SNR / 20); identical waveforms cost nothing."""
+    error = torch.randn(noise_audio.shape, generator=torch.Generator().manual_seed(2))
+    error *= 10 ** (-7 / 20) * torch.linalg.norm(noise_audio) / torch.linalg.norm(error)  # 7 dB below the signal
+    assert relative_waveform_error(noise_audio + error, noise_audio).item() == pytest.approx(10 ** (-7 / 20), rel=1e-5)
+    assert relative_waveform_error(noise_audio, noise_audio.clone()).item() == 0.0
+
+
+def test_only_the_waveform_term_sees_a_phase_shift(noise_audio):
+    """White noise one sample late: every magnitude nearly as it was (a 512-sample window moves by
+    one sample), yet sqrt(2) away as a waveform (neighbouring samples are uncorrelated). The
+    reason a student that could follow the teacher's phase needs the waveform term."""
+    late = torch.roll(noise_audio, 1, dims=1)
+    loss = DistillationLoss(SAMPLE_RATE_HZ, HOP_LENGTH, LossWeights(waveform=1.0))
+    parts = loss(late, noise_audio)
+    assert parts["mel"].item() < 0.02 and parts["stft"].item() < 0.25, parts  # 0.008 and 0.20 here
+    assert parts["waveform"].item() == pytest.approx(math.sqrt(2), rel=0.02)  # worse than silence (1.0)
+    assert parts["loss"].item() == pytest.approx(sum(parts[k].item() for k in ("stft", "mel", "waveform")), rel=1e-6)
+
+
+def test_waveform_term_is_off_by_default(noise_audio):
+    assert "waveform" not in DistillationLoss(SAMPLE_RATE_HZ, HOP_LENGTH)(0.5 * noise_audio, noise_audio)
+
+
+@pytest.mark.parametrize("weights", [dict(waveform=-1.0), dict(stft=0.0, mel=0.0, waveform=0.0)],
+                         ids=["negative", "all-zero"])
+def test_bad_loss_weights_are_refused(weights):
+    with pytest.raises(ValueError, match="loss weights"):
+        LossWeights(**weights)
