@@ -24,8 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 from core.atomic_io import atomic_write
 from evaluate.kernel_launches import kernel_launches
 from models.piper.lite import LiteStudent, LiteStudentConfig, build_lite_parts
-from models.piper.training.lite_training import (
-    AdversarialSettings, TeacherTargets, load_training_bundle, train_lite)
+from models.piper.training.lite_training import TeacherTargets, load_training_bundle, train_lite
+from models.training.discriminators import AdversarialSettings
 from models.training.losses import LossWeights
 
 

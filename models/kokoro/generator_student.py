@@ -46,6 +46,7 @@ from models.kokoro.config import KokoroConfig
 from models.kokoro.decoder import Decoder, Generator
 from models.kokoro.layers import AdaINResBlock1
 from models.training.decoder_training import LatentDataset, SegmentSampler, train_decoder
+from models.training.discriminators import AdversarialSettings
 from models.training.losses import LossWeights
 
 STUDENT_KIND = "kokoro_generator"
@@ -233,7 +234,7 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
                   max_steps_this_call: int | None = None, log_every: int = 50, pool_segments: int = 0,
                   max_seconds_this_call: float | None = None, export_each_call: bool = False,
                   initial_weights: Path | None = None, export_dtype: torch.dtype = torch.float32,
-                  loss_weights: LossWeights = LossWeights()) -> dict:
+                  loss_weights: LossWeights = LossWeights(), adversarial: AdversarialSettings | None = None) -> dict:
     """Slice the dataset's teacher generator to ``stage_channels`` and train it toward the teacher's
     audio (resumes from ``checkpoint``); when the schedule ends in this call (or no file is there
     yet, or ``export_each_call``), write the student's weights and config (with ``card`` and the
@@ -241,7 +242,8 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
     start from instead of the teacher's slice (a new schedule on another machine, say), read only
     when no checkpoint is there yet. ``export_dtype`` float16 halves the file (a GPU call returns
     files of at most 16 MiB; the (128, 64) student is 24.8 MB in float32); loading widens it again.
-    ``loss_weights.waveform`` > 0 also asks for the teacher's phase (the slice shares its source)."""
+    ``loss_weights.waveform`` > 0 also asks for the teacher's phase (the slice shares its source);
+    ``adversarial`` adds HiFi-GAN's discriminators (a fine-tune of a distilled student, mel weight 45)."""
     teacher = dataset.teacher_decoder
     student = PackedGenerator(slice_generator(teacher.generator, stage_channels), teacher.input_channels)
     if initial_weights is not None and not Path(checkpoint).is_file():
@@ -250,7 +252,8 @@ def train_student(dataset: LatentDataset, stage_channels: Sequence[int], checkpo
                              log_every=log_every)
     summary = train_decoder(student, sampler, steps, lr, Path(checkpoint), device=device, log_every=log_every,
                             max_steps_this_call=max_steps_this_call, max_seconds_this_call=max_seconds_this_call,
-                            warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction, loss_weights=loss_weights)
+                            warmup_steps=warmup_steps, final_lr_fraction=final_lr_fraction, loss_weights=loss_weights,
+                            adversarial=adversarial)
     finished = summary["done"] and (summary["steps_this_call"] > 0 or not Path(weights_path).is_file())
     if finished or (export_each_call and summary["steps_this_call"] > 0):
         export_student(student.generator, weights_path, card | {"step_reached": summary["step"]}, export_dtype)
@@ -317,9 +320,14 @@ def main(argv: list[str] | None = None) -> None:
                        help="decode this many segments once and draw batches from them (CPU: ~2x steps/s)")
     train.add_argument("--init-weights", type=Path, default=None,
                        help="start from this student file (same widths) instead of the teacher's slice")
+    train.add_argument("--stft-weight", type=float, default=1.0, help="multi-resolution STFT loss weight")
+    train.add_argument("--mel-weight", type=float, default=1.0, help="log-mel L1 weight (HiFi-GAN's 45 with --gan)")
     train.add_argument("--waveform-weight", type=float, default=0.0,
-                       help="weight of the relative waveform error beside MR-STFT and mel (1 each): asks for "
-                            "the teacher's phase too")
+                       help="weight of the relative waveform error: asks for the teacher's phase too")
+    train.add_argument("--gan", action="store_true",
+                       help="add HiFi-GAN's adversarial and feature-matching terms (fine-tune a distilled student)")
+    train.add_argument("--discriminator-warmup-steps", type=int, default=1000,
+                       help="with --gan: steps in which the discriminator learns alone")
     train.add_argument("--device", default="cpu")
     train.add_argument("--threads", type=int, default=None)
     train.add_argument("--checkpoint", type=Path, required=True)
@@ -330,13 +338,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     check_student_config({"stage_channels": args.stage_channels})
-    loss_weights = LossWeights(waveform=args.waveform_weight)  # refused here, before the dataset loads
+    # Refused here, before the dataset loads.
+    loss_weights = LossWeights(args.stft_weight, args.mel_weight, args.waveform_weight)
+    adversarial = AdversarialSettings(discriminator_warmup_steps=args.discriminator_warmup_steps) if args.gan else None
     dataset = LatentDataset.load(args.dataset, build_packed_generator)
     card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
             "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,
             "batch_size": args.batch_size, "segment_frames": args.segment_frames, "seed": args.seed,
             "pool_segments": args.pool_segments, "export_dtype": args.export_dtype,
-            "waveform_weight": args.waveform_weight,
+            "stft_weight": args.stft_weight, "mel_weight": args.mel_weight, "waveform_weight": args.waveform_weight,
+            "gan": args.gan, "discriminator_warmup_steps": args.discriminator_warmup_steps if args.gan else None,
             "init_weights": str(args.init_weights) if args.init_weights else None,
             "device": args.device, "trained_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     summary = train_student(dataset, args.stage_channels, args.checkpoint, args.export, card, args.steps,
@@ -346,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
                             pool_segments=args.pool_segments, max_seconds_this_call=args.max_seconds_this_call,
                             export_each_call=args.export_each_call, initial_weights=args.init_weights,
                             export_dtype=getattr(torch, args.export_dtype),
-                            loss_weights=loss_weights)
+                            loss_weights=loss_weights, adversarial=adversarial)
     print(json.dumps(summary))
 
 

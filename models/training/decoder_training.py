@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from core.atomic_io import atomic_write, write_text_atomic
+from models.training.discriminators import AdversarialSettings, HifiGanDiscriminator, adversarial_terms
 from models.training.losses import DistillationLoss, LossWeights
 from models.training.schedule import learning_rate
 
@@ -255,8 +256,11 @@ class SegmentSampler:
             step += 1
 
 
-def _save_checkpoint(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+def _save_checkpoint(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+                     discriminator: nn.Module | None = None, d_optimizer: torch.optim.Optimizer | None = None) -> None:
     state = {"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+    if discriminator is not None:
+        state |= {"discriminator": discriminator.state_dict(), "d_optimizer": d_optimizer.state_dict()}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -276,6 +280,7 @@ def train_decoder(
     final_lr_fraction: float = 1.0,
     warmup_steps: int = 0,
     autocast_bf16: bool = False,
+    adversarial: AdversarialSettings | None = None,
 ) -> dict:
     """Train ``student`` (z (B, C, T) -> audio (B, 1, T * hop)) toward the teacher's audio.
 
@@ -284,7 +289,9 @@ def train_decoder(
     at ``checkpoint_path`` is resumed; ``max_steps_this_call`` and ``max_seconds_this_call`` bound
     one call (the call ends after the step that crosses either, with a checkpoint), so a long run
     goes in chunks that fit a machine lent for minutes. ``autocast_bf16`` runs the student's
-    forward in bfloat16 (CUDA; weights stay fp32).
+    forward in bfloat16 (CUDA; weights stay fp32). ``adversarial`` adds a compact HiFi-GAN
+    discriminator that takes the teacher's audio as real and the student's as fake (its state joins
+    the checkpoint; a spectral checkpoint may go on adversarially).
     Returns the step reached and the losses of this call.
     """
     seconds_bound_bad = max_seconds_this_call is not None and max_seconds_this_call <= 0
@@ -295,11 +302,18 @@ def train_decoder(
     student.to(device).train()
     criterion = DistillationLoss(batches.dataset.sample_rate_hz, batches.dataset.hop_length, loss_weights).to(device)
     optimizer = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.8, 0.99))  # HiFi-GAN's betas
+    discriminator = d_optimizer = None
+    if adversarial is not None:
+        discriminator = HifiGanDiscriminator.compact().to(device).train()
+        d_optimizer = torch.optim.AdamW(discriminator.parameters(), lr=lr, betas=(0.8, 0.99))
     start_step = 0
     if checkpoint_path.is_file():
         state = torch.load(checkpoint_path, map_location=device, weights_only=True)
         student.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        if discriminator is not None and "discriminator" in state:
+            discriminator.load_state_dict(state["discriminator"])
+            d_optimizer.load_state_dict(state["d_optimizer"])
         start_step = int(state["step"])
     end_step = steps if max_steps_this_call is None else min(steps, start_step + max_steps_this_call)
 
@@ -307,14 +321,18 @@ def train_decoder(
     started = time.perf_counter()
     step = start_step
     while step < end_step:
-        for group in optimizer.param_groups:
+        for group in optimizer.param_groups + (d_optimizer.param_groups if d_optimizer else []):
             group["lr"] = learning_rate(step, steps, lr, final_lr_fraction, warmup_steps)
         z, target = (t.to(device, non_blocking=True) for t in batches.batch(step))
         with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=autocast_bf16):
             predicted = student(z)[:, 0]  # (B, T_audio)
         parts = criterion(predicted.float(), target)
+        loss = parts["loss"]
+        if discriminator is not None:
+            parts |= adversarial_terms(discriminator, d_optimizer, adversarial, step, target, predicted.float())
+            loss = loss + adversarial.generator_loss(parts)
         optimizer.zero_grad(set_to_none=True)
-        parts["loss"].backward()
+        loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), grad_clip_norm)
         optimizer.step()
         step += 1
@@ -327,7 +345,7 @@ def train_decoder(
             print(f"step {step}/{steps}  " + "  ".join(f"{k} {v:.4f}" for k, v in means.items())
                   + f"  {(step - start_step) / (time.perf_counter() - started):.2f} steps/s", flush=True)
         if step % checkpoint_every == 0 or step == end_step:
-            _save_checkpoint(checkpoint_path, student, optimizer, step)
+            _save_checkpoint(checkpoint_path, student, optimizer, step, discriminator, d_optimizer)
     seconds = time.perf_counter() - started
     summary = {"step": step, "start_step": start_step, "steps_this_call": step - start_step,
                "done": step >= steps, "seconds": seconds}

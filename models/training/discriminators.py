@@ -8,6 +8,11 @@ standard cure. The teacher's audio is the "real" side, so the student learns the
     d_loss = discriminator_loss(*discriminate_pair(discriminator, real, fake.detach()))
     adv, fm = generator_losses(*generator_side_outputs(discriminator, real, fake))
 
+or, in a training loop, one discriminator update and the generator's terms of that step:
+
+    parts = adversarial_terms(discriminator, d_optimizer, AdversarialSettings(), step, real, fake)
+    loss = spectral_loss + AdversarialSettings().generator_loss(parts)
+
 Shapes follow HiFi-GAN (periods 2, 3, 5, 7, 11; three scales) with half its channel counts:
 the student is small. ``HifiGanDiscriminator.compact()`` narrows them further (1.4 M parameters
 instead of 15.7 M) so that a chunked GPU run's whole state (student, discriminator, both
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -164,3 +170,42 @@ def generator_losses(real: list, fake: list) -> tuple[torch.Tensor, torch.Tensor
     matching = sum(F.l1_loss(fm, rm.detach()) for (_, r_maps), (_, f_maps) in zip(real, fake)
                    for rm, fm in zip(r_maps, f_maps))
     return adversarial, matching
+
+
+@dataclass(frozen=True)
+class AdversarialSettings:
+    """HiFi-GAN's balance: L_adv + 2 L_feature_matching + 45 L_mel (the mel weight is the spectral loss's).
+
+    For ``discriminator_warmup_steps`` the discriminator learns alone: a fresh discriminator's
+    gradients are noise, and a student that already sounds close to the teacher only loses from
+    them (a Piper run without warm-up fell from DNSMOS 3.28 to 3.15 in its first 2,000 steps).
+    """
+
+    adversarial: float = 1.0
+    feature_matching: float = 2.0
+    discriminator_warmup_steps: int = 1000
+
+    def __post_init__(self):
+        if min(self.adversarial, self.feature_matching) < 0 or self.discriminator_warmup_steps < 0:
+            raise ValueError(f"{self}: need weights >= 0 and discriminator_warmup_steps >= 0")
+
+    def generator_loss(self, parts: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """The weighted generator terms ``adversarial_terms`` returned (0 while the discriminator warms up)."""
+        if "adv" not in parts:
+            return 0.0
+        return self.adversarial * parts["adv"] + self.feature_matching * parts["fm"]
+
+
+def adversarial_terms(discriminator: HifiGanDiscriminator, optimizer: torch.optim.Optimizer,
+                      settings: AdversarialSettings, step: int, real: torch.Tensor,
+                      fake: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One discriminator update on (B, T) ``real`` against ``fake`` (detached), then, once ``step``
+    is past the warm-up, the generator's terms: {"disc"[, "adv", "fm"]}. ``fake`` keeps its graph,
+    so the caller's backward of ``settings.generator_loss(parts)`` reaches the generator."""
+    parts = {"disc": discriminator_loss(*discriminate_pair(discriminator, real, fake.detach()))}
+    optimizer.zero_grad(set_to_none=True)
+    parts["disc"].backward()
+    optimizer.step()
+    if step >= settings.discriminator_warmup_steps:
+        parts["adv"], parts["fm"] = generator_losses(*generator_side_outputs(discriminator, real, fake))
+    return parts

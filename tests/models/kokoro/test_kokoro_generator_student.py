@@ -26,6 +26,7 @@ from models.kokoro.generator_student import (
 )
 from models.kokoro.tiny import tiny_voice
 from models.training.decoder_training import LatentDataset
+from models.training.discriminators import AdversarialSettings
 
 SEGMENT = 100  # columns: 1,200 samples at the tiny generator's 12 a column, past the loss's 2,048-point STFT pad
 
@@ -183,6 +184,33 @@ def test_dataset_round_trip_training_and_loading(voice, tmp_path):
     with pytest.raises(ValueError, match="stage channels"):
         train_student(loaded, (2, 2), tmp_path / "other_ckpt.pt", tmp_path / "other.safetensors", {}, steps=0,
                       batch_size=2, segment_frames=SEGMENT, log_every=0, initial_weights=weights)
+
+
+def test_adversarial_fine_tune_resumes_bit_for_bit_and_keeps_its_discriminator(voice, tmp_path):
+    """A spectral student goes on adversarially (the discriminator's state joins the checkpoint),
+    and two bounded calls end where one uninterrupted call ends."""
+    ids = [u.phoneme_ids for u in voice.text_to_utterances("A sentence long enough for a few training segments.")]
+    dataset = teacher_dataset(voice, ids, speeds=(1.0,))
+    spectral = tmp_path / "spectral.safetensors"
+    train_student(dataset, (4, 2), tmp_path / "spectral_ckpt.pt", spectral, {}, steps=2, batch_size=2,
+                  segment_frames=SEGMENT, log_every=0)
+    gan = AdversarialSettings(discriminator_warmup_steps=1)  # step 0: the discriminator alone; 1, 2: both
+
+    def fine_tune(name: str, **limits) -> dict:
+        torch.manual_seed(1)  # the discriminator's initial weights
+        return train_student(dataset, (4, 2), tmp_path / f"{name}.pt", tmp_path / f"{name}.safetensors", {},
+                             steps=3, lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0,
+                             initial_weights=spectral, adversarial=gan, **limits)
+
+    fine_tune("whole")
+    assert fine_tune("chunks", max_steps_this_call=2)["step"] == 2
+    state = torch.load(tmp_path / "chunks.pt", weights_only=True)
+    assert {"discriminator", "d_optimizer"} <= set(state) and state["step"] == 2
+    assert fine_tune("chunks")["start_step"] == 2
+    whole, chunks = load_file(str(tmp_path / "whole.safetensors")), load_file(str(tmp_path / "chunks.safetensors"))
+    for name, tensor in whole.items():
+        assert torch.equal(chunks[name], tensor), name
+    assert any(not torch.equal(tensor, load_file(str(spectral))[name]) for name, tensor in whole.items())
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):

@@ -16,8 +16,8 @@ from evaluate.mcd import mel_cepstral_distortion
 from evaluate.speaker import speaker_similarity
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
-from models.piper.training.lite_training import (AdversarialSettings, TeacherTargets, save_student, train_lite,
-                                                 write_eval_audio)
+from models.piper.training.lite_training import TeacherTargets, save_student, train_lite, write_eval_audio
+from models.training.discriminators import AdversarialSettings
 from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, build_lite_parts, load_student
 from models.piper.vits import VitsHyperParams
 from models.piper.voice import PiperVoice

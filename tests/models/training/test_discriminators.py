@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.training.discriminators import (HifiGanDiscriminator, discriminate_pair, discriminator_loss,
-                                            generator_losses, generator_side_outputs)
+from models.training.discriminators import (AdversarialSettings, HifiGanDiscriminator, adversarial_terms,
+                                            discriminate_pair, discriminator_loss, generator_losses,
+                                            generator_side_outputs)
 
 SAMPLES = 2048  # (B, T) waveforms: long enough for every period and scale's strided stack
 
@@ -64,3 +65,30 @@ def test_frozen_discriminator_gives_the_generator_the_same_gradient_and_keeps_no
     (reference_grad,) = torch.autograd.grad(adversarial + 2 * matching, fake)
     assert frozen_grad.abs().max() > 0
     torch.testing.assert_close(frozen_grad, reference_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_adversarial_terms_update_the_discriminator_and_wait_for_its_warm_up(discriminator, waveforms):
+    """Each call moves the discriminator one step; the generator's terms come only after the warm-up,
+    and they reach the fake's graph, not the discriminator's weights."""
+    real, fake = waveforms
+    fake = fake.clone().requires_grad_(True)
+    settings = AdversarialSettings(discriminator_warmup_steps=1)
+    optimizer = torch.optim.AdamW(discriminator.parameters(), lr=1e-3)
+    before = [p.detach().clone() for p in discriminator.parameters()]
+    warming = adversarial_terms(discriminator, optimizer, settings, 0, real, fake)
+    assert set(warming) == {"disc"} and settings.generator_loss(warming) == 0.0
+    assert any(not torch.equal(b, p) for b, p in zip(before, discriminator.parameters()))
+    assert fake.grad is None  # the discriminator's update saw a detached fake
+    optimizer.zero_grad(set_to_none=True)
+    parts = adversarial_terms(discriminator, optimizer, settings, 1, real, fake)
+    assert set(parts) == {"disc", "adv", "fm"}
+    optimizer.zero_grad(set_to_none=True)
+    settings.generator_loss(parts).backward()
+    assert fake.grad is not None and fake.grad.abs().sum() > 0
+    assert all(p.grad is None for p in discriminator.parameters())
+
+
+@pytest.mark.parametrize("fields", [dict(adversarial=-1.0), dict(discriminator_warmup_steps=-1)], ids=["weight", "warmup"])
+def test_bad_adversarial_settings_are_refused(fields):
+    with pytest.raises(ValueError, match="need weights >= 0"):
+        AdversarialSettings(**fields)
