@@ -25,6 +25,10 @@ warm machine keeps what earlier calls carried, so each shard goes in its own bac
 the teacher generator (float16, 37.5 MiB) first, across the first two. Bound each call with
 ``--max-seconds-this-call``.
 
+A distilled student can then be fine-tuned with HiFi-GAN's discriminators (its balance: mel weight
+45), as Piper's student was: ``--gan --mel-weight 45 --discriminator-warmup-steps 1000`` on a new
+checkpoint, ``--init-weights`` the distilled student, and a lower ``--lr``.
+
 A student config is JSON: ``{"kind": "kokoro_generator", "stage_channels": [128, 64]}``.
 """
 from __future__ import annotations
@@ -291,6 +295,20 @@ def load_student_generator(model_config: KokoroConfig, path: Path) -> tuple[Gene
     return generator.eval(), config
 
 
+def student_from_checkpoint(teacher: Generator, path: Path) -> tuple[Generator, int]:
+    """The student generator a trainer checkpoint holds (widths read from its weights' shapes) and
+    the step it reached: to score a run's checkpoints before it ends (weights only, no pickle)."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    prefix = "generator."  # the trainer saves a PackedGenerator, the generator under this attribute
+    weights = {name[len(prefix):]: tensor for name, tensor in state["model"].items() if name.startswith(prefix)}
+    if "ups.0.weight" not in weights:
+        raise ValueError(f"{path}: no packed generator weights in its 'model' entry; not a Lite trainer checkpoint")
+    widths = [weights[f"ups.{i}.weight"].shape[1] for i in range(teacher.num_upsamples)]  # (in, out, kernel)
+    generator = slice_generator(teacher, widths)
+    generator.load_state_dict(weights, strict=True)
+    return generator.eval(), int(state["step"])
+
+
 def lite_decoder(teacher_decoder: Decoder, generator: Generator) -> Decoder:
     """A copy of the teacher's decoder with ``generator`` in its generator's place (the memo makes
     the copy take the student as it is, instead of copying the teacher's generator to drop it)."""
@@ -340,7 +358,8 @@ def main(argv: list[str] | None = None) -> None:
     check_student_config({"stage_channels": args.stage_channels})
     # Refused here, before the dataset loads.
     loss_weights = LossWeights(args.stft_weight, args.mel_weight, args.waveform_weight)
-    adversarial = AdversarialSettings(discriminator_warmup_steps=args.discriminator_warmup_steps) if args.gan else None
+    adversarial = AdversarialSettings(discriminator_warmup_steps=args.discriminator_warmup_steps)
+    adversarial = adversarial if args.gan else None
     dataset = LatentDataset.load(args.dataset, build_packed_generator)
     card = {"dataset": [str(p) for p in args.dataset], "stage_channels": args.stage_channels, "steps": args.steps,
             "lr": args.lr, "warmup_steps": args.warmup_steps, "final_lr_fraction": args.final_lr_fraction,

@@ -256,11 +256,19 @@ class SegmentSampler:
             step += 1
 
 
+def _means(records: list[dict[str, float]]) -> dict[str, float]:
+    """Each loss part's mean over the records that hold it (the adversarial terms begin after a warm-up)."""
+    keys = dict.fromkeys(key for record in records for key in record)  # first-seen order
+    return {key: float(np.mean([record[key] for record in records if key in record])) for key in keys}
+
+
 def _save_checkpoint(path: Path, student: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                     discriminator: nn.Module | None = None, d_optimizer: torch.optim.Optimizer | None = None) -> None:
+                     discriminator: nn.Module | None = None, d_optimizer: torch.optim.Optimizer | None = None,
+                     adversarial_from_step: int = 0) -> None:
     state = {"model": student.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
     if discriminator is not None:
-        state |= {"discriminator": discriminator.state_dict(), "d_optimizer": d_optimizer.state_dict()}
+        state |= {"discriminator": discriminator.state_dict(), "d_optimizer": d_optimizer.state_dict(),
+                  "adversarial_from_step": adversarial_from_step}
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -290,9 +298,11 @@ def train_decoder(
     one call (the call ends after the step that crosses either, with a checkpoint), so a long run
     goes in chunks that fit a machine lent for minutes. ``autocast_bf16`` runs the student's
     forward in bfloat16 (CUDA; weights stay fp32). ``adversarial`` adds a compact HiFi-GAN
-    discriminator that takes the teacher's audio as real and the student's as fake (its state joins
-    the checkpoint; a spectral checkpoint may go on adversarially).
-    Returns the step reached and the losses of this call.
+    discriminator that takes the teacher's audio as real and the student's as fake. Its state joins
+    the checkpoint, with the step it joined at: a spectral checkpoint may go on adversarially, and
+    the discriminator's warm-up counts from there. A checkpoint with a discriminator is refused
+    without ``adversarial`` (the next save would drop it).
+    Returns the step reached and the mean of each loss part over this call's last ``log_every`` steps.
     """
     seconds_bound_bad = max_seconds_this_call is not None and max_seconds_this_call <= 0
     if steps < 0 or lr <= 0 or checkpoint_every < 1 or seconds_bound_bad:
@@ -306,15 +316,20 @@ def train_decoder(
     if adversarial is not None:
         discriminator = HifiGanDiscriminator.compact().to(device).train()
         d_optimizer = torch.optim.AdamW(discriminator.parameters(), lr=lr, betas=(0.8, 0.99))
-    start_step = 0
+    start_step = adversarial_from = 0
     if checkpoint_path.is_file():
         state = torch.load(checkpoint_path, map_location=device, weights_only=True)
+        if discriminator is None and "discriminator" in state:
+            raise ValueError(f"{checkpoint_path} holds a discriminator: resume it adversarially, or start a "
+                             "new checkpoint from its student")
         student.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+        start_step = int(state["step"])
+        adversarial_from = start_step
         if discriminator is not None and "discriminator" in state:
             discriminator.load_state_dict(state["discriminator"])
             d_optimizer.load_state_dict(state["d_optimizer"])
-        start_step = int(state["step"])
+            adversarial_from = int(state["adversarial_from_step"])
     end_step = steps if max_steps_this_call is None else min(steps, start_step + max_steps_this_call)
 
     history: list[dict[str, float]] = []
@@ -329,8 +344,10 @@ def train_decoder(
         parts = criterion(predicted.float(), target)
         loss = parts["loss"]
         if discriminator is not None:
-            parts |= adversarial_terms(discriminator, d_optimizer, adversarial, step, target, predicted.float())
-            loss = loss + adversarial.generator_loss(parts)
+            parts |= adversarial_terms(discriminator, d_optimizer, adversarial, step - adversarial_from, target,
+                                       predicted.float())
+            if "adv" in parts:
+                loss = loss + adversarial.generator_loss(parts)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(student.parameters(), grad_clip_norm)
@@ -340,18 +357,17 @@ def train_decoder(
             end_step = step
         history.append({k: v.item() for k, v in parts.items()} | {"grad_norm": float(grad_norm)})
         if log_every and (step % log_every == 0 or step == end_step):
-            window = history[-log_every:]
-            means = {k: sum(h[k] for h in window) / len(window) for k in window[0]}
+            means = _means(history[-log_every:])
             print(f"step {step}/{steps}  " + "  ".join(f"{k} {v:.4f}" for k, v in means.items())
                   + f"  {(step - start_step) / (time.perf_counter() - started):.2f} steps/s", flush=True)
         if step % checkpoint_every == 0 or step == end_step:
-            _save_checkpoint(checkpoint_path, student, optimizer, step, discriminator, d_optimizer)
+            _save_checkpoint(checkpoint_path, student, optimizer, step, discriminator, d_optimizer, adversarial_from)
     seconds = time.perf_counter() - started
     summary = {"step": step, "start_step": start_step, "steps_this_call": step - start_step,
                "done": step >= steps, "seconds": seconds}
     if history:
-        tail = history[-min(len(history), max(log_every, 1)):]
+        tail = _means(history[-min(len(history), max(log_every, 1)):])
         summary |= {"loss_first": history[0]["loss"], "loss_last": history[-1]["loss"],
-                    "loss_tail_mean": sum(h["loss"] for h in tail) / len(tail),
+                    **{f"{k}_tail_mean": v for k, v in tail.items() if k != "grad_norm"},
                     "steps_per_s": len(history) / seconds}
     return summary

@@ -10,8 +10,8 @@ standard cure. The teacher's audio is the "real" side, so the student learns the
 
 or, in a training loop, one discriminator update and the generator's terms of that step:
 
-    parts = adversarial_terms(discriminator, d_optimizer, AdversarialSettings(), step, real, fake)
-    loss = spectral_loss + AdversarialSettings().generator_loss(parts)
+    parts = adversarial_terms(discriminator, d_optimizer, settings, step, real, fake)
+    loss = spectral_loss + settings.generator_loss(parts) if "adv" in parts else spectral_loss
 
 Shapes follow HiFi-GAN (periods 2, 3, 5, 7, 11; three scales) with half its channel counts:
 the student is small. ``HifiGanDiscriminator.compact()`` narrows them further (1.4 M parameters
@@ -189,23 +189,22 @@ class AdversarialSettings:
         if min(self.adversarial, self.feature_matching) < 0 or self.discriminator_warmup_steps < 0:
             raise ValueError(f"{self}: need weights >= 0 and discriminator_warmup_steps >= 0")
 
-    def generator_loss(self, parts: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        """The weighted generator terms ``adversarial_terms`` returned (0 while the discriminator warms up)."""
-        if "adv" not in parts:
-            return 0.0
+    def generator_loss(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The weighted generator terms of ``adversarial_terms``' parts (only once they hold "adv")."""
         return self.adversarial * parts["adv"] + self.feature_matching * parts["fm"]
 
 
 def adversarial_terms(discriminator: HifiGanDiscriminator, optimizer: torch.optim.Optimizer,
-                      settings: AdversarialSettings, step: int, real: torch.Tensor,
+                      settings: AdversarialSettings, adversarial_step: int, real: torch.Tensor,
                       fake: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One discriminator update on (B, T) ``real`` against ``fake`` (detached), then, once ``step``
-    is past the warm-up, the generator's terms: {"disc"[, "adv", "fm"]}. ``fake`` keeps its graph,
-    so the caller's backward of ``settings.generator_loss(parts)`` reaches the generator."""
+    """One discriminator update on (B, T) ``real`` against ``fake`` (detached), then, once
+    ``adversarial_step`` (steps since the discriminator joined) is past the warm-up, the generator's
+    terms: {"disc"[, "adv", "fm"]}. ``fake`` keeps its graph, so the caller's backward of
+    ``settings.generator_loss(parts)`` reaches the generator."""
     parts = {"disc": discriminator_loss(*discriminate_pair(discriminator, real, fake.detach()))}
     optimizer.zero_grad(set_to_none=True)
     parts["disc"].backward()
     optimizer.step()
-    if step >= settings.discriminator_warmup_steps:
+    if adversarial_step >= settings.discriminator_warmup_steps:
         parts["adv"], parts["fm"] = generator_losses(*generator_side_outputs(discriminator, real, fake))
     return parts

@@ -270,7 +270,8 @@ def train_lite(student: LiteStudent, targets: TeacherTargets, steps: int, lr: fl
             loss = parts["loss"] + latent_weight * parts["latent"]
             if discriminator is not None:  # the teacher's audio (B, S * hop) is the real side
                 parts |= adversarial_terms(discriminator, d_optimizer, adversarial, step, batch["audio"], audio.float())
-                loss = loss + adversarial.generator_loss(parts)
+                if "adv" in parts:
+                    loss = loss + adversarial.generator_loss(parts)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)

@@ -21,6 +21,7 @@ from models.kokoro.generator_student import (
     load_student_generator,
     main,
     slice_generator,
+    student_from_checkpoint,
     teacher_dataset,
     train_student,
 )
@@ -202,15 +203,38 @@ def test_adversarial_fine_tune_resumes_bit_for_bit_and_keeps_its_discriminator(v
                              steps=3, lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0,
                              initial_weights=spectral, adversarial=gan, **limits)
 
-    fine_tune("whole")
+    whole_summary = fine_tune("whole")
+    assert "adv_tail_mean" in whole_summary and "fm_tail_mean" in whole_summary and "disc_tail_mean" in whole_summary
     assert fine_tune("chunks", max_steps_this_call=2)["step"] == 2
     state = torch.load(tmp_path / "chunks.pt", weights_only=True)
     assert {"discriminator", "d_optimizer"} <= set(state) and state["step"] == 2
     assert fine_tune("chunks")["start_step"] == 2
+    # The adversarial terms moved the student: the same steps without them end elsewhere.
+    spectral_only = train_student(dataset, (4, 2), tmp_path / "plain.pt", tmp_path / "plain.safetensors", {},
+                                  steps=3, lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0,
+                                  initial_weights=spectral)
+    assert "adv_tail_mean" not in spectral_only
+    plain = load_file(str(tmp_path / "plain.safetensors"))
+    assert any(not torch.equal(plain[name], tensor) for name, tensor in load_file(str(tmp_path / "whole.safetensors")).items())
+    # A checkpoint with a discriminator is not silently resumed without one.
+    with pytest.raises(ValueError, match="holds a discriminator"):
+        train_student(dataset, (4, 2), tmp_path / "chunks.pt", tmp_path / "chunks.safetensors", {}, steps=4,
+                      batch_size=2, segment_frames=SEGMENT, log_every=0)
+    # A spectral checkpoint goes on adversarially, its discriminator's warm-up counted from there.
+    onward = train_student(dataset, (4, 2), tmp_path / "plain.pt", tmp_path / "plain.safetensors", {}, steps=4,
+                           lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0, adversarial=gan)
+    assert onward["start_step"] == 3 and "adv_tail_mean" not in onward  # step 3 is its warm-up step
+    assert torch.load(tmp_path / "plain.pt", weights_only=True)["adversarial_from_step"] == 3
+    from_checkpoint, step = student_from_checkpoint(voice.model.decoder.generator, tmp_path / "chunks.pt")
+    assert step == 3 and from_checkpoint.stage_channels == (4, 2)  # widths read from the weights
+    for name, tensor in from_checkpoint.state_dict().items():
+        assert torch.equal(tensor, load_file(str(tmp_path / "chunks.safetensors"))[name]), name
+    torch.save({"model": {"other.weight": torch.zeros(1)}, "step": 0}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="not a Lite trainer checkpoint"):
+        student_from_checkpoint(voice.model.decoder.generator, tmp_path / "other.pt")
     whole, chunks = load_file(str(tmp_path / "whole.safetensors")), load_file(str(tmp_path / "chunks.safetensors"))
     for name, tensor in whole.items():
         assert torch.equal(chunks[name], tensor), name
-    assert any(not torch.equal(tensor, load_file(str(spectral))[name]) for name, tensor in whole.items())
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
@@ -303,8 +327,12 @@ def test_the_cli_bounds_a_call_by_time_and_returns_the_student_in_float16(voice,
         card = json.loads(handle.metadata()["card"])
     assert card["step_reached"] == 1 and card["export_dtype"] == "float16" and card["init_weights"] is None
     assert card["waveform_weight"] == 2.0
+    # Bad loss settings are refused before the dataset is read (here: a dataset that is not there).
+    no_dataset = ["train", "--dataset", str(tmp_path / "missing.safetensors")] + arguments[arguments.index("--stage-channels"):]
     with pytest.raises(ValueError, match="loss weights"):
-        main(arguments[:-4] + ["--waveform-weight", "-1", "--export", str(export)])
+        main(no_dataset + ["--waveform-weight", "-1"])
+    with pytest.raises(ValueError, match="discriminator_warmup_steps"):
+        main(no_dataset + ["--discriminator-warmup-steps", "-1"])
     generator, config = load_student_generator(voice.model.config, export)
     assert config["stage_channels"] == [4, 2] and generator.stage_channels == (4, 2)
 

