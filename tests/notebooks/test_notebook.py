@@ -146,7 +146,7 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     the FLOP counts, the H200 engines, the graphs' operators and the training log, with no cell failing."""
     outputs = outputs_without_errors(execute_notebook(KOKORO, results_dir=RESULTS,
                                                       output_path=tmp_path / "kokoro.ipynb", timeout_s=120))
-    assert pngs(outputs) == 3  # CPU ratios of the latest run, H200 best RTF per session, training loss
+    assert pngs(outputs) == 3  # CPU ratios of the latest run, H200 best RTF per session, training losses
     notes = joined(outputs, "text/markdown")
     # The Lite decoder is the only graph past 2x in sessions 26-28 (2.07x, 2.11x after 8,000 CPU steps,
     # 2.40x for the H200 student, 2.30x after 2,200 more CPU steps) but misses both quality bars; the
@@ -175,3 +175,7 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     assert "cpu_26_kokoro_lite_train.log" in tables and "cpu_27_kokoro_lite_train_b_pool.log" in tables
     assert "h200_28_kokoro_lite_train_b.log" in tables  # the H200 run's logs too
     assert "cpu_28_kokoro_lite_train_continued.log" in tables
+    assert "cpu_29_kokoro_lite_train_gan.log" in tables and "cpu_29_kokoro_lite_train_waveform.log" in tables
+    # Session 29's fine-tunes, scored on quality only: none reaches either bar.
+    assert ("**`cpu_29_kokoro_lite_quality.json`** (6 students): DNSMOS 3.544-3.656 (bar 3.669" in notes
+            and "spk_sim 0.912-0.934 (bar 0.95)" in notes and "Students meeting both: none." in notes)
