@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
     print_and_save_report({
         "what": "Kokoro Lite students in PyTorch against our FP32 port (noise off): quality only, no speed",
-        "command": "PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py "
+                   + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": platform.node(), "provenance": origin, "torch": torch.__version__, "threads": args.threads,
         "sentences": [u.text for u in utterances], "fp32_port": quality(references, references, voice.sample_rate_hz,
                                                                         compare_waveform=False),

@@ -7,8 +7,9 @@
 They compare magnitudes, not samples: a decoder may shift phase slightly and still sound the
 same, which a waveform L1 would punish. Where the student shares the teacher's deterministic
 excitation (a sliced teacher, noise off), its phase can follow the teacher's, and
-``relative_waveform_error`` (weight ``waveform``, off by default) asks it to: magnitude terms alone
-leave the phase free, which a speaker encoder hears. The mel filterbank is built here (Slaney scale and area
+``relative_waveform_error`` (weight ``waveform``, off by default) asks it to, since magnitude terms
+alone leave the phase free. On Kokoro's Lite student it lowered DNSMOS and speaker similarity
+(docs/benchmarks.md has the run). The mel filterbank is built here (Slaney scale and area
 normalisation, as librosa and HiFi-GAN use) so the losses run where librosa is not installed.
 """
 from __future__ import annotations

@@ -214,8 +214,8 @@ def test_adversarial_fine_tune_resumes_bit_for_bit_and_keeps_its_discriminator(v
                                   steps=3, lr=1e-3, batch_size=2, segment_frames=SEGMENT, log_every=0,
                                   initial_weights=spectral)
     assert "adv_tail_mean" not in spectral_only
-    plain = load_file(str(tmp_path / "plain.safetensors"))
-    assert any(not torch.equal(plain[name], tensor) for name, tensor in load_file(str(tmp_path / "whole.safetensors")).items())
+    plain, adversarial = (load_file(str(tmp_path / f"{name}.safetensors")) for name in ("plain", "whole"))
+    assert any(not torch.equal(plain[name], tensor) for name, tensor in adversarial.items())
     # A checkpoint with a discriminator is not silently resumed without one.
     with pytest.raises(ValueError, match="holds a discriminator"):
         train_student(dataset, (4, 2), tmp_path / "chunks.pt", tmp_path / "chunks.safetensors", {}, steps=4,
@@ -328,7 +328,8 @@ def test_the_cli_bounds_a_call_by_time_and_returns_the_student_in_float16(voice,
     assert card["step_reached"] == 1 and card["export_dtype"] == "float16" and card["init_weights"] is None
     assert card["waveform_weight"] == 2.0
     # Bad loss settings are refused before the dataset is read (here: a dataset that is not there).
-    no_dataset = ["train", "--dataset", str(tmp_path / "missing.safetensors")] + arguments[arguments.index("--stage-channels"):]
+    after_dataset = arguments[arguments.index("--stage-channels"):]
+    no_dataset = ["train", "--dataset", str(tmp_path / "missing.safetensors"), *after_dataset]
     with pytest.raises(ValueError, match="loss weights"):
         main(no_dataset + ["--waveform-weight", "-1"])
     with pytest.raises(ValueError, match="discriminator_warmup_steps"):
