@@ -39,6 +39,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from torch import nn
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -83,10 +84,15 @@ def lite_voice(voice: KokoroVoice, source: str) -> tuple[KokoroVoice, dict]:
         generator, config = load_student_generator(voice.model.config, Path(source))
         described = {"source": source, "trained": True, "config": config,
                      "sha256": hashlib.sha256(Path(source).read_bytes()).hexdigest()}
-    model = copy.deepcopy(voice.model, memo={id(voice.model.decoder.generator): generator})  # the teacher's, generator swapped
     described["stage_channels"] = list(generator.stage_channels)
     described["generator_params"] = sum(p.numel() for p in generator.parameters())
-    return KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name), described
+    return with_generator(voice, generator), described
+
+
+def with_generator(voice: KokoroVoice, generator: nn.Module) -> KokoroVoice:
+    """The voice with ``generator`` in its teacher generator's place (the memo keeps the copy from copying either)."""
+    model = copy.deepcopy(voice.model, memo={id(voice.model.decoder.generator): generator})
+    return KokoroVoice(model, voice.frontend, voice.style_pack, voice.voice_name)
 
 
 def export_once(voice: KokoroVoice, variant: str, path: Path) -> Path:

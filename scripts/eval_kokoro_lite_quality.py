@@ -18,30 +18,27 @@ import argparse
 import hashlib
 import platform
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from models.interface import SynthesisRequest
 from models.kokoro.family import load_teacher
-from models.kokoro.generator_student import export_student, student_from_checkpoint
+from models.kokoro.generator_student import load_student_generator, student_from_checkpoint
 from models.kokoro.voice import KokoroVoice
-from scripts.bench_kokoro_cpu import QUIET, lite_voice, quality
+from scripts.bench_kokoro_cpu import QUIET, quality, with_generator
 from texts import load_sentences
 
 
-def student_file(voice: KokoroVoice, path: Path, folder: Path) -> tuple[Path, int | None]:
-    """A Lite generator file for ``path`` (itself, or written from a trainer checkpoint) and the step it holds."""
-    if path.suffix != ".pt":
-        return path, None
-    generator, step = student_from_checkpoint(voice.model.decoder.generator, path)
-    out = folder / f"{path.stem}.safetensors"
-    export_student(generator, out, {"from_checkpoint": str(path), "step_reached": step})
-    return out, step
+def load_student(voice: KokoroVoice, path: Path) -> tuple[nn.Module, int | None]:
+    """The student generator of a Lite generator file or a trainer checkpoint, and the step a checkpoint holds."""
+    if path.suffix == ".pt":
+        return student_from_checkpoint(voice.model.decoder.generator, path)
+    return load_student_generator(voice.model.config, path)[0], None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,15 +65,14 @@ def main(argv: list[str] | None = None) -> None:
 
     references = synthesize(voice)
     scored = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for path in args.students:
-            source, step = student_file(voice, path, Path(tmp))
-            lite, described = lite_voice(voice, str(source))
-            scores = quality(synthesize(lite), references, voice.sample_rate_hz, compare_waveform=True)
-            scored.append({"student": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-                           "step": step, "stage_channels": described["stage_channels"], **scores})
-            print(f"{path}: P.808 {scores['dnsmos_p808']:.3f}  spk_sim {scores['speaker_similarity_vs_fp32_port']:.4f}",
-                  flush=True)
+    for path in args.students:
+        generator, step = load_student(voice, path)
+        scores = quality(synthesize(with_generator(voice, generator)), references, voice.sample_rate_hz,
+                         compare_waveform=True)
+        scored.append({"student": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                       "step": step, "stage_channels": list(generator.stage_channels), **scores})
+        print(f"{path}: P.808 {scores['dnsmos_p808']:.3f}  spk_sim {scores['speaker_similarity_vs_fp32_port']:.4f}",
+              flush=True)
     print_and_save_report({
         "what": "Kokoro Lite students in PyTorch against our FP32 port (noise off): quality only, no speed",
         "command": "PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py "
