@@ -1,7 +1,8 @@
 """Quality of Kokoro Lite students against our FP32 port, in PyTorch, without the speed bench: the
 same 4 eval_ja sentences, noise off, and the same measures as scripts/bench_kokoro_cpu.py (DNSMOS
-P.835 and P.808, resemblyzer speaker similarity, waveform SNR). A minute a student on this CPU
-against the bench's ten, so a training run's checkpoints can be compared before one is benched.
+P.835 and P.808, resemblyzer speaker similarity, waveform SNR), and the band levels against our
+port (evaluate/band_levels.py). A minute a student on this CPU against the bench's ten, so a
+training run's checkpoints can be compared before one is benched.
 
     PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py <student>.safetensors <trainer checkpoint>.pt ... \
         --out docs/results/cpu_NN_kokoro_lite_quality.json
@@ -26,6 +27,7 @@ from torch import nn
 
 from core.paths import DEFAULT_CACHE_DIR, REPO_ROOT
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
+from evaluate.band_levels import DEFAULT_BAND_EDGES_HZ, band_level_difference_db
 from models.interface import SynthesisRequest
 from models.kokoro.family import load_teacher
 from models.kokoro.generator_student import load_student_generator, student_from_checkpoint
@@ -67,8 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     scored = []
     for path in args.students:
         generator, step = load_student(voice, path)
-        scores = quality(synthesize(with_generator(voice, generator)), references, voice.sample_rate_hz,
-                         compare_waveform=True)
+        audio = synthesize(with_generator(voice, generator))
+        scores = quality(audio, references, voice.sample_rate_hz, compare_waveform=True)
+        scores["band_level_db_vs_fp32_port"] = np.mean(
+            [band_level_difference_db(a, r, voice.sample_rate_hz) for a, r in zip(audio, references)], axis=0
+        ).round(2).tolist()
         scored.append({"student": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                        "step": step, "stage_channels": list(generator.stage_channels), **scores})
         print(f"{path}: P.808 {scores['dnsmos_p808']:.3f}  spk_sim {scores['speaker_similarity_vs_fp32_port']:.4f}",
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": "PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py "
                    + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": platform.node(), "provenance": origin, "torch": torch.__version__, "threads": args.threads,
-        "sentences": [u.text for u in utterances], "fp32_port": quality(references, references, voice.sample_rate_hz,
+        "sentences": [u.text for u in utterances], "band_edges_hz": list(DEFAULT_BAND_EDGES_HZ), "fp32_port": quality(references, references, voice.sample_rate_hz,
                                                                         compare_waveform=False),
         "students": scored,
     }, args.out)

@@ -28,6 +28,8 @@ from models.kokoro.generator_student import (
 from models.kokoro.tiny import tiny_voice
 from models.training.decoder_training import LatentDataset
 from models.training.discriminators import AdversarialSettings
+from scripts.kokoro_lite_length_gap import decode_in_segments
+from scripts.kokoro_lite_length_gap import main as length_gap_main
 
 SEGMENT = 100  # columns: 1,200 samples at the tiny generator's 12 a column, past the loss's 2,048-point STFT pad
 
@@ -348,3 +350,31 @@ def test_the_gpu_bundle_is_shards_and_a_record_the_training_command_reads(voice,
     shards = sorted(tmp_path.glob("generator_inputs-*.safetensors"))
     assert shards and "generator_inputs-*.safetensors" in FAMILY.distil.train_command
     assert len(LatentDataset.load(shards, build_packed_generator).latents) == 3  # three speeds
+
+
+def test_the_length_gap_decodes_segments_alone_and_finds_none_for_the_teacher_itself(voice, tmp_path, capsys):
+    texts = ("The first training sentence is here, and it runs on for a while before it stops.",
+             "And a second, longer one follows it now, with several more words to make it long enough.")
+    ids = [u.phoneme_ids for text in texts for u in voice.text_to_utterances(text)]
+    dataset = teacher_dataset(voice, ids, speeds=(0.9, 1.0, 1.1))
+    teacher = dataset.teacher_decoder
+    packed = dataset.latents[1]  # (C, T)
+    with torch.no_grad():
+        whole = teacher(packed[None])[0, 0]
+        # Each segment of 40 columns decoded alone, in order; the tail past the last whole segment dropped.
+        by_hand = torch.cat([teacher(packed[None, :, start:start + 40])[0, 0]
+                             for start in range(0, packed.shape[-1] - 39, 40)])
+    torch.testing.assert_close(torch.from_numpy(decode_in_segments(teacher, packed, None)), whole)
+    torch.testing.assert_close(torch.from_numpy(decode_in_segments(teacher, packed, 40)), by_hand)
+    # The teacher's own width as a "student": no level gap at any length.
+    paths = dataset.save_shards(tmp_path, "generator_inputs", max_mib=0.4)
+    own = tmp_path / "own_width.safetensors"
+    export_student(slice_generator(voice.model.decoder.generator, voice.model.decoder.generator.stage_channels),
+                   own, {"segment_frames": 40})
+    report = tmp_path / "gap.json"
+    length_gap_main([str(own), "--dataset", *map(str, paths), "--segment-frames", "40", "--utterances", "2",
+          "--out", str(report), "--allow-dirty"])
+    student = json.loads(report.read_text())["students"][0]
+    assert student["trained_segment_frames"] == 40 and set(student["band_level_db_vs_teacher"]) == {"40", "whole"}
+    for levels in student["band_level_db_vs_teacher"].values():  # the dataset keeps its teacher in float16
+        assert max(abs(level) for level in levels) < 0.1
