@@ -25,9 +25,16 @@ warm machine keeps what earlier calls carried, so each shard goes in its own bac
 the teacher generator (float16, 37.5 MiB) first, across the first two. Bound each call with
 ``--max-seconds-this-call``.
 
-A distilled student can then be fine-tuned with HiFi-GAN's discriminators (its balance: mel weight
-45), as Piper's student was: ``--gan --mel-weight 45 --discriminator-warmup-steps 1000`` on a new
-checkpoint, ``--init-weights`` the distilled student, and a lower ``--lr``.
+Then fine-tune on long segments. A student that has only seen 0.4 s segments (32 columns) follows
+the teacher within about 1 dB on such segments, but on whole utterances it is 4-5 dB quieter than
+the teacher in 1-6 kHz (scripts/kokoro_lite_length_gap.py), and that costs speaker similarity
+(0.935 against our port). 500 steps more on 2.4 s segments (``--segment-frames 192 --batch-size 2
+--lr 1e-4 --warmup-steps 20 --final-lr-fraction 0.3``, ``--init-weights`` the distilled student, a
+new checkpoint; 40 minutes on a 2-core CPU) brought it to 0.978 (docs/benchmarks.md, session 30).
+
+HiFi-GAN's discriminators are there too (``--gan --mel-weight 45 --discriminator-warmup-steps
+1000``, as Piper's student used), but a CPU-length adversarial fine-tune moved neither DNSMOS nor
+speaker similarity (session 29).
 
 A student config is JSON: ``{"kind": "kokoro_generator", "stage_channels": [128, 64]}``.
 """
@@ -332,7 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     train.add_argument("--warmup-steps", type=int, default=50)
     train.add_argument("--final-lr-fraction", type=float, default=0.1)
     train.add_argument("--batch-size", type=int, default=4)
-    train.add_argument("--segment-frames", type=int, default=32, help="F0 values per segment (300 samples each)")
+    train.add_argument("--segment-frames", type=int, default=32,
+                       help="F0 values per segment (300 samples each); fine-tune on 192 after (see above)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--pool-segments", type=int, default=0,
                        help="decode this many segments once and draw batches from them (CPU: ~2x steps/s)")
