@@ -185,3 +185,6 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     # Session 29's fine-tunes, scored on quality only: none reaches either bar.
     assert ("**`cpu_29_kokoro_lite_quality.json`** (6 students): DNSMOS 3.544-3.656 (bar 3.669" in notes
             and "spk_sim 0.912-0.934 (bar 0.95)" in notes and "Students meeting both: none." in notes)
+    # Session 30's two students scored with band levels: only the long-segment fine-tune meets both.
+    assert ("**`cpu_30_kokoro_lite_quality_band_levels.json`** (2 students): DNSMOS 3.682-3.710" in notes
+            and "Students meeting both: s30ft/lite_144_72_long_500.safetensors." in notes)
