@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> None:
         "command": "PYTHONPATH=. python scripts/eval_kokoro_lite_quality.py "
                    + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": platform.node(), "provenance": origin, "torch": torch.__version__, "threads": args.threads,
-        "sentences": [u.text for u in utterances], "band_edges_hz": list(DEFAULT_BAND_EDGES_HZ), "fp32_port": quality(references, references, voice.sample_rate_hz,
-                                                                        compare_waveform=False),
+        "sentences": [u.text for u in utterances], "band_edges_hz": list(DEFAULT_BAND_EDGES_HZ),
+        "fp32_port": quality(references, references, voice.sample_rate_hz, compare_waveform=False),
         "students": scored,
     }, args.out)
 

@@ -30,11 +30,12 @@ the teacher within about 1 dB on such segments, but on whole utterances it is 4-
 the teacher in 1-6 kHz (scripts/kokoro_lite_length_gap.py), and that costs speaker similarity
 (0.935 against our port). 500 steps more on 2.4 s segments (``--segment-frames 192 --batch-size 2
 --lr 1e-4 --warmup-steps 20 --final-lr-fraction 0.3``, ``--init-weights`` the distilled student, a
-new checkpoint; 40 minutes on a 2-core CPU) brought it to 0.978 (docs/benchmarks.md, session 30).
+new checkpoint; 40 minutes on a 2-core CPU) brought it to 0.978 (docs/benchmarks.md, "Kokoro-82M's
+Lite decoder meets the CPU target").
 
 HiFi-GAN's discriminators are there too (``--gan --mel-weight 45 --discriminator-warmup-steps
-1000``, as Piper's student used), but a CPU-length adversarial fine-tune moved neither DNSMOS nor
-speaker similarity (session 29).
+1000``, as Piper's student used), but 1,500 adversarial steps on a CPU moved neither DNSMOS nor
+speaker similarity.
 
 A student config is JSON: ``{"kind": "kokoro_generator", "stage_channels": [128, 64]}``.
 """
