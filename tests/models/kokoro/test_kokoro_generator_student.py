@@ -352,7 +352,7 @@ def test_the_gpu_bundle_is_shards_and_a_record_the_training_command_reads(voice,
     assert len(LatentDataset.load(shards, build_packed_generator).latents) == 3  # three speeds
 
 
-def test_the_length_gap_decodes_segments_alone_and_finds_none_for_the_teacher_itself(voice, tmp_path, capsys):
+def test_the_length_gap_decodes_segments_alone_and_tells_a_student_from_the_teacher(voice, tmp_path):
     texts = ("The first training sentence is here, and it runs on for a while before it stops.",
              "And a second, longer one follows it now, with several more words to make it long enough.")
     ids = [u.phoneme_ids for text in texts for u in voice.text_to_utterances(text)]
@@ -366,15 +366,19 @@ def test_the_length_gap_decodes_segments_alone_and_finds_none_for_the_teacher_it
                              for start in range(0, packed.shape[-1] - 39, 40)])
     torch.testing.assert_close(torch.from_numpy(decode_in_segments(teacher, packed, None)), whole)
     torch.testing.assert_close(torch.from_numpy(decode_in_segments(teacher, packed, 40)), by_hand)
-    # The teacher's own width as a "student": no level gap at any length.
+    # The teacher's own width as a "student" shows no level gap at any length; an untrained narrow
+    # slice does, so the report measures the student it is given, not the teacher twice.
     paths = dataset.save_shards(tmp_path, "generator_inputs", max_mib=0.4)
-    own = tmp_path / "own_width.safetensors"
-    export_student(slice_generator(voice.model.decoder.generator, voice.model.decoder.generator.stage_channels),
-                   own, {"segment_frames": 40})
+    teacher_generator = voice.model.decoder.generator
+    own, narrow = tmp_path / "own_width.safetensors", tmp_path / "narrow.safetensors"
+    export_student(slice_generator(teacher_generator, teacher_generator.stage_channels), own, {"segment_frames": 40})
+    export_student(slice_generator(teacher_generator, (4, 2)), narrow, {"segment_frames": 40})
     report = tmp_path / "gap.json"
-    length_gap_main([str(own), "--dataset", *map(str, paths), "--segment-frames", "40", "--utterances", "2",
-          "--out", str(report), "--allow-dirty"])
-    student = json.loads(report.read_text())["students"][0]
-    assert student["trained_segment_frames"] == 40 and set(student["band_level_db_vs_teacher"]) == {"40", "whole"}
-    for levels in student["band_level_db_vs_teacher"].values():  # the dataset keeps its teacher in float16
+    length_gap_main([str(own), str(narrow), "--dataset", *map(str, paths), "--segment-frames", "40",
+                     "--utterances", "2", "--out", str(report), "--allow-dirty"])
+    same, sliced = json.loads(report.read_text())["students"]
+    assert same["trained_segment_frames"] == 40 and set(same["band_level_db_vs_teacher"]) == {"40", "whole"}
+    for levels in same["band_level_db_vs_teacher"].values():  # the dataset keeps its teacher in float16
         assert max(abs(level) for level in levels) < 0.1
+    for levels in sliced["band_level_db_vs_teacher"].values():
+        assert max(abs(level) for level in levels) > 1.0
