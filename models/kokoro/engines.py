@@ -210,20 +210,26 @@ class BucketedEngine:
     """
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
-                 frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw"):
+                 frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
+                 compile_mode: str | None = None):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
         transposes cuDNN runs around each tensor-core convolution (15-19 % of the compiled batch-16
         frame stage's kernel time on the H200) but measured no faster: the compiled AdaIN and Snake
         passes, which reduce over time, then read channels-fastest tensors and take that time
-        (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_last_b16.json). NCW stays the default."""
+        (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_last_b16.json). NCW stays the default.
+        ``compile_mode``: torch.compile's mode for both stages (None: its default); with
+        "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
+        the library's for each shape (minutes a shape; the engine captures its own graphs)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
         self.graphs, self.frame_bucket = graphs, frame_bucket
         self.samples_per_frame = model.config.samples_per_frame
-        self.compile_stages = compile_stages
+        self.compile_stages, self.compile_mode = compile_stages, compile_mode
+        if compile_mode is not None and not compile_stages:
+            raise ValueError(f"compile_mode={compile_mode!r} needs compile_stages=True")
         if compile_stages:
             # Every shape of a stage shares its forward's code object, whose compiled graphs
             # torch.compile caps at 8 before it silently runs eager: a server meets more shapes.
@@ -238,7 +244,7 @@ class BucketedEngine:
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
 
     def _compiled(self, stage: nn.Module) -> nn.Module:
-        return torch.compile(stage, dynamic=False) if self.compile_stages else stage
+        return torch.compile(stage, dynamic=False, mode=self.compile_mode) if self.compile_stages else stage
 
     def _frame_stage(self, frames: int) -> tuple[int, nn.Module]:
         """(the frame bucket ``frames`` rounds up to, its stage, built on first use)."""
