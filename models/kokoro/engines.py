@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from models.conv_layout import convert_convs
-from models.cuda_graphs import GraphCache, as_tuple
+from models.cuda_graphs import GraphCache, as_tuple, to_host
 from models.kokoro.decoder import SourceNoise, samples_of
 from models.kokoro.layers import AdaIN1d
 from models.kokoro.lstm import length_mask
@@ -211,7 +211,7 @@ class BucketedEngine:
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
-                 compile_mode: str | None = None):
+                 compile_mode: str | None = None, pinned_output: bool = True):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -221,13 +221,15 @@ class BucketedEngine:
         (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_last_b16.json). NCW stays the default.
         ``compile_mode``: torch.compile's mode for both stages (None: its default); with
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
-        the library's for each shape (minutes a shape; the engine captures its own graphs)."""
+        the library's for each shape (minutes a shape; the engine captures its own graphs).
+        ``pinned_output``: the audio comes back through page-locked memory (models/cuda_graphs.to_host)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
         self.graphs, self.frame_bucket = graphs, frame_bucket
         self.samples_per_frame = model.config.samples_per_frame
         self.compile_stages, self.compile_mode = compile_stages, compile_mode
+        self.pinned_output = pinned_output and self.device.type == "cuda"
         if compile_mode is not None and not compile_stages:
             raise ValueError(f"compile_mode={compile_mode!r} needs compile_stages=True")
         if compile_stages:
@@ -273,7 +275,7 @@ class BucketedEngine:
             frames = int(frame_counts.max())  # the one host sync
             bucket, stage = self._frame_stage(frames)
             audio, = self._run(("frames", batch, length, bucket), stage, (d, t_en, frames_per_token, style))
-            return {"audio": audio[:, : frames * self.samples_per_frame].float().cpu(),
+            return {"audio": to_host(audio[:, : frames * self.samples_per_frame].float(), self.pinned_output),
                     "audio_lengths": (frame_counts * self.samples_per_frame).cpu(),
                     "frames_per_token": frames_per_token.cpu()}
 
@@ -326,6 +328,6 @@ class BucketedEngine:
                 inputs += (noise.initial_phase.to(self.device, torch.float32)[order],
                            samples_of(noise.additive, samples).to(self.device, torch.float32)[order])
             audio, = self._run(("frames", padded_batch, tokens, bucket, noise is not None), stage, inputs)
-            return {"audio": audio[:batch, : frames * self.samples_per_frame].float().cpu(),
+            return {"audio": to_host(audio[:batch, : frames * self.samples_per_frame].float(), self.pinned_output),
                     "audio_lengths": (frame_counts[:batch] * self.samples_per_frame).cpu(),
                     "frames_per_token": frames_per_token[:batch].cpu()}
