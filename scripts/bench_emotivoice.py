@@ -17,7 +17,9 @@ Side by side in one process, median of warm runs:
   per frame bucket in FP32, FP16 or BF16, each a CUDA graph; eager FP16 buckets on any device):
   batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
   batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%); with
-  ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``);
+  ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``;
+  ``_pageable``: its audio copied to pageable host memory; ``_autotune``: compiled in torch.compile's
+  max-autotune mode, the compiler's own convolution kernels timed against cuDNN's);
   with ``--fused-engine`` the FP16 engine with its vocoder as fused Triton convolutions and its mel
   half compiled (``engine_graphs_fp16_fused``); with ``--lite-vocoder-engine`` the compiled FP16
   engine with a HiFi-GAN of the Lite student's width, randomly initialised
@@ -206,7 +208,8 @@ def batch_lengths(args, batch: int) -> list[int]:
 
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
                    reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False,
-                   sorted_chunks: tuple[int, ...] = (), vocoder_kernels: str = "torch") -> dict:
+                   sorted_chunks: tuple[int, ...] = (), vocoder_kernels: str = "torch",
+                   compile_mode: str | None = None, pinned_output: bool = True) -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches.
     ``sorted_chunks``: also the largest batch's sentences sorted by length and sent in batches of
@@ -215,7 +218,8 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
     engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout,
-                            compile_frames=compile_frames, vocoder_kernels=vocoder_kernels)
+                            compile_frames=compile_frames, vocoder_kernels=vocoder_kernels, compile_mode=compile_mode,
+                            pinned_output=pinned_output)
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -306,6 +310,8 @@ class EngineSpec(NamedTuple):
     compile_frames: bool = False
     vocoder_kernels: str = "torch"
     lite_vocoder: bool = False  # the Lite student's width (random weights: speed only, no SNR to report)
+    compile_mode: str | None = None
+    pinned_output: bool = True
 
 
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
@@ -490,7 +496,11 @@ def main() -> None:
                     EngineSpec("engine_graphs_bf16", True, torch.bfloat16),
                     EngineSpec("engine_graphs_fp16_ncw", True, half, conv_layout="ncw")]
         if args.compiled_engine:
-            engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True)]
+            engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True),
+                        EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
+                                   pinned_output=False),
+                        EngineSpec("engine_graphs_fp16_compiled_autotune", True, half, compile_frames=True,
+                                   compile_mode="max-autotune-no-cudagraphs")]
         if args.fused_engine:
             engines += [EngineSpec("engine_graphs_fp16_fused", True, half, compile_frames=True, vocoder_kernels="triton")]
         if args.lite_vocoder_engine:
@@ -508,7 +518,8 @@ def main() -> None:
             section = engine_section(
                 args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout,
                 engine.compile_frames,
-                tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels)
+                tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels,
+                engine.compile_mode, engine.pinned_output)
             if engine.lite_vocoder:  # another vocoder, randomly initialised: its audio has nothing to match
                 section["snr_vs_eager_fp32_db"] = None
                 section["vocoder"] = {"kind": "Lite student width (LiteVocoderConfig defaults), random weights",

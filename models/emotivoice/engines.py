@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from models.conv_layout import convert_convs
-from models.cuda_graphs import GraphCache, as_tuple
+from models.cuda_graphs import GraphCache, as_tuple, to_host
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 
@@ -123,7 +123,8 @@ class BucketedEngine:
     def __init__(self, generator: EmotiVoiceGenerator, graphs: bool = True, frame_dtype: torch.dtype = torch.float16,
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
-                 compile_frames: bool = False, vocoder_kernels: str = "torch"):
+                 compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
+                 pinned_output: bool = True):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -132,7 +133,11 @@ class BucketedEngine:
         in ``conv_layout``), or "triton": one fused Triton kernel per convolution (models/fused_hifigan.py;
         needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with ``compile_frames`` only the mel half is
         then compiled. "torch" is the default: on the H200 the fused vocoder is the slower one as its
-        kernels stand, and compiling them takes minutes (docs/benchmarks.md, EmotiVoice rows)."""
+        kernels stand, and compiling them takes minutes (docs/benchmarks.md, EmotiVoice rows).
+        ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with
+        "max-autotune-no-cudagraphs" the compiler times its own convolution kernels against cuDNN's,
+        minutes a bucket). ``pinned_output``: the audio comes back through page-locked memory
+        (models/cuda_graphs.to_host)."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -149,7 +154,10 @@ class BucketedEngine:
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw":  # the acoustic decoder's convolutions, and the vocoder's unless fused kernels replace it
             convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout)
-        self.compile_frames = compile_frames
+        self.compile_frames, self.compile_mode = compile_frames, compile_mode
+        if compile_mode is not None and not compile_frames:
+            raise ValueError(f"compile_mode={compile_mode!r} needs compile_frames=True")
+        self.pinned_output = pinned_output and self.device.type == "cuda"
         if compile_frames:
             # Every bucket's stage shares FrameStage.forward's code object, whose compiled graphs
             # torch.compile caps at 8 before it silently runs eager: a server meets more (frame
@@ -199,12 +207,12 @@ class BucketedEngine:
                 if self.compile_frames and self.triton_vocoder is not None:
                     stage = stage.with_compiled_mel()
                 elif self.compile_frames:
-                    stage = torch.compile(stage, dynamic=False)
+                    stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
                 self.frame_stages[bucket] = stage
             # A filler row longer than the bucket would only be cut short: its durations are not read back.
             audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],
                                (hidden, used_durations, lengths))
-            return {"audio": audio[:batch, : frames * self.hop].float().cpu(),
+            return {"audio": to_host(audio[:batch, : frames * self.hop].float(), self.pinned_output),
                     "audio_lengths": (frame_lengths[:batch] * self.hop).cpu(),
                     "durations": durations[:batch, :length].cpu(),
                     "used_durations": used_durations[:batch, :length].cpu()}
