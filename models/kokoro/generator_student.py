@@ -20,7 +20,7 @@ There (torch, numpy and safetensors only), in bounded chunks that resume from th
         --steps 20000 --batch-size 16 --max-seconds-this-call 540 --checkpoint .device/kokoro_lite/lite_ckpt.pt \
         --device cuda --export-each-call --export-dtype float16 --export $OUT/lite_generator.safetensors
 
-The dataset comes in shards of at most 30 MiB (a GPU call carries 64 MiB with the working tree; a
+The dataset comes in shards of at most 24 MiB (a GPU call carries 64 MiB with the working tree; a
 warm machine keeps what earlier calls carried, so each shard goes in its own back-to-back call),
 the teacher generator (float16, 37.5 MiB) first, across the first two. Bound each call with
 ``--max-seconds-this-call``.

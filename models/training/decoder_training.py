@@ -80,10 +80,10 @@ class LatentDataset:
             metadata |= {"shard_index": str(shard[0]), "shard_count": str(shard[1]), "dataset_id": shard[2]}
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
-    def save_shards(self, folder: Path, stem: str, max_mib: float = 30.0, dtype: torch.dtype = torch.float16,
+    def save_shards(self, folder: Path, stem: str, max_mib: float = 24.0, dtype: torch.dtype = torch.float16,
                     teacher_dtype: torch.dtype = torch.float16) -> list[Path]:
         """``<stem>-000.safetensors``, ... of at most ``max_mib`` of tensors each, for GPU calls that
-        carry 64 MiB at most with the project's working tree (about 23 MiB): the teacher's tensors
+        carry 64 MiB at most with the project's working tree (about 37 MiB): the teacher's tensors
         first, then the utterances in order, packed across the shards. The teacher may span shards
         (Kokoro's generator is 37.5 MiB in float16), so the limit is set by the call, not the model.
         Earlier shards of ``stem`` in ``folder`` are removed first; ``load`` wants every shard of one
