@@ -101,18 +101,30 @@ class Float32Stft(nn.Module):
 
 class MaskedBiLstm(nn.Module):
     """A batch-first one-layer BiLSTM over padded items, each direction starting at its item's own
-    ends: the backward LSTM reads each item's frames reversed within its length."""
+    ends: the backward LSTM reads each item's frames reversed within its length.
 
-    def __init__(self, lstm: nn.LSTM):
+    ``fused``: both directions as one LSTM of twice the width whose weights are block-diagonal (the
+    forward cell sees only the frames and its own state, the backward cell only the reversed frames
+    and its own), so the F sequential steps run once instead of twice. Its products are twice as
+    large, half of them multiplying zeros; at the batch sizes of a server a step is bound by its
+    launch and latency, not its arithmetic."""
+
+    def __init__(self, lstm: nn.LSTM, fused: bool = False):
         super().__init__()
         if lstm.num_layers != 1 or not lstm.bidirectional or not lstm.batch_first:
             raise ValueError(f"MaskedBiLstm takes a one-layer batch-first bidirectional LSTM, not {lstm}")
         weights = lstm.state_dict()
+        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+        directions = ({name: weights[name] for name in names}, {name: weights[f"{name}_reverse"] for name in names})
+        self.fused, self.hidden_size = fused, lstm.hidden_size
+        if fused:
+            self.lstm = nn.LSTM(2 * lstm.input_size, 2 * lstm.hidden_size, batch_first=True)
+            self.lstm.load_state_dict(block_diagonal_lstm_weights(*directions, lstm.input_size, lstm.hidden_size))
+            return
         self.forward_lstm, self.backward_lstm = (nn.LSTM(lstm.input_size, lstm.hidden_size, batch_first=True)
                                                  for _ in range(2))
-        names = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
-        self.forward_lstm.load_state_dict({name: weights[name] for name in names})
-        self.backward_lstm.load_state_dict({name: weights[f"{name}_reverse"] for name in names})
+        self.forward_lstm.load_state_dict(directions[0])
+        self.backward_lstm.load_state_dict(directions[1])
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """x (B, F, C), lengths (B,) <= F -> (B, F, 2H), zero past each item's length."""
@@ -120,9 +132,31 @@ class MaskedBiLstm(nn.Module):
         valid = (steps < lengths[:, None]).unsqueeze(-1)  # (B, F, 1)
         mirror = (lengths[:, None] - 1 - steps).clamp_min(0).unsqueeze(-1)  # (B, F, 1): t -> length - 1 - t
         reversed_x = torch.gather(x, 1, mirror.expand(-1, -1, x.shape[2])) * valid
-        backward = self.backward_lstm(reversed_x)[0]  # (B, F, H), in reversed order
-        backward = torch.gather(backward, 1, mirror.expand(-1, -1, backward.shape[2]))
-        return torch.cat([self.forward_lstm(x)[0], backward], dim=-1) * valid  # (B, F, 2H)
+        if self.fused:
+            both = self.lstm(torch.cat([x, reversed_x], dim=-1))[0]  # (B, F, 2H): forward | backward reversed
+            forward, backward = both[..., : self.hidden_size], both[..., self.hidden_size:]
+        else:
+            forward, backward = self.forward_lstm(x)[0], self.backward_lstm(reversed_x)[0]  # (B, F, H) each
+        backward = torch.gather(backward, 1, mirror.expand(-1, -1, backward.shape[2]))  # back in frame order
+        return torch.cat([forward, backward], dim=-1) * valid  # (B, F, 2H)
+
+
+def block_diagonal_lstm_weights(forward: dict[str, torch.Tensor], backward: dict[str, torch.Tensor],
+                                input_size: int, hidden: int) -> dict[str, torch.Tensor]:
+    """One LSTM (input 2C, hidden 2H) computing two independent LSTMs (input C, hidden H each): in
+    each of the four gates' row blocks (i, f, g, o), the first H rows are the forward cell's and
+    read only the first C inputs and H states, the last H rows the backward cell's."""
+    fused = {"weight_ih_l0": torch.zeros(8 * hidden, 2 * input_size), "weight_hh_l0": torch.zeros(8 * hidden, 2 * hidden),
+             "bias_ih_l0": torch.zeros(8 * hidden), "bias_hh_l0": torch.zeros(8 * hidden)}
+    for gate in range(4):
+        source = slice(gate * hidden, (gate + 1) * hidden)
+        for direction, weights in enumerate((forward, backward)):
+            rows = slice((2 * gate + direction) * hidden, (2 * gate + direction + 1) * hidden)
+            fused["weight_ih_l0"][rows, direction * input_size:(direction + 1) * input_size] = weights["weight_ih_l0"][source]
+            fused["weight_hh_l0"][rows, direction * hidden:(direction + 1) * hidden] = weights["weight_hh_l0"][source]
+            fused["bias_ih_l0"][rows] = weights["bias_ih_l0"][source]
+            fused["bias_hh_l0"][rows] = weights["bias_hh_l0"][source]
+    return fused
 
 
 class TextStage(nn.Module):
@@ -211,7 +245,7 @@ class BucketedEngine:
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
-                 compile_mode: str | None = None, pinned_output: bool = True):
+                 compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -222,7 +256,8 @@ class BucketedEngine:
         ``compile_mode``: torch.compile's mode for both stages (None: its default); with
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
         the library's for each shape (minutes a shape; the engine captures its own graphs).
-        ``pinned_output``: the audio comes back through page-locked memory (models/cuda_graphs.to_host)."""
+        ``pinned_output``: the audio comes back through page-locked memory (models/cuda_graphs.to_host).
+        ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -240,7 +275,7 @@ class BucketedEngine:
         self.frame_model = frame_side_copy(model, frame_dtype)
         if conv_layout != "ncw":  # the text side of this copy is never run: converting it all is harmless
             convert_convs(self.frame_model, conv_layout)
-        self.shared_lstm = MaskedBiLstm(model.predictor.shared).to(self.device, frame_dtype).eval()
+        self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time

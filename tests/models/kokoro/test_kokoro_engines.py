@@ -88,13 +88,14 @@ def test_batch_rows_of_different_durations_equal_their_single_runs(model):
         torch.testing.assert_close(out["audio"][row, :samples], single["audio"][0], rtol=1e-4, atol=1e-5)
 
 
-def test_masked_bilstm_equals_the_bilstm_on_each_items_own_frames():
+@pytest.mark.parametrize("fused", [False, True])
+def test_masked_bilstm_equals_the_bilstm_on_each_items_own_frames(fused):
     torch.manual_seed(0)
     lstm = torch.nn.LSTM(6, 4, batch_first=True, bidirectional=True)
     x = torch.randn(2, 9, 6)
     lengths = torch.tensor([9, 5])
     with torch.no_grad():
-        out = MaskedBiLstm(lstm)(x, lengths)
+        out = MaskedBiLstm(lstm, fused=fused)(x, lengths)
         torch.testing.assert_close(out[0], lstm(x[:1])[0][0])
         torch.testing.assert_close(out[1, :5], lstm(x[1:, :5])[0][0])
     assert out[1, 5:].abs().max() == 0
