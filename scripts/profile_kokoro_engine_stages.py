@@ -19,8 +19,9 @@ Parts of the frame stage (the engine's FrameStage, cut where its code has seams)
     source         the harmonic source and its STFT                               -> (B, n_fft + 2, L / hop + 1)
     generator      the whole generator: source, upsampling stages, iSTFT          -> (B, L)
 
-The parts are compiled one by one, so the compiler fuses less across their seams than in the whole
-stage: their sum is an upper bound of the stage, and the stage itself is timed beside them.
+The parts are timed for the first of ``--variants`` only (each costs a compile). They are compiled
+one by one, so the compiler fuses less across their seams than in the whole stage: their sum is an
+upper bound of the stage, and the stage itself is timed beside them.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def time_parts(engine: BucketedEngine, input_ids: torch.Tensor, style: torch.Ten
 
 
 def profile_variant(engine: BucketedEngine, sentences: list[list[int]], style_pack: torch.Tensor, batch: int,
-                    sample_rate: int, repeats: int) -> dict:
+                    sample_rate: int, repeats: int, parts: bool) -> dict:
     timer = StageTimer(engine)
     rows = []
     for ids in sentences:
@@ -185,13 +186,14 @@ def profile_variant(engine: BucketedEngine, sentences: list[list[int]], style_pa
         frames = statistics.median(s["frames"] for s in stages)
         row = {"tokens": len(ids), "audio_seconds": float(out["audio_lengths"].sum()) / sample_rate,
                "wall_ms": wall, "text_ms": text, "frames_ms": frames, "host_and_copies_ms": max(wall - text - frames, 0.0),
-               "parts_ms": time_parts(engine, input_ids, style, frames_per_token, repeats)}
+               "parts_ms": time_parts(engine, input_ids, style, frames_per_token, repeats) if parts else {}}
         rows.append(row)
     totals = {key: sum(row[key] for row in rows) for key in ("audio_seconds", "wall_ms", "text_ms", "frames_ms",
                                                            "host_and_copies_ms")}
     totals["rtf"] = totals["wall_ms"] / 1e3 / totals["audio_seconds"]
-    part_names = [name for name in rows[0]["parts_ms"] if name != "frame_bucket"]
-    totals["parts_ms"] = {name: sum(row["parts_ms"][name] for row in rows) for name in part_names}
+    if parts:
+        part_names = [name for name in rows[0]["parts_ms"] if name != "frame_bucket"]
+        totals["parts_ms"] = {name: sum(row["parts_ms"][name] for row in rows) for name in part_names}
     return {"totals": totals, "sentences": rows}
 
 
@@ -219,11 +221,11 @@ def main() -> None:
               "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
               "weights": "random (timing only), forced durations", "variants": {},
               "provenance": provenance(REPO_ROOT, sys.argv)}
-    for name in args.variants:
+    for index, name in enumerate(args.variants):
         engine = BucketedEngine(model, graphs=True, frame_dtype=torch.float16, compile_stages=True, **VARIANTS[name])
         started = time.perf_counter()
         report["variants"][name] = profile_variant(engine, sentences, style_pack, args.batch, config.sample_rate_hz,
-                                                   args.repeats)
+                                                   args.repeats, parts=index == 0)
         if args.kernels_dir is not None:
             report["variants"][name]["kernels"] = profile_kernels(
                 engine, style_pack, config, args.batch, args.sentences, True, "cuda",
