@@ -45,7 +45,9 @@ from models.kokoro.prosody import alignment_matrix
 from scripts.bench_kokoro import fixed_durations, official_config, profile_kernels, random_inputs, token_ids
 
 VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
-            "ncw_pageable": {"pinned_output": False}, "ncw_fused_bilstm": {"fused_bilstm": True}, "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"}}
+            "ncw_pageable": {"pinned_output": False}, "ncw_fused_bilstm": {"fused_bilstm": True},
+            "ncw_text_tf32": {"text_tf32": True}, "ncw_all": {"fused_bilstm": True, "text_tf32": True},
+            "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"}}
 
 
 class StageTimer:

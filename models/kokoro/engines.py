@@ -39,6 +39,7 @@ recurrent modules to eager mode), which the CUDA graph captures all the same.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import threading
@@ -57,6 +58,21 @@ from models.kokoro.prosody import alignment_matrix, durations_from_logits
 FRAME_BUCKET = 16  # frames round up to a multiple of this (0.4 s at 600 samples per frame, 24 kHz)
 TOKEN_BUCKET = 16  # synthesize_rows pads the frame stage's token axis to a multiple of this
 COMPILED_SHAPES = 256  # compiled stage shapes kept before torch.compile would fall back to eager
+
+
+@contextlib.contextmanager
+def tf32_products(enabled: bool):
+    """cuBLAS and cuDNN may use TF32 for FP32 products inside the block (a captured graph keeps the
+    kernels chosen at capture)."""
+    if not enabled:
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _cast(outputs, dtype: torch.dtype | None):
@@ -245,7 +261,8 @@ class BucketedEngine:
 
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
-                 compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False):
+                 compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
+                 text_tf32: bool = False):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -257,7 +274,10 @@ class BucketedEngine:
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
         the library's for each shape (minutes a shape; the engine captures its own graphs).
         ``pinned_output``: the audio comes back through page-locked memory (models/cuda_graphs.to_host).
-        ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm)."""
+        ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm).
+        ``text_tf32``: the text stage's FP32 products on tensor cores in TF32 (10-bit mantissas):
+        its ALBERT and projections are FP32 because the durations are rounded from its output, and a
+        rounding that tips moves a whole frame; whether TF32 tips any is a measurement per voice."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -275,6 +295,7 @@ class BucketedEngine:
         self.frame_model = frame_side_copy(model, frame_dtype)
         if conv_layout != "ncw":  # the text side of this copy is never run: converting it all is harmless
             convert_convs(self.frame_model, conv_layout)
+        self.text_tf32 = text_tf32
         self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
         self.cache = GraphCache() if graphs else None
@@ -291,7 +312,8 @@ class BucketedEngine:
         return bucket, self.frame_stages[bucket]
 
     def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-        return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
+        with tf32_products(self.text_tf32 and key[0] == "text"):
+            return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
 
     @torch.inference_mode()
     def synthesize(self, input_ids: torch.Tensor, ref_s: torch.Tensor, speed: float = 1.0,
