@@ -234,10 +234,11 @@ def main() -> None:
                 args.kernels_dir / f"kokoro_kernels_{name}_b{args.batch}.json")
         report["variants"][name]["seconds_with_compiles"] = time.perf_counter() - started
         print(json.dumps({name: report["variants"][name]["totals"]}, indent=1), flush=True)
+        # After every variant: a call cut short by its time limit keeps the variants it finished.
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
         del engine
         torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":
