@@ -56,3 +56,31 @@ def to_host(tensor: torch.Tensor, pinned: bool = True) -> torch.Tensor:
     host.copy_(tensor, non_blocking=True)
     torch.cuda.current_stream(tensor.device).synchronize()  # the caller reads it at once
     return host
+
+
+class StageTimer:
+    """Wraps a bucketed engine's ``_run(key, stage, inputs)`` (one call per stage, ``key[0]`` the
+    stage's name) with CUDA events: where a synthesis's device time goes, for the profiling scripts."""
+
+    def __init__(self, engine):
+        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
+        run = engine._run
+
+        def timed_run(key, fn, inputs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            outputs = run(key, fn, inputs)
+            end.record()
+            self.events.append((key[0], start, end))
+            return outputs
+
+        engine._run = timed_run
+
+    def take_ms(self) -> dict[str, float]:
+        """Device milliseconds per stage since the last call (synchronises)."""
+        torch.cuda.synchronize()
+        totals: dict[str, float] = {}
+        for stage, start, end in self.events:
+            totals[stage] = totals.get(stage, 0.0) + start.elapsed_time(end)
+        self.events.clear()
+        return totals

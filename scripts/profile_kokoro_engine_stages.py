@@ -38,7 +38,7 @@ from torch import nn
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.revision import provenance
-from models.cuda_graphs import GraphCache
+from models.cuda_graphs import GraphCache, StageTimer
 from models.kokoro.engines import BucketedEngine
 from models.kokoro.generator_student import slice_generator
 from models.kokoro.prosody import alignment_matrix
@@ -48,33 +48,6 @@ VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
             "ncw_pageable": {"pinned_output": False}, "ncw_fused_bilstm": {"fused_bilstm": True},
             "ncw_text_tf32": {"text_tf32": True}, "ncw_all": {"fused_bilstm": True, "text_tf32": True},
             "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"}}
-
-
-class StageTimer:
-    """Wraps an engine's ``_run`` (one call per stage) with CUDA events, keyed by the stage's name."""
-
-    def __init__(self, engine: BucketedEngine):
-        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        run = engine._run
-
-        def timed_run(key, stage, inputs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            outputs = run(key, stage, inputs)
-            end.record()
-            self.events.append((key[0], start, end))
-            return outputs
-
-        engine._run = timed_run
-
-    def take_ms(self) -> dict[str, float]:
-        """Device milliseconds per stage since the last call (synchronises)."""
-        torch.cuda.synchronize()
-        totals: dict[str, float] = {}
-        for stage, start, end in self.events:
-            totals[stage] = totals.get(stage, 0.0) + start.elapsed_time(end)
-        self.events.clear()
-        return totals
 
 
 class Part(nn.Module):

@@ -37,38 +37,12 @@ from core.revision import provenance
 from evaluate.gpu_benchmark import sequences_from_inputs
 from evaluate.rtf import length_sorted_batches
 from models.conv_layout import CONV_LAYOUTS, convert_convs
+from models.cuda_graphs import StageTimer
 from models.interface import SynthesisRequest
 from models.piper import gpu_bundle
 from models.piper.duration_student import load_duration_student
 from models.piper.vits import PiperVits
 from models.registry import get_family
-
-
-class StageTimer:
-    """Wraps an engine's ``_run`` (one call per stage) with CUDA events, keyed by the stage's name."""
-
-    def __init__(self, engine):
-        self.events: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-        run = engine._run
-
-        def timed_run(key, fn, inputs):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            outputs = run(key, fn, inputs)
-            end.record()
-            self.events.append((key[0], start, end))
-            return outputs
-
-        engine._run = timed_run
-
-    def take_ms(self) -> dict[str, float]:
-        """Device milliseconds per stage since the last call (synchronises)."""
-        torch.cuda.synchronize()
-        totals: dict[str, float] = {}
-        for stage, start, end in self.events:
-            totals[stage] = totals.get(stage, 0.0) + start.elapsed_time(end)
-        self.events.clear()
-        return totals
 
 
 def profile_variant(engine, batches: list[SynthesisRequest], repeats: int) -> dict:
