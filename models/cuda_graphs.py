@@ -49,7 +49,9 @@ def to_host(tensor: torch.Tensor, pinned: bool = True) -> torch.Tensor:
     """``tensor`` copied to the host. ``pinned``: into page-locked memory (PyTorch's caching host
     allocator hands freed blocks out again, so this costs no allocation once warm), read in one DMA
     at the bus's speed; a copy to pageable memory is staged through a driver buffer, at a fraction
-    of it (the audio of a batch of 16 is several MB)."""
+    of it (the audio of a batch of 16 is several MB). Measured on the H200 behind a CUDA-graph
+    engine, the gain is within run-to-run spread (docs/benchmarks.md, session 31): the copy is a
+    small part of a batch there."""
     if not pinned or tensor.device.type != "cuda":
         return tensor.cpu()
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)

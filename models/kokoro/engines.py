@@ -274,10 +274,12 @@ class BucketedEngine:
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
         the library's for each shape (minutes a shape; the engine captures its own graphs).
         ``pinned_output``: the audio comes back through page-locked memory (models/cuda_graphs.to_host).
-        ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm).
-        ``text_tf32``: the text stage's FP32 products on tensor cores in TF32 (10-bit mantissas):
-        its ALBERT and projections are FP32 because the durations are rounded from its output, and a
-        rounding that tips moves a whole frame; whether TF32 tips any is a measurement per voice."""
+        ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm); at batch
+        16 on the H200 within run-to-run spread (that LSTM is 1.3 of 51 ms), so off by default.
+        ``text_tf32``: the text stage's FP32 products on tensor cores in TF32 (10-bit mantissas): 8.5 ->
+        5.9 ms of a 61 ms batch of 16 on the H200 (docs/benchmarks.md, session 31). Off by default:
+        the stage is FP32 because the durations are rounded from its output, where a rounding that
+        tips moves a whole frame, and no real-voice check of TF32 durations has run."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
