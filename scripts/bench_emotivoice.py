@@ -18,8 +18,9 @@ Side by side in one process, median of warm runs:
   batch-1 latency with the audio copied to the host, SNR against eager FP32, and sentences/s over
   batches of ``--engine-batches`` mixed-length sentences (lengths within +-30%); with
   ``--compiled-engine`` also the FP16 engine with its frame stage compiled (``engine_graphs_fp16_compiled``;
-  ``_pageable``: its audio copied to pageable host memory; ``_autotune``: compiled in torch.compile's
-  max-autotune mode, the compiler's own convolution kernels timed against cuDNN's);
+  with ``--pageable-engine`` the same with its audio copied to pageable host memory, ``_pageable``;
+  with ``--autotune-engine`` compiled in torch.compile's max-autotune mode, ``_autotune``, minutes a
+  bucket);
   with ``--fused-engine`` the FP16 engine with its vocoder as fused Triton convolutions and its mel
   half compiled (``engine_graphs_fp16_fused``); with ``--lite-vocoder-engine`` the compiled FP16
   engine with a HiFi-GAN of the Lite student's width, randomly initialised
@@ -430,6 +431,10 @@ def main() -> None:
                              "in batches of these sizes (sentences/s of a batcher that groups by length)")
     parser.add_argument("--compiled-engine", action="store_true", help="also the FP16 engine with its frame stage "
                         "compiled (CUDA only; a compile per frame bucket)")
+    parser.add_argument("--pageable-engine", action="store_true", help="with --compiled-engine: also that engine "
+                        "with its audio read back into pageable host memory (the engines' default is pinned)")
+    parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
+                        "compiled in max-autotune mode (minutes a frame bucket)")
     parser.add_argument("--lite-vocoder-engine", action="store_true",
                         help="also the compiled FP16 engine with the Lite student's vocoder width (random weights)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
@@ -442,6 +447,8 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    if (args.pageable_engine or args.autotune_engine) and not args.compiled_engine:
+        parser.error("--pageable-engine and --autotune-engine are variants of --compiled-engine: add it")
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
@@ -496,11 +503,13 @@ def main() -> None:
                     EngineSpec("engine_graphs_bf16", True, torch.bfloat16),
                     EngineSpec("engine_graphs_fp16_ncw", True, half, conv_layout="ncw")]
         if args.compiled_engine:
-            engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True),
-                        EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
-                                   pinned_output=False),
-                        EngineSpec("engine_graphs_fp16_compiled_autotune", True, half, compile_frames=True,
-                                   compile_mode="max-autotune-no-cudagraphs")]
+            engines += [EngineSpec("engine_graphs_fp16_compiled", True, half, compile_frames=True)]
+            if args.pageable_engine:
+                engines += [EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
+                                       pinned_output=False)]
+            if args.autotune_engine:
+                engines += [EngineSpec("engine_graphs_fp16_compiled_autotune", True, half, compile_frames=True,
+                                       compile_mode="max-autotune-no-cudagraphs")]
         if args.fused_engine:
             engines += [EngineSpec("engine_graphs_fp16_fused", True, half, compile_frames=True, vocoder_kernels="triton")]
         if args.lite_vocoder_engine:
