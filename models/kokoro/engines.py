@@ -277,9 +277,10 @@ class BucketedEngine:
         ``fused_bilstm``: the frame-rate BiLSTM's two directions as one LSTM (MaskedBiLstm); at batch
         16 on the H200 within run-to-run spread (that LSTM is 1.3 of 51 ms), so off by default.
         ``text_tf32``: the text stage's FP32 products on tensor cores in TF32 (10-bit mantissas): 8.5 ->
-        5.9 ms of a 61 ms batch of 16 on the H200 (docs/benchmarks.md, session 31). Off by default:
-        the stage is FP32 because the durations are rounded from its output, where a rounding that
-        tips moves a whole frame, and no real-voice check of TF32 durations has run."""
+        5.9 ms of a 61 ms batch of 16 on the H200 (docs/benchmarks.md, session 31). The stage is FP32
+        because the durations are rounded from its output, where a rounding that tips moves a whole
+        frame: emulated on the CPU (scripts/kokoro_tf32_durations.py), 1 of 4,351 tokens of the real
+        voice moved by a frame. Off by default, so the engine equals the model."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
