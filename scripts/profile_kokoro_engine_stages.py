@@ -19,9 +19,10 @@ Parts of the frame stage (the engine's FrameStage, cut where its code has seams)
     source         the harmonic source and its STFT                               -> (B, n_fft + 2, L / hop + 1)
     generator      the whole generator: source, upsampling stages, iSTFT          -> (B, L)
 
-The parts are timed for the first of ``--variants`` only (each costs a compile). They are compiled
-one by one, so the compiler fuses less across their seams than in the whole stage: their sum is an
-upper bound of the stage, and the stage itself is timed beside them.
+prosody, decoder_body and generator cover the stage (shared_lstm lies inside prosody, source inside
+generator). The parts are timed for the first of ``--variants`` only (each costs a compile). They
+are compiled one by one, so the compiler fuses less across their seams than in the whole stage:
+the three covering parts sum to an upper bound of the stage, which is timed beside them.
 """
 from __future__ import annotations
 
