@@ -21,8 +21,9 @@ Parts of the frame stage (the engine's FrameStage, cut where its code has seams)
 
 prosody, decoder_body and generator cover the stage (shared_lstm lies inside prosody, source inside
 generator). The parts are timed for the first of ``--variants`` only (each costs a compile). They
-are compiled one by one, so the compiler fuses less across their seams than in the whole stage:
-the three covering parts sum to an upper bound of the stage, which is timed beside them.
+are compiled one by one, so the compiler cannot fuse across their seams as in the whole stage,
+which is timed beside them (at batch 16 on the H200 the three covering parts summed to 50.2 ms
+against the stage's 50.9).
 """
 from __future__ import annotations
 
