@@ -30,6 +30,7 @@ LONG_SPEECH = {"model": "tts-1", "voice": "alloy", "input": " ".join(["The lamp 
 WARMUP_REQUESTS = 10
 ABANDONED_REQUESTS = 100  # 15,000 sentences phonemized: 19.5 MiB kept at 1.4 KB each before the fix
 ALLOWED_GROWTH_MIB = 4  # measured: -1.9 to +0.3 MiB after the fix, 19.6 MiB before
+ROUNDS = 2  # of ABANDONED_REQUESTS each; the least growth must stay under the allowance
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +84,16 @@ def test_abandoned_streams_leave_no_work_and_no_memory(tmp_path, onnx_served):
         loop = server.servers[0].get_loop()
         assert [abandon_stream(base_url) for _ in range(WARMUP_REQUESTS)] == [200] * WARMUP_REQUESTS
         wait_until(idle, timeout_s=60, what="the warm-up requests' work gone")
-        before_mib = malloc_in_use_mib()
-        statuses = [abandon_stream(base_url) for _ in range(ABANDONED_REQUESTS)]
-        wait_until(idle, timeout_s=60, what="the abandoned requests' work gone")
-        wait_until(lambda: not speech_tasks(loop), timeout_s=60, what="no speech producer left")
-        grown_mib = malloc_in_use_mib() - before_mib
-    assert statuses == [200] * ABANDONED_REQUESTS
-    assert grown_mib < ALLOWED_GROWTH_MIB, f"{ABANDONED_REQUESTS} abandoned streams kept {grown_mib:.1f} MiB"
+        # A leak grows in every round (19.5 MiB a round before the fix); a one-off allocation elsewhere
+        # in the test process (another thread's cache, an arena grown once) shows in one round only,
+        # and once read 5.4 MiB in a fresh-clone CI run.
+        grown_mib = []
+        for _ in range(ROUNDS):
+            before_mib = malloc_in_use_mib()
+            statuses = [abandon_stream(base_url) for _ in range(ABANDONED_REQUESTS)]
+            wait_until(idle, timeout_s=60, what="the abandoned requests' work gone")
+            wait_until(lambda: not speech_tasks(loop), timeout_s=60, what="no speech producer left")
+            grown_mib.append(malloc_in_use_mib() - before_mib)
+            assert statuses == [200] * ABANDONED_REQUESTS
+    assert min(grown_mib) < ALLOWED_GROWTH_MIB, \
+        f"{ABANDONED_REQUESTS} abandoned streams kept {', '.join(f'{g:.1f}' for g in grown_mib)} MiB in each round"
