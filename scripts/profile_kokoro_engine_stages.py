@@ -43,7 +43,6 @@ from core.revision import provenance
 from models.cuda_graphs import GraphCache, StageTimer
 from models.kokoro.engines import BucketedEngine
 from models.kokoro.generator_student import slice_generator
-from models.kokoro.prosody import alignment_matrix
 from scripts.bench_kokoro import fixed_durations, official_config, profile_kernels, random_inputs, token_ids
 
 VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
@@ -74,16 +73,13 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
 
     def prosody(d, t_en, frames_per_token, ref_s):
         _, prosody_style = model.split_style(ref_s.to(dtype))
-        alignment = alignment_matrix(frames_per_token, frames).to(dtype)  # (B, T, F)
-        frame_lengths = frames_per_token.sum(dim=-1).clamp_max(frames)  # (B,)
-        en = d.to(dtype).transpose(-1, -2) @ alignment  # (B, H + S, F)
+        en, asr, frame_lengths = stage.frame_features(d, t_en, frames_per_token)
         f0_curve, energy = stage.f0_and_energy(en, prosody_style, frame_lengths)
-        return f0_curve, energy, t_en.to(dtype) @ alignment, frame_lengths
+        return f0_curve, energy, asr, frame_lengths
 
-    def lstm(d, frames_per_token):
-        alignment = alignment_matrix(frames_per_token, frames).to(dtype)
-        en = d.to(dtype).transpose(-1, -2) @ alignment
-        return shared_lstm(en.transpose(1, 2), frames_per_token.sum(dim=-1).clamp_max(frames))
+    def lstm(d, t_en, frames_per_token):
+        en, _, frame_lengths = stage.frame_features(d, t_en, frames_per_token)
+        return shared_lstm(en.transpose(1, 2), frame_lengths)
 
     def decoder_body(asr, f0_curve, energy, ref_s, frame_lengths):
         acoustic_style, _ = model.split_style(ref_s.to(dtype))
@@ -131,7 +127,7 @@ def time_parts(engine: BucketedEngine, input_ids: torch.Tensor, style: torch.Ten
     cache = GraphCache()
     f0_curve, energy, asr, frame_lengths = (t.clone() for t in
                                             cache.run(("prosody",), parts["prosody"], (d, t_en, frames_per_token, style)))
-    cache.run(("shared_lstm",), parts["shared_lstm"], (d, frames_per_token))
+    cache.run(("shared_lstm",), parts["shared_lstm"], (d, t_en, frames_per_token))
     x, = cache.run(("decoder_body",), parts["decoder_body"], (asr, f0_curve, energy, style, frame_lengths))
     x = x.clone()
     cache.run(("source",), parts["source"], (f0_curve, frame_lengths))

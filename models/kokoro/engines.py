@@ -209,12 +209,16 @@ class FrameStage(nn.Module):
 
     def _forward(self, d, t_en, frames_per_token, ref_s, noise=None):
         acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
+        en, asr, frame_lengths = self.frame_features(d, t_en, frames_per_token)
+        f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
+        return self.model.decoder(asr, f0_curve, energy, acoustic_style, noise, frame_lengths)[:, 0]  # (B, F * spf)
+
+    def frame_features(self, d, t_en, frames_per_token):
+        """The text features spread over the bucket's frames: en (B, H + S, F), asr (B, H, F), and
+        each item's frame count (B,)."""
         alignment = alignment_matrix(frames_per_token, self.frames).to(self.dtype)  # (B, T, F_bucket)
         frame_lengths = frames_per_token.sum(dim=-1).clamp_max(self.frames)  # (B,)
-        en = d.to(self.dtype).transpose(-1, -2) @ alignment  # (B, H + S, F)
-        f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
-        asr = t_en.to(self.dtype) @ alignment  # (B, H, F)
-        return self.model.decoder(asr, f0_curve, energy, acoustic_style, noise, frame_lengths)[:, 0]  # (B, F * spf)
+        return d.to(self.dtype).transpose(-1, -2) @ alignment, t_en.to(self.dtype) @ alignment, frame_lengths
 
     def f0_and_energy(self, en, style, frame_lengths):
         """ProsodyPredictor.F0Ntrain with its frame lengths, the BiLSTM run without packing (packing
