@@ -26,6 +26,16 @@ parametrization evaluated once: folded), in one of ``CONV_LAYOUTS``:
 * ``"channels_last_per_conv"``: the same convolutions, each output copied back to contiguous
   (N, C, T): every convolution converts in and out, which is what the region saves.
 
+``fold_dilation`` (any layout) runs a dilated convolution (stride 1, zero padding a multiple of the
+dilation d) as an undilated one: time t = h * d + j is read as the 2-D position (h, j) of an
+(N, C, T / d, d) view, and the K taps, d samples apart in time, become K rows one apart, a (K, 1)
+kernel. No copy when T is a multiple of d (the input is zero-padded up to one otherwise, which is
+what the convolution's own padding does there) and the same sums in another order. Why: the
+heaviest kernel of Kokoro's compiled FP16 engine on the H200 is an sm80 "indexed" implicit GEMM
+(0.37 ms a call at batch 16) where most of its convolutions run sm90 kernels (0.07 ms a call;
+docs/results/h200_31_kokoro_kernels_144_72_ncw_b16.json). The hypothesis under test is that the
+dilation is what selects it; scripts/profile_kokoro_engine_stages.py's ``*_folded`` variants measure it.
+
 Outputs of ``"channels_last"`` are not ``is_contiguous()``: code that calls ``.view`` on a
 convolution's output fails loudly there (use ``"channels_last_per_conv"`` for such a module).
 Weights are stored (C_out, C_in / groups, 1, K) in the channels-last layouts, so convert a module
@@ -86,7 +96,7 @@ class LayoutConv(nn.Module):
     Keeps the 1-D module's attributes (``stride``, ``padding``, ... as 1-tuples) because family code
     reads them (``self.ups[i].stride[0]``). Takes (N, C_in, T) or unbatched (C_in, T)."""
 
-    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, layout: str):
+    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, layout: str, fold_dilation: bool = False):
         super().__init__()
         _check_layout(layout)
         self.layout = layout
@@ -102,16 +112,27 @@ class LayoutConv(nn.Module):
         with torch.no_grad():
             weight = folded_weight(conv, "weight")  # (C_out, C_in / g, K); transposed: (C_in, C_out / g, K)
             bias = None if conv.bias is None else folded_weight(conv, "bias")
+        self.dilation_folded = fold_dilation and self._foldable()
+        if self.dilation_folded:
+            weight = weight.unsqueeze(3)  # (C_out, C_in / g, K, 1): the taps along the rows of the folded view
+        elif layout != "ncw":
+            weight = weight.unsqueeze(2)  # (C_out, C_in / g, 1, K)
         if layout != "ncw":
-            weight = weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (.., .., 1, K) NHWC
+            weight = weight.contiguous(memory_format=torch.channels_last)  # NHWC
         self.weight = nn.Parameter(weight)
         self.bias = None if bias is None else nn.Parameter(bias)
+
+    def _foldable(self) -> bool:
+        """A dilated convolution that the (T / d, d) view turns into an undilated one (module docstring)."""
+        dilation = self.dilation[0]
+        return (not self.transposed and dilation > 1 and self.stride[0] == 1 and not isinstance(self.padding, str)
+                and self.padding[0] % dilation == 0)
 
     def extra_repr(self) -> str:
         kind = "ConvTranspose1d" if self.transposed else "Conv1d"
         return (f"{kind}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}), "
-                f"layout={self.layout}")
+                f"layout={self.layout}" + (", dilation folded" if self.dilation_folded else ""))
 
     def _padding_2d(self):
         return self.padding if isinstance(self.padding, str) else (0, self.padding[0])  # "same" / "valid" as they are
@@ -126,6 +147,8 @@ class LayoutConv(nn.Module):
         return x if self.pre_padding is None else F.pad(x, self.pre_padding, mode=self.padding_mode)
 
     def _convolve(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dilation_folded:
+            return self._convolve_folded(x)
         if self.layout == "ncw":
             if self.transposed:
                 return F.conv_transpose1d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
@@ -142,17 +165,33 @@ class LayoutConv(nn.Module):
         y = y.squeeze(2)  # (N, C_out, T'), channels fastest in memory
         return y.contiguous() if self.layout == "channels_last_per_conv" else y
 
+    def _convolve_folded(self, x: torch.Tensor) -> torch.Tensor:
+        """The dilated convolution as an undilated (K, 1) one over the (N, C, T / d, d) view."""
+        dilation, samples = self.dilation[0], x.shape[-1]
+        tail = -samples % dilation  # zeros up to a multiple of d: the padding the convolution applies anyway
+        if tail:
+            x = F.pad(x, (0, tail))
+        x = x.unflatten(-1, (-1, dilation))  # (N, C_in, T / d, d): a view of (N, C_in, T)
+        if self.layout != "ncw":  # a view too when x already has channels fastest (the previous conv's output)
+            x = x.contiguous(memory_format=torch.channels_last)
+        y = F.conv2d(x, self.weight, self.bias, 1, (self.padding[0] // dilation, 0), 1, self.groups)
+        y = y.flatten(-2)  # (N, C_out, T' + tail); NHWC rows are d samples of C_out channels: still a view
+        if tail:
+            y = y[..., : y.shape[-1] - tail]
+        return y.contiguous() if self.layout == "channels_last_per_conv" else y
 
-def convert_convs(module: nn.Module, layout: str) -> nn.Module:
+
+def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False) -> nn.Module:
     """Replace every Conv1d / ConvTranspose1d under ``module`` (in place) by a ``LayoutConv``; returns
     ``module``, or the new LayoutConv when ``module`` is itself a convolution. Converting an already
-    converted tree to another layout is refused: convert the original again."""
+    converted tree to another layout is refused: convert the original again. ``fold_dilation``: the
+    dilated convolutions that allow it run undilated over a folded view (module docstring)."""
     _check_layout(layout)
     if isinstance(module, LayoutConv):
         raise ValueError(f"module is already a LayoutConv ({module.layout}): convert the original module")
     if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
         _check_no_hooks(module, type(module).__name__)
-        return LayoutConv(module, layout)
+        return LayoutConv(module, layout, fold_dilation)
     for name, parent in list(module.named_modules()):
         if isinstance(parent, LayoutConv):
             raise ValueError(f"{name!r} is already a LayoutConv ({parent.layout}): convert the original module")
@@ -160,21 +199,23 @@ def convert_convs(module: nn.Module, layout: str) -> nn.Module:
             if isinstance(child, (nn.Conv1d, nn.ConvTranspose1d)):
                 where = f"{name}.{child_name}" if name else child_name
                 _check_no_hooks(child, where)
-                setattr(parent, child_name, LayoutConv(child, layout))
+                setattr(parent, child_name, LayoutConv(child, layout, fold_dilation))
     return module
 
 
-def converted_copy(module: nn.Module, layout: str) -> nn.Module:
+def converted_copy(module: nn.Module, layout: str, fold_dilation: bool = False) -> nn.Module:
     """A converted deep copy; ``module`` keeps its own convolutions and parametrizations."""
-    return convert_convs(copy.deepcopy(module), layout)
+    return convert_convs(copy.deepcopy(module), layout, fold_dilation)
 
 
 def layout_copies(module: nn.Module, run: Callable[[], object]) -> dict:
     """Run ``run()`` once and count the layout conversions of ``module``'s LayoutConvs: an input
     copy where a channels-last conv's (N, C, 1, T) view was not already channels-last, an output copy
-    where ``"channels_last_per_conv"`` made a multi-channel output contiguous again. ``copied_at``
-    names the convolutions whose input was copied, in call order (a name repeats per call)."""
-    counts = {"conv_calls": 0, "input_copies": 0, "output_copies": 0, "copied_at": []}
+    where ``"channels_last_per_conv"`` made a multi-channel output contiguous again, a ``fold_pads``
+    where a folded dilated convolution zero-padded an input whose length is not a multiple of its
+    dilation (a copy, in NCW). ``copied_at`` names the convolutions whose input was copied, in call
+    order (a name repeats per call)."""
+    counts = {"conv_calls": 0, "input_copies": 0, "output_copies": 0, "fold_pads": 0, "copied_at": []}
     names = {conv: name for name, conv in module.named_modules() if isinstance(conv, LayoutConv)}
 
     def before(conv: LayoutConv, args: tuple) -> None:
@@ -183,6 +224,8 @@ def layout_copies(module: nn.Module, run: Callable[[], object]) -> dict:
         if conv.layout != "ncw" and not x.unsqueeze(2).is_contiguous(memory_format=torch.channels_last):
             counts["input_copies"] += 1
             counts["copied_at"].append(names[conv])
+        if conv.dilation_folded and x.shape[-1] % conv.dilation[0]:
+            counts["fold_pads"] += 1
 
     def after(conv: LayoutConv, args: tuple, output: torch.Tensor) -> None:
         if conv.layout == "channels_last_per_conv" and output.shape[-2] > 1 and output.shape[-1] > 1:

@@ -43,12 +43,14 @@ from core.revision import provenance
 from models.cuda_graphs import GraphCache, StageTimer
 from models.kokoro.engines import BucketedEngine
 from models.kokoro.generator_student import slice_generator
-from scripts.bench_kokoro import fixed_durations, official_config, profile_kernels, random_inputs, token_ids
+from scripts.bench_kokoro import fixed_durations, official_config, profile_kernels, random_inputs, snr_db, token_ids
 
 VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
             "ncw_pageable": {"pinned_output": False}, "ncw_fused_bilstm": {"fused_bilstm": True},
             "ncw_text_tf32": {"text_tf32": True}, "ncw_all": {"fused_bilstm": True, "text_tf32": True},
-            "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"}}
+            "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"},
+            "ncw_folded": {"fold_dilation": True}, "channels_last_folded": {"conv_layout": "channels_last", "fold_dilation": True},
+            "ncw_folded_text_tf32": {"fold_dilation": True, "text_tf32": True}}
 
 
 class Part(nn.Module):
@@ -140,12 +142,13 @@ def time_parts(engine: BucketedEngine, input_ids: torch.Tensor, style: torch.Ten
 def profile_variant(engine: BucketedEngine, sentences: list[list[int]], style_pack: torch.Tensor, batch: int,
                     sample_rate: int, repeats: int, parts: bool) -> dict:
     timer = StageTimer(engine)
-    rows = []
+    rows, audio = [], []
     for ids in sentences:
         style = style_pack[len(ids) - 3].unsqueeze(0).expand(batch, -1).cuda()  # (B, 2S)
         input_ids = torch.tensor([ids] * batch, device="cuda")  # (B, T)
         frames_per_token = fixed_durations(len(ids), batch).cuda()
         out = engine.synthesize(input_ids, style, frames_per_token=frames_per_token)  # compile and capture
+        audio.append(out["audio"][0])
         timer.take_ms()
         walls, stages = [], []
         for _ in range(repeats):
@@ -167,7 +170,7 @@ def profile_variant(engine: BucketedEngine, sentences: list[list[int]], style_pa
     if parts:
         part_names = [name for name in rows[0]["parts_ms"] if name != "frame_bucket"]
         totals["parts_ms"] = {name: sum(row["parts_ms"][name] for row in rows) for name in part_names}
-    return {"totals": totals, "sentences": rows}
+    return {"totals": totals, "sentences": rows, "audio": audio}
 
 
 def main() -> None:
@@ -179,6 +182,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernels-dir", type=Path, default=None, help="each variant's CUDA kernel table, written here")
+    parser.add_argument("--no-parts", action="store_true", help="skip the parts of the first variant (a compile each)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -194,16 +198,21 @@ def main() -> None:
               "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
               "weights": "random (timing only), forced durations", "variants": {},
               "provenance": provenance(REPO_ROOT, sys.argv)}
+    first_audio: list[torch.Tensor] = []  # the first variant's audio per sentence (row 0)
     for index, name in enumerate(args.variants):
         engine = BucketedEngine(model, graphs=True, frame_dtype=torch.float16, compile_stages=True, **VARIANTS[name])
         started = time.perf_counter()
         report["variants"][name] = profile_variant(engine, sentences, style_pack, args.batch, config.sample_rate_hz,
-                                                   args.repeats, parts=index == 0)
+                                                   args.repeats, parts=index == 0 and not args.no_parts)
         if args.kernels_dir is not None:
             report["variants"][name]["kernels"] = profile_kernels(
                 engine, style_pack, config, args.batch, args.sentences, True, "cuda",
                 args.kernels_dir / f"kokoro_kernels_{name}_b{args.batch}.json")
         report["variants"][name]["seconds_with_compiles"] = time.perf_counter() - started
+        # Random weights make no sound worth scoring, but two variants of one computation must agree.
+        audio = report["variants"][name].pop("audio")
+        first_audio = first_audio or audio
+        report["variants"][name]["snr_db_vs_first_variant"] = [snr_db(a, b) for a, b in zip(first_audio, audio)]
         print(json.dumps({name: report["variants"][name]["totals"]}, indent=1), flush=True)
         # After every variant: a call cut short by its time limit keeps the variants it finished.
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -124,7 +124,7 @@ class BucketedEngine:
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
-                 pinned_output: bool = True):
+                 pinned_output: bool = True, fold_dilation: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -137,7 +137,8 @@ class BucketedEngine:
         ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with
         "max-autotune-no-cudagraphs" the compiler times its own convolution kernels against cuDNN's,
         minutes a bucket). ``pinned_output``: the audio comes back through page-locked memory
-        (models/cuda_graphs.to_host)."""
+        (models/cuda_graphs.to_host). ``fold_dilation``: the vocoder's dilated convolutions run undilated
+        over a folded view of time (models/conv_layout.py), same sums in another order."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -152,8 +153,10 @@ class BucketedEngine:
         if vocoder_kernels == "triton":  # built before the layout conversion: it packs plain Conv1d weights
             self.triton_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
-        if conv_layout != "ncw":  # the acoustic decoder's convolutions, and the vocoder's unless fused kernels replace it
-            convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout)
+        if conv_layout != "ncw" or fold_dilation:  # the acoustic decoder's convolutions, and the vocoder's unless
+            # fused kernels replace it
+            convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout,
+                          fold_dilation)
         self.compile_frames, self.compile_mode = compile_frames, compile_mode
         if compile_mode is not None and not compile_frames:
             raise ValueError(f"compile_mode={compile_mode!r} needs compile_frames=True")

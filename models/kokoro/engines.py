@@ -266,7 +266,7 @@ class BucketedEngine:
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
                  compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
-                 text_tf32: bool = False):
+                 text_tf32: bool = False, fold_dilation: bool = False):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -284,7 +284,9 @@ class BucketedEngine:
         5.9 ms of a 61 ms batch of 16 on the H200 (docs/benchmarks.md, session 31). The stage is FP32
         because the durations are rounded from its output, where a rounding that tips moves a whole
         frame: emulated on the CPU (scripts/kokoro_tf32_durations.py), 1 of 4,351 tokens of the real
-        voice moved by a frame. Off by default, so the engine equals the model."""
+        voice moved by a frame. Off by default, so the engine equals the model. ``fold_dilation``: the
+        generator's dilated convolutions run undilated over a folded view of time (models/conv_layout.py),
+        same sums in another order."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -300,8 +302,8 @@ class BucketedEngine:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.text_stage = self._compiled(TextStage(model).eval())
         self.frame_model = frame_side_copy(model, frame_dtype)
-        if conv_layout != "ncw":  # the text side of this copy is never run: converting it all is harmless
-            convert_convs(self.frame_model, conv_layout)
+        if conv_layout != "ncw" or fold_dilation:  # the text side of this copy is never run: converting it is harmless
+            convert_convs(self.frame_model, conv_layout, fold_dilation)
         self.text_tf32 = text_tf32
         self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)

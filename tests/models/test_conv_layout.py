@@ -1,6 +1,7 @@
-"""models/conv_layout.py: every layout computes what the 1-D module computes (FP32, CPU, 1e-5 of
-the peak), on single convolutions of every hyperparameter and on the tiny vocoders of three
-families, and the channels-last region converts once where per-conv conversion converts every time."""
+"""models/conv_layout.py: every layout, with and without dilated convolutions folded, computes what
+the 1-D module computes (FP32, CPU, 1e-5 of the peak), on single convolutions of every
+hyperparameter and on the tiny vocoders of three families, and the channels-last region converts
+once where per-conv conversion converts every time."""
 from __future__ import annotations
 
 import json
@@ -36,6 +37,9 @@ CONV1D_CASES = [
     dict(in_channels=6, out_channels=8, kernel_size=4, padding="same", padding_mode="replicate"),
     dict(in_channels=6, out_channels=8, kernel_size=3, stride=2, padding=1, padding_mode="circular"),
     dict(in_channels=6, out_channels=1, kernel_size=7, padding="valid"),
+    dict(in_channels=6, out_channels=8, kernel_size=3, dilation=5, padding=5),  # HiFi-GAN's resblocks: folds
+    dict(in_channels=6, out_channels=4, kernel_size=5, dilation=3, padding=3, groups=2),  # folds, shorter output
+    dict(in_channels=6, out_channels=8, kernel_size=3, dilation=3, padding=2),  # padding not a multiple: unfolded
 ]
 TRANSPOSED_CASES = [
     dict(in_channels=8, out_channels=4, kernel_size=16, stride=8, padding=4),  # HiFi-GAN's upsampling
@@ -51,11 +55,12 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def assert_layouts_match(module: nn.Module, run) -> None:
-    """``run(module)`` equals ``run(converted copy)`` in every layout."""
+    """``run(module)`` equals ``run(converted copy)`` in every layout, dilations folded or not."""
     with torch.no_grad():
         expected = run(module)
         for layout in CONV_LAYOUTS:
-            assert_close(run(converted_copy(module, layout)), expected)
+            for fold_dilation in (False, True):
+                assert_close(run(converted_copy(module, layout, fold_dilation)), expected)
 
 
 @pytest.mark.parametrize("case", CONV1D_CASES)
@@ -187,6 +192,43 @@ def test_channels_last_region_converts_once_in_hifigan():
     assert counts["channels_last"]["copied_at"] == ["conv_pre"]
     assert counts["channels_last_per_conv"]["input_copies"] == calls
     assert counts["channels_last_per_conv"]["output_copies"] == calls - 1
+
+
+@pytest.mark.parametrize("layout", CONV_LAYOUTS)
+@pytest.mark.parametrize("samples", [30, 29, 28])  # a multiple of the dilation, and two that are not
+def test_folded_dilated_conv_equals_the_dilated_conv_at_any_length(layout, samples):
+    torch.manual_seed(0)
+    conv = nn.Conv1d(6, 8, 3, dilation=3, padding=3)
+    folded = converted_copy(conv, layout, fold_dilation=True)
+    assert folded.dilation_folded and folded.weight.shape == (8, 6, 3, 1)
+    x = torch.randn(2, 6, samples)
+    with torch.no_grad():
+        assert_close(folded(x), conv(x))
+
+
+def test_only_foldable_convolutions_fold():
+    """Undilated, strided, transposed, "same"-padded and padded-by-a-non-multiple convolutions keep
+    their own computation."""
+    kept = [nn.Conv1d(4, 4, 3, padding=1), nn.Conv1d(4, 4, 3, stride=2, dilation=3, padding=3),
+            nn.ConvTranspose1d(4, 4, 3, dilation=3, padding=3), nn.Conv1d(4, 4, 3, dilation=3, padding="same"),
+            nn.Conv1d(4, 4, 3, dilation=3, padding=4)]
+    for conv in kept:
+        assert not convert_convs(conv, "ncw", fold_dilation=True).dilation_folded, conv
+    assert not convert_convs(nn.Conv1d(4, 4, 3, dilation=3, padding=3), "ncw").dilation_folded  # off by default
+
+
+def test_folding_keeps_the_channels_last_region_in_hifigan():
+    """HiFi-GAN's dilated resblock convolutions fold without leaving the layout: one input copy, as
+    unfolded, and outputs with channels fastest."""
+    vocoder = converted_copy(emotivoice_vocoder(), "channels_last", fold_dilation=True)
+    folded = [conv for conv in vocoder.modules() if isinstance(conv, LayoutConv) and conv.dilation_folded]
+    assert folded and all(conv.dilation[0] > 1 for conv in folded)
+    mel = torch.randn(2, 80, 15)  # 15 frames: 60 and 240 samples at the two stages, multiples of 3 and 5
+    counts = layout_copies(vocoder, lambda: vocoder(mel, torch.tensor([15, 7])))
+    assert counts["input_copies"] == 1 and counts["copied_at"] == ["conv_pre"]
+    assert counts["fold_pads"] == 0
+    counts = layout_copies(vocoder, lambda: vocoder(mel[..., :14], torch.tensor([14, 7])))  # 56, 224: not of 3 or 5
+    assert counts["fold_pads"] == len(folded)
 
 
 def test_bad_layout_hooks_and_double_conversion_are_refused():

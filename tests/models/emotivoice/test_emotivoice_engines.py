@@ -41,10 +41,12 @@ def test_compiled_frame_stage_equals_the_eager_one(generator):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("conv_layout", ["ncw", "channels_last"])  # channels_last: the CUDA default
-def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout):
+@pytest.mark.parametrize("conv_layout,fold_dilation",  # channels_last: the CUDA default
+                         [("ncw", False), ("channels_last", False), ("channels_last", True)])
+def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout, fold_dilation):
     engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, batch_buckets=(4,), frame_bucket=32,
-                            conv_layout=conv_layout)
+                            conv_layout=conv_layout, fold_dilation=fold_dilation)
+    assert any(getattr(conv, "dilation_folded", False) for conv in engine.frame_model.modules()) == fold_dilation
     batch = inputs(generator, LENGTHS)
     out = engine.synthesize(*batch)
     reference = generator.inference_copy()(*batch, masked=True)
