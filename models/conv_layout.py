@@ -36,6 +36,13 @@ heaviest kernel of Kokoro's compiled FP16 engine on the H200 is an sm80 "indexed
 docs/results/h200_31_kokoro_kernels_144_72_ncw_b16.json). The hypothesis under test is that the
 dilation is what selects it; scripts/profile_kokoro_engine_stages.py's ``*_folded`` variants measure it.
 
+``align_channels`` (``"ncw"`` only) zero-pads the input channels of a convolution up to a multiple
+of it, and its weights with them: the same sums plus zeros. Why: at the Kokoro student's width
+(144, 72) cuDNN runs 24 of the compiled FP16 engine's convolution calls with an sm80 "indexed"
+implicit GEMM (9.9 of 66 ms at batch 16 on an H100) which the same engine at (128, 64) never picks
+(docs/results/h100_32_kokoro_kernels_*). The likely cause, untested: 72 and 144 are not multiples
+of that kernel's 32-deep reduction tile, 64 and 128 are. Off by default until a GPU has timed it.
+
 Outputs of ``"channels_last"`` are not ``is_contiguous()``: code that calls ``.view`` on a
 convolution's output fails loudly there (use ``"channels_last_per_conv"`` for such a module).
 Weights are stored (C_out, C_in / groups, 1, K) in the channels-last layouts, so convert a module
@@ -96,9 +103,14 @@ class LayoutConv(nn.Module):
     Keeps the 1-D module's attributes (``stride``, ``padding``, ... as 1-tuples) because family code
     reads them (``self.ups[i].stride[0]``). Takes (N, C_in, T) or unbatched (C_in, T)."""
 
-    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, layout: str, fold_dilation: bool = False):
+    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, layout: str, fold_dilation: bool = False,
+                 align_channels: int = 1):
         super().__init__()
         _check_layout(layout)
+        if align_channels < 1:
+            raise ValueError(f"align_channels={align_channels}: a multiple of at least 1")
+        if align_channels > 1 and layout != "ncw":
+            raise ValueError(f"align_channels pads NCW inputs; the {layout!r} layout would copy them back")
         self.layout = layout
         self.transposed = isinstance(conv, nn.ConvTranspose1d)
         self.in_channels, self.out_channels = conv.in_channels, conv.out_channels
@@ -112,6 +124,10 @@ class LayoutConv(nn.Module):
         with torch.no_grad():
             weight = folded_weight(conv, "weight")  # (C_out, C_in / g, K); transposed: (C_in, C_out / g, K)
             bias = None if conv.bias is None else folded_weight(conv, "bias")
+        # Groups would interleave the padding with the channels: only ungrouped convolutions are padded.
+        self.input_padding = -self.in_channels % align_channels if not self.transposed and self.groups == 1 else 0
+        if self.input_padding:
+            weight = F.pad(weight, (0, 0, 0, self.input_padding))  # (C_out, C_in + pad, K): zero taps
         self.dilation_folded = fold_dilation and self._foldable()
         if self.dilation_folded:
             weight = weight.unsqueeze(3)  # (C_out, C_in / g, K, 1): the taps along the rows of the folded view
@@ -132,7 +148,8 @@ class LayoutConv(nn.Module):
         kind = "ConvTranspose1d" if self.transposed else "Conv1d"
         return (f"{kind}({self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
                 f"stride={self.stride}, padding={self.padding}, dilation={self.dilation}, groups={self.groups}), "
-                f"layout={self.layout}" + (", dilation folded" if self.dilation_folded else ""))
+                f"layout={self.layout}" + (", dilation folded" if self.dilation_folded else "")
+                + (f", {self.input_padding} zero input channels" if self.input_padding else ""))
 
     def _padding_2d(self):
         return self.padding if isinstance(self.padding, str) else (0, self.padding[0])  # "same" / "valid" as they are
@@ -147,6 +164,8 @@ class LayoutConv(nn.Module):
         return x if self.pre_padding is None else F.pad(x, self.pre_padding, mode=self.padding_mode)
 
     def _convolve(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_padding:
+            x = F.pad(x, (0, 0, 0, self.input_padding))  # (N, C_in + pad, T), the pad zeros
         if self.dilation_folded:
             return self._convolve_folded(x)
         if self.layout == "ncw":
@@ -181,17 +200,18 @@ class LayoutConv(nn.Module):
         return y.contiguous() if self.layout == "channels_last_per_conv" else y
 
 
-def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False) -> nn.Module:
+def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1) -> nn.Module:
     """Replace every Conv1d / ConvTranspose1d under ``module`` (in place) by a ``LayoutConv``; returns
     ``module``, or the new LayoutConv when ``module`` is itself a convolution. Converting an already
     converted tree to another layout is refused: convert the original again. ``fold_dilation``: the
-    dilated convolutions that allow it run undilated over a folded view (module docstring)."""
+    dilated convolutions that allow it run undilated over a folded view; ``align_channels``: input
+    channels zero-padded to a multiple of it (module docstring)."""
     _check_layout(layout)
     if isinstance(module, LayoutConv):
         raise ValueError(f"module is already a LayoutConv ({module.layout}): convert the original module")
     if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
         _check_no_hooks(module, type(module).__name__)
-        return LayoutConv(module, layout, fold_dilation)
+        return LayoutConv(module, layout, fold_dilation, align_channels)
     for name, parent in list(module.named_modules()):
         if isinstance(parent, LayoutConv):
             raise ValueError(f"{name!r} is already a LayoutConv ({parent.layout}): convert the original module")
@@ -199,13 +219,13 @@ def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False) -
             if isinstance(child, (nn.Conv1d, nn.ConvTranspose1d)):
                 where = f"{name}.{child_name}" if name else child_name
                 _check_no_hooks(child, where)
-                setattr(parent, child_name, LayoutConv(child, layout, fold_dilation))
+                setattr(parent, child_name, LayoutConv(child, layout, fold_dilation, align_channels))
     return module
 
 
-def converted_copy(module: nn.Module, layout: str, fold_dilation: bool = False) -> nn.Module:
+def converted_copy(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1) -> nn.Module:
     """A converted deep copy; ``module`` keeps its own convolutions and parametrizations."""
-    return convert_convs(copy.deepcopy(module), layout, fold_dilation)
+    return convert_convs(copy.deepcopy(module), layout, fold_dilation, align_channels)
 
 
 def layout_copies(module: nn.Module, run: Callable[[], object]) -> dict:

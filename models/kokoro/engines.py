@@ -266,7 +266,7 @@ class BucketedEngine:
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
                  compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
-                 text_tf32: bool = False, fold_dilation: bool = False):
+                 text_tf32: bool = False, fold_dilation: bool = False, align_channels: int = 1):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -286,7 +286,9 @@ class BucketedEngine:
         frame: emulated on the CPU (scripts/kokoro_tf32_durations.py), 1 of 4,351 tokens of the real
         voice moved by a frame. Off by default, so the engine equals the model. ``fold_dilation``: the
         generator's dilated convolutions run undilated over a folded view of time (models/conv_layout.py),
-        same sums in another order."""
+        same sums in another order: on an H100 at batch 16 and the student's width, 59.6 against 55.6 ms
+        for the frame stage (docs/results/h100_32_kokoro_folded.json), so off. ``align_channels``: each
+        convolution's input channels zero-padded to a multiple of it (NCW only; models/conv_layout.py)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -302,8 +304,9 @@ class BucketedEngine:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.text_stage = self._compiled(TextStage(model).eval())
         self.frame_model = frame_side_copy(model, frame_dtype)
-        if conv_layout != "ncw" or fold_dilation:  # the text side of this copy is never run: converting it is harmless
-            convert_convs(self.frame_model, conv_layout, fold_dilation)
+        if conv_layout != "ncw" or fold_dilation or align_channels > 1:  # the text side of this copy is never
+            # run: converting it is harmless
+            convert_convs(self.frame_model, conv_layout, fold_dilation, align_channels)
         self.text_tf32 = text_tf32
         self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)

@@ -206,6 +206,30 @@ def test_folded_dilated_conv_equals_the_dilated_conv_at_any_length(layout, sampl
         assert_close(folded(x), conv(x))
 
 
+@pytest.mark.parametrize("case", [dict(in_channels=9, out_channels=7, kernel_size=3, padding=1),
+                                  dict(in_channels=9, out_channels=7, kernel_size=5, dilation=3, padding=6),
+                                  dict(in_channels=6, out_channels=4, kernel_size=3, padding=1, padding_mode="reflect")])
+@pytest.mark.parametrize("fold_dilation", [False, True])
+def test_aligned_input_channels_compute_the_same(case, fold_dilation):
+    torch.manual_seed(0)
+    conv = nn.Conv1d(**case)
+    aligned = converted_copy(conv, "ncw", fold_dilation, align_channels=8)
+    assert aligned.input_padding == -case["in_channels"] % 8 and aligned.weight.shape[1] % 8 == 0
+    x = torch.randn(2, case["in_channels"], 25)
+    with torch.no_grad():
+        assert_close(aligned(x), conv(x))
+        assert_close(aligned(x[0]), conv(x[0]))
+
+
+def test_alignment_leaves_grouped_and_transposed_convs_and_refuses_other_layouts():
+    assert convert_convs(nn.Conv1d(6, 6, 3, groups=2), "ncw", align_channels=8).input_padding == 0
+    assert convert_convs(nn.ConvTranspose1d(6, 4, 4, 2), "ncw", align_channels=8).input_padding == 0
+    with pytest.raises(ValueError, match="pads NCW inputs"):
+        convert_convs(nn.Conv1d(6, 4, 3), "channels_last", align_channels=8)
+    with pytest.raises(ValueError, match="at least 1"):
+        convert_convs(nn.Conv1d(6, 4, 3), "ncw", align_channels=0)
+
+
 def test_only_foldable_convolutions_fold():
     """Undilated, strided, transposed, "same"-padded and padded-by-a-non-multiple convolutions keep
     their own computation."""

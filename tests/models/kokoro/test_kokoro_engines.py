@@ -63,15 +63,17 @@ def test_float16_frame_stage_stays_close(model):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("conv_layout,fold_dilation", [("channels_last", False), ("ncw", True), ("channels_last", True)])
-def test_converted_frame_stage_equals_the_ncw_one_on_a_padded_batch(model, conv_layout, fold_dilation):
+@pytest.mark.parametrize("conv_layout,fold_dilation,align_channels",
+                         [("channels_last", False, 1), ("ncw", True, 1), ("channels_last", True, 1), ("ncw", False, 32)])
+def test_converted_frame_stage_equals_the_ncw_one_on_a_padded_batch(model, conv_layout, fold_dilation, align_channels):
     durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 37 and 22 frames
     ids, ref_s, frames = request(model, durations)
     ncw = BucketedEngine(model, graphs=False, frame_bucket=BUCKET).synthesize(ids, ref_s, frames_per_token=frames)
     engine = BucketedEngine(model, graphs=False, frame_bucket=BUCKET, conv_layout=conv_layout,
-                            fold_dilation=fold_dilation)
+                            fold_dilation=fold_dilation, align_channels=align_channels)
     layout_convs = [m for m in engine.frame_model.decoder.modules() if type(m).__name__ == "LayoutConv"]
     assert any(conv.dilation_folded for conv in layout_convs) == fold_dilation
+    assert any(conv.input_padding for conv in layout_convs) == (align_channels > 1)
     converted = len(layout_convs)
     assert converted == sum(isinstance(m, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)) for m in model.decoder.modules())
     out = engine.synthesize(ids, ref_s, frames_per_token=frames)
