@@ -429,9 +429,11 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
         write(result, args.out)
 
     # The whole batch-1 step as one persistent kernel (engine_persistent.py), both grid barriers,
-    # the FFN as two phases (the default) and as one (float atomics).
+    # the FFN as two phases (the default) and as one (float atomics), and with the out phase folded too.
     for name, dtype, knobs in (("engine_fp16_persistent_graphs", torch.float16, {}),
                                ("engine_fp16_persistent_folded_ffn_graphs", torch.float16, {"fold_ffn": True}),
+                               ("engine_fp16_persistent_folded_ffn_out_graphs", torch.float16,
+                                {"fold_ffn": True, "fold_out": True}),
                                ("engine_fp16_persistent_portable_barrier_graphs", torch.float16, {"asm_barrier": False}),
                                ("engine_bf16_persistent_graphs", torch.bfloat16, {}),
                                ("engine_fp32_persistent_graphs", torch.float32, {})):

@@ -2,6 +2,10 @@
 
     PROGRAMS=128,132 WARPS=8,4 ASM=1,0 PYTHONPATH=. python scripts/sweep_t2s_persistent.py \\
         --out $OUT/t2s_persistent_sweep.json
+    FOLDS=ffn,ffn+out PYTHONPATH=. python scripts/sweep_t2s_persistent.py --out $OUT/t2s_folds.json
+
+``FOLDS``: which phases are folded away (engine_persistent.py's ``fold_ffn`` / ``fold_out``), each
+set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``).
 
 Full-size random weights (the official manifest's shapes), one request of 30 phones + 30 prompt
 tokens and 500 greedy tokens (EOS suppressed), median of 5 warm runs after CUDA-graph capture.
@@ -13,6 +17,7 @@ full benchmark.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -71,6 +76,9 @@ def main() -> None:
     programs_list = [int(value) for value in os.environ.get("PROGRAMS", "128").split(",")]
     warps_list = [int(value) for value in os.environ.get("WARPS", "8").split(",")]
     asm_list = [value == "1" for value in os.environ.get("ASM", "1").split(",")]
+    folds_list = os.environ.get("FOLDS", "none").split(",")
+    if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
+        parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
 
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
@@ -89,14 +97,13 @@ def main() -> None:
     result["eager_cuda_graphs_fp32"], reference32 = measure(engine(T2SEngine, torch.float32), request, None)
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
-    for asm in asm_list:
-        for programs in programs_list:
-            for warps in warps_list:
-                name = f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}"
-                knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm}
-                result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
-                print(name, result[name], flush=True)
-                args.out.write_text(json.dumps(result, indent=1))
+    for asm, folds, programs, warps in itertools.product(asm_list, folds_list, programs_list, warps_list):
+        name = f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
+        knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
+                 "fold_ffn": "ffn" in folds, "fold_out": "out" in folds}
+        result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
+        print(name, result[name], flush=True)
+        args.out.write_text(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 
 

@@ -25,6 +25,13 @@ slice: a partial of sum 2 that it adds into the layer's row of sum 2 with float 
 barriers a layer instead of four; the price is that the order of the additions, so the last bits
 of sum 2 in float32, varies from run to run.
 
+``fold_out`` (opt-in until a GPU has timed it) removes the out phase: the program of a head that
+arrives last at that head's counter (an atomic add with acquire-release order, after its own
+partial is written) combines the head's partials, multiplies them by the head's columns of W_o and
+adds the product into the layer's row of sum 1 with float atomics (the lead head adds the bias and
+the layer input too). No program waits for another there, so a layer loses a barrier; sum 1 then
+varies in its last float32 bits from run to run, as sum 2 does under ``fold_ffn``.
+
 A barrier is a counter in global memory: each program adds one (release) and polls until the
 counter reaches ``phase x programs`` (acquire). That needs every program resident at once, so the
 grid is at most the SM count; a poll that passes ``SPIN_LIMIT`` gives up and raises an error flag
@@ -122,11 +129,15 @@ def _attend_phase(
     pid, layer, counter_ptr, error_ptr, target, last_token_ptr, audio_pos_ptr, cache_len_ptr,
     embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
     cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
+    arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK_MAX: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr,
     MAX_POSITION: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr,
-    ASM: tl.constexpr,
+    ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr,
 ):
+    """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
+    (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, D) rows,
+    both zeroed before the step."""
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     j = tl.arange(0, HD_PAD)
@@ -213,6 +224,44 @@ def _attend_phase(
         tl.store(part_m_ptr + part, best)
         tl.store(part_s_ptr + part, total)
         tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
+    if FOLD_OUT:
+        if is_chunk | is_key | is_value:
+            _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
+                              part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD)
+
+
+@triton.jit
+def _fold_out_of_head(
+    head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr,
+    D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr,
+):
+    """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
+    the key and the value program) adds W_o[:, head] . attention(head) into the layer's sum 1 row."""
+    tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
+    arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
+    if arrived == CHUNKS + 1:
+        tl.debug_barrier()  # the acquire before any thread reads the other programs' partials
+        c = tl.arange(0, PARTS_PAD)
+        c_ok = c < CHUNKS + 1
+        part = head * (CHUNKS + 1) + c  # (PARTS_PAD,)
+        best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
+        total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
+        factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
+        j = tl.arange(0, HD_PAD)
+        j_ok = j < HD
+        acc = tl.load(part_acc_ptr + part[:, None] * HD + j[None, :], mask=c_ok[:, None] & j_ok[None, :], other=0.0,
+                      cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
+        attention = tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)  # (HD_PAD,)
+        dim = tl.arange(0, D_PAD)
+        dim_ok = dim < D
+        w = tl.load(out_w_ptr + layer * (D * D) + dim[:, None] * D + (head * HD + j)[None, :],
+                    mask=dim_ok[:, None] & j_ok[None, :], other=0.0)  # (D_PAD, HD_PAD): W_o[:, head]
+        out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
+        lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
+        bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
+        out += tl.where(lead, bias + x, 0.0)
+        tl.atomic_add(sum1_ptr + layer * D + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -365,35 +414,42 @@ def _t2s_step_kernel(
     BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr, MAX_POSITION: tl.constexpr,
     BN_OUT: tl.constexpr, BN_FFN1: tl.constexpr, BN_FFN2: tl.constexpr, BN_VOCAB: tl.constexpr,
     FOLD_FFN: tl.constexpr, PHASES: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr,
-    PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr,
+    PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
     FOLD_FFN: one FFN phase (PHASES 3 a layer), sum 2 a row per layer (SUM2_STRIDE D) that the
-    programs add into; else PHASES 4 and one sum 2 row, rewritten each layer (SUM2_STRIDE 0)."""
+    programs add into; else PHASES 4 and one sum 2 row, rewritten each layer (SUM2_STRIDE 0).
+    FOLD_OUT: no out phase (one PHASE fewer a layer), sum 1 a row per layer (SUM1_STRIDE D) that the
+    heads' last programs add into; else one sum 1 row (SUM1_STRIDE 0)."""
     pid = tl.program_id(0)
     if PHASE == -1:
         for layer in range(LAYERS):
             # Barrier n (1-based) waits for n x PROGRAMS arrivals; every phase has one (at layer 0's
             # attend phase it costs a microsecond and keeps the count uniform).
             first = layer * PHASES + 1
+            layer_sum1 = sum1_ptr + layer * SUM1_STRIDE
             _attend_phase(pid, layer, counter_ptr, error_ptr, first * PROGRAMS, last_token_ptr, audio_pos_ptr,
                           cache_len_ptr, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr,
                           qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
-                          scale, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION,
-                          SUM2_STRIDE, EPS, True, ASM_BARRIER)
-            _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
-                       part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                       BN_OUT, True, ASM_BARRIER)
+                          scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
+                          CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
+                          PARTS_PAD)
+            ffn_barrier = first + 1
+            if not FOLD_OUT:
+                _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
+                           part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
+                           BN_OUT, True, ASM_BARRIER)
+                ffn_barrier = first + 2
             if FOLD_FFN:
-                _ffn_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
-                           ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, sum1_ptr, sum2_ptr, D, D_PAD, FFN,
+                _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
+                           ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
                            BN_FFN1, EPS, True, ASM_BARRIER)
             else:
-                _ffn1_phase(pid, layer, counter_ptr, error_ptr, (first + 2) * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
-                            norm1_w_ptr, norm1_b_ptr, sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                            True, ASM_BARRIER)
-                _ffn2_phase(pid, layer, counter_ptr, error_ptr, (first + 3) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
+                _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
+                            norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
+                            EPS, True, ASM_BARRIER)
+                _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
                             hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
@@ -402,20 +458,22 @@ def _t2s_step_kernel(
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
-                      D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS,
-                      False, False)
+                      arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
+                      BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
     elif PHASE == 2:
         _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
-                    sum1_ptr, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS, False, False)
+                    sum1_ptr + phase_layer * SUM1_STRIDE, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
+                    False, False)
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
                     sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False)
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
-                   norm1_w_ptr, norm1_b_ptr, sum1_ptr, sum2_ptr, D, D_PAD, FFN, BN_FFN1, EPS, False, False)
+                   norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
+                   EPS, False, False)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
                       D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False)
@@ -434,11 +492,13 @@ class PersistentT2SEngine(TritonT2SEngine):
     barriers), and at least three per head (a chunk of cached keys, the new key, the new value). ``phased``:
     one launch per phase (required under the Triton interpreter). ``fold_ffn``: the FFN as one phase
     whose partial sums meet through float atomics (three barriers a layer instead of four; float32
-    results then vary in their last bits from run to run)."""
+    results then vary in their last bits from run to run). ``fold_out``: no out phase; each head's last
+    attend program adds that head's share of the out projection into sum 1 with float atomics (one
+    barrier a layer fewer; the same caveat)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = False,
-                 **kwargs):
+                 fold_out: bool = False, **kwargs):
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -452,7 +512,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.step_warps = step_warps
         self.phased = phased
         self.asm_barrier = asm_barrier
-        self.fold_ffn = fold_ffn
+        self.fold_ffn, self.fold_out = fold_ffn, fold_out
         self.chunks = programs // heads - 2
         self.step_block = attention_block
         # One stacked tensor per parameter kind, (layers, ...); each per-layer field becomes a view
@@ -473,7 +533,12 @@ class PersistentT2SEngine(TritonT2SEngine):
         def scratch(*shape: int) -> torch.Tensor:
             return torch.zeros(*shape, dtype=torch.float32, device=self.device)
 
-        self._step_xin, self._step_sum1, self._step_normed1 = (scratch(d) for _ in range(3))
+        self._step_xin, self._step_normed1 = scratch(d), scratch(d)
+        # Folded out phase: one sum 1 row per layer and an arrival counter per (layer, head), zeroed
+        # before each step.
+        self._step_sum1 = scratch(config.num_layers, d) if fold_out else scratch(d)
+        self._head_arrivals = torch.zeros(config.num_layers if fold_out else 1, heads, dtype=torch.int32,
+                                          device=self.device)
         # Folded FFN: one row per layer, zeroed before each step, that the programs' partials add into.
         self._step_sum2 = scratch(config.num_layers, d) if fold_ffn else scratch(d)
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
@@ -507,8 +572,9 @@ class PersistentT2SEngine(TritonT2SEngine):
             MAX_POSITION=POSITION_TABLE_LEN,
             BN_OUT=_tile_width(d, self.programs), BN_FFN1=_tile_width(ffn, self.programs),
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
-            FOLD_FFN=self.fold_ffn, PHASES=3 if self.fold_ffn else 4, SUM2_STRIDE=d if self.fold_ffn else 0,
-            EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier,
+            FOLD_FFN=self.fold_ffn, PHASES=4 - self.fold_ffn - self.fold_out,
+            SUM2_STRIDE=d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier,
+            arrivals_ptr=self._head_arrivals, FOLD_OUT=self.fold_out, SUM1_STRIDE=d if self.fold_out else 0,
             num_warps=self.step_warps,
         )
 
@@ -519,8 +585,12 @@ class PersistentT2SEngine(TritonT2SEngine):
             return
         if self.fold_ffn:
             self._step_sum2.zero_()
+        if self.fold_out:
+            self._step_sum1.zero_()
+            self._head_arrivals.zero_()
         if self.phased:
-            phases = (PHASE_ATTEND, PHASE_OUT, PHASE_FFN) if self.fold_ffn else (PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2)
+            phases = ((PHASE_ATTEND,) + (() if self.fold_out else (PHASE_OUT,))
+                      + ((PHASE_FFN,) if self.fold_ffn else (PHASE_FFN1, PHASE_FFN2)))
             for layer in range(self.config.num_layers):
                 for phase in phases:
                     self._launch(phase, layer)

@@ -418,10 +418,12 @@ def test_free_slots_counts_waiting_requests_as_taken():
 @pytest.mark.gpu
 @needs_cuda
 @needs_fixtures
-@pytest.mark.parametrize("asm_barrier,fold_ffn", [(True, True), (False, True), (True, False)])
-def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, asm_barrier, fold_ffn):
+@pytest.mark.parametrize("asm_barrier,fold_ffn,fold_out",
+                         [(True, True, False), (False, True, False), (True, False, False), (True, True, True),
+                          (False, True, True)])
+def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model, asm_barrier, fold_ffn, fold_out):
     """Every fixture case at batch 1 through the one-kernel step, with either grid barrier, the FFN
-    as one phase (atomics) or two."""
+    as one phase (atomics) or two, the out phase folded into the attend phase or not."""
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import (
         PersistentT2SEngine,  # Triton is a GPU-machine-only package
@@ -430,7 +432,8 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
     config, state_dict, cases = fixture_model
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
     engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], sync_every=5,
-                                 programs=3 * config.num_heads, asm_barrier=asm_barrier, fold_ffn=fold_ffn)
+                                 programs=3 * config.num_heads, asm_barrier=asm_barrier, fold_ffn=fold_ffn,
+                                 fold_out=fold_out)
     engine.capture_graphs(greedy_modes=(True,))
     for name, (request, expected, idx) in fixture_requests(cases).items():
         result = engine.generate([request])[0]
@@ -442,12 +445,14 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
 @pytest.mark.slow
 @needs_fixtures
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="Triton kernels run on the CPU under TRITON_INTERPRET=1")
-@pytest.mark.parametrize("step", ["fused_tensor_cores", "wide", "persistent_phases", "persistent_phases_folded_ffn"])
+@pytest.mark.parametrize("step", ["fused_tensor_cores", "wide", "persistent_phases", "persistent_phases_folded_ffn",
+                                  "persistent_phases_folded_ffn_and_out"])
 def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model, step):
     """On the CPU (a minute a case, so the first two): the fused step's ``DOT`` products (tl.dot,
     LayerNorm statistics chunk by chunk), two rows at once; the wide step (cuBLAS products, the
     attention kernel writing the cache, the add + LayerNorm kernel), two rows at once; the persistent
-    kernel's phase code, one launch per phase, with the FFN as two phases (the default) and as one."""
+    kernel's phase code, one launch per phase, with the FFN as two phases (the default) and as one,
+    and with the out phase folded into the attend phase too."""
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
     from models.gpt_sovits.engine_triton import TritonT2SEngine
@@ -463,7 +468,8 @@ def test_triton_steps_give_the_official_tokens_in_the_interpreter(fixture_model,
     else:
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256],
                                      programs=4 * config.num_heads, phased=True,
-                                     fold_ffn=step == "persistent_phases_folded_ffn")
+                                     fold_ffn=step.startswith("persistent_phases_folded"),
+                                     fold_out=step == "persistent_phases_folded_ffn_and_out")
     chosen = list(fixture_requests(cases).items())[:2]
     for start in range(0, len(chosen), engine.max_batch):
         group = chosen[start : start + engine.max_batch]
@@ -605,6 +611,36 @@ def test_the_one_kernel_choice_equals_the_torch_sampler_and_its_bookkeeping(devi
         for name in ("tokens", "done", "stop_step", "stop_by_eos", "seen", "last_token", "step"):
             assert torch.equal(getattr(fused, name), getattr(reference, name)), (step, name)
         assert torch.equal(fused.cache_len, torch.full((rows,), step + 1, device=device))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fold_ffn", [False, True])
+def test_the_folded_out_phase_gives_the_logits_of_the_out_phase(device, fold_ffn):
+    """The persistent step without its out phase (each head's last attend program adds the head's
+    out projection into sum 1 with float atomics) against the step with it: the same request, six
+    steps, each step's logits equal up to float32 summation order; both take the same tokens. In the
+    interpreter the head's value program always arrives last; on a GPU any may."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=5), torch.float32, device)
+    engines = [PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
+                                   phased=device == "cpu", fold_ffn=fold_ffn, fold_out=fold)
+               for fold in (True, False)]
+    request = other_shape_requests(config, 1)[0]
+    for engine in engines:
+        engine.prefill([0], [request])
+    assert engines[0]._step_sum1.shape == (config.num_layers, config.hidden_dim)
+    for step in range(6):
+        for engine in engines:
+            engine.decode_step(1, 64, greedy=True)
+        folded, unfolded = (engine._step_logits for engine in engines)
+        assert folded.abs().max() > 0.1  # a real forward pass, not zeros
+        torch.testing.assert_close(folded, unfolded, rtol=0, atol=1e-5 * float(unfolded.abs().max()))
+        assert torch.equal(engines[0].tokens, engines[1].tokens), step
+    # Every head of every layer counted all of its programs once, at the last step.
+    assert torch.equal(engines[0]._head_arrivals, torch.full_like(engines[0]._head_arrivals, engines[0].chunks + 2))
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
