@@ -29,15 +29,19 @@ parametrization evaluated once: folded), in one of ``CONV_LAYOUTS``:
 ``fold_dilation`` (any layout) runs a dilated convolution (stride 1, zero padding a multiple of the
 dilation d) as an undilated one: time t = h * d + j is read as the 2-D position (h, j) of an
 (N, C, T / d, d) view, and the K taps, d samples apart in time, become K rows one apart, a (K, 1)
-kernel. No copy when T is a multiple of d (the input is zero-padded up to one otherwise, which is
-what the convolution's own padding does there) and the same sums in another order. Why: the
-heaviest kernel of Kokoro's compiled FP16 engine on the H200 is an sm80 "indexed" implicit GEMM
-(0.37 ms a call at batch 16) where most of its convolutions run sm90 kernels (0.07 ms a call;
-docs/results/h200_31_kokoro_kernels_144_72_ncw_b16.json). The hypothesis under test is that the
-dilation is what selects it; scripts/profile_kokoro_engine_stages.py's ``*_folded`` variants measure it.
+kernel. No copy when T is a multiple of d; otherwise the input is zero-padded up to one (what the
+convolution's own padding does there) and the output trimmed and made dense again in its layout:
+two copies. The same sums in another order. Tried because the heaviest kernel of Kokoro's compiled
+FP16 engine is an sm80 "indexed" implicit GEMM, guessed to be the dilated convolutions'. Measured on
+an H100 at batch 16 (docs/results/h100_32_kokoro_folded.json): 16 of that kernel's 24 calls remain,
+and the pads and a pointwise pass the compiler no longer fuses make the frame stage slower (59.6
+against 55.6 ms); EmotiVoice's vocoder: throughput within 3 %, batch 1 3.43 against 3.10 ms. Off
+in every engine; kept for other GPUs.
 
 ``align_channels`` (``"ncw"`` only) zero-pads the input channels of a convolution up to a multiple
-of it, and its weights with them: the same sums plus zeros. Why: at the Kokoro student's width
+of it, and its weights with them: the same sums plus zeros, and a padded copy of each input (which
+the compiler can fuse into the pass that produced it). Convolutions with fewer input channels than
+the multiple stay as they are (Kokoro's 1-channel F0 convolution would do 32x the work). Why: at the Kokoro student's width
 (144, 72) cuDNN runs 24 of the compiled FP16 engine's convolution calls with an sm80 "indexed"
 implicit GEMM (9.9 of 66 ms at batch 16 on an H100) which the same engine at (128, 64) never picks
 (docs/results/h100_32_kokoro_kernels_*). The likely cause, untested: 72 and 144 are not multiples
@@ -124,8 +128,10 @@ class LayoutConv(nn.Module):
         with torch.no_grad():
             weight = folded_weight(conv, "weight")  # (C_out, C_in / g, K); transposed: (C_in, C_out / g, K)
             bias = None if conv.bias is None else folded_weight(conv, "bias")
-        # Groups would interleave the padding with the channels: only ungrouped convolutions are padded.
-        self.input_padding = -self.in_channels % align_channels if not self.transposed and self.groups == 1 else 0
+        # Groups would interleave the padding with the channels: only ungrouped convolutions are padded,
+        # and only those with at least ``align_channels`` inputs (module docstring).
+        paddable = not self.transposed and self.groups == 1 and self.in_channels >= align_channels
+        self.input_padding = -self.in_channels % align_channels if paddable else 0
         if self.input_padding:
             weight = F.pad(weight, (0, 0, 0, self.input_padding))  # (C_out, C_in + pad, K): zero taps
         self.dilation_folded = fold_dilation and self._foldable()
@@ -195,8 +201,9 @@ class LayoutConv(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         y = F.conv2d(x, self.weight, self.bias, 1, (self.padding[0] // dilation, 0), 1, self.groups)
         y = y.flatten(-2)  # (N, C_out, T' + tail); NHWC rows are d samples of C_out channels: still a view
-        if tail:
+        if tail:  # trimmed, then dense again in this layout, so that outputs look as unfolded ones do
             y = y[..., : y.shape[-1] - tail]
+            y = y.contiguous() if self.layout != "channels_last" else y.transpose(1, 2).contiguous().transpose(1, 2)
         return y.contiguous() if self.layout == "channels_last_per_conv" else y
 
 

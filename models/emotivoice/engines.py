@@ -138,8 +138,9 @@ class BucketedEngine:
         "max-autotune-no-cudagraphs" the compiler times its own convolution kernels against cuDNN's,
         minutes a bucket). ``pinned_output``: the audio comes back through page-locked memory
         (models/cuda_graphs.to_host). ``fold_dilation``: the vocoder's dilated convolutions run undilated
-        over a folded view of time (models/conv_layout.py), same sums in another order: on an H100, within
-        3 % of the unfolded engine either way (docs/results/h100_32_emotivoice_folded.json), so off."""
+        over a folded view of time (models/conv_layout.py), same sums in another order: on an H100,
+        throughput within 3 % of the unfolded engine either way and batch 1 slower, 3.43 against 3.10 ms
+        (docs/results/h100_32_emotivoice_folded.json), so off."""
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")

@@ -418,10 +418,10 @@ def _t2s_step_kernel(
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
-    FOLD_FFN: one FFN phase (PHASES 3 a layer), sum 2 a row per layer (SUM2_STRIDE D) that the
-    programs add into; else PHASES 4 and one sum 2 row, rewritten each layer (SUM2_STRIDE 0).
-    FOLD_OUT: no out phase (one PHASE fewer a layer), sum 1 a row per layer (SUM1_STRIDE D) that the
-    heads' last programs add into; else one sum 1 row (SUM1_STRIDE 0)."""
+    PHASES a layer: 4 - FOLD_FFN - FOLD_OUT. FOLD_FFN: one FFN phase, sum 2 a row per layer
+    (SUM2_STRIDE D) that the programs add into; else one sum 2 row, rewritten each layer (SUM2_STRIDE
+    0). FOLD_OUT: no out phase, sum 1 a row per layer (SUM1_STRIDE D) that the heads' last programs
+    add into; else one sum 1 row (SUM1_STRIDE 0)."""
     pid = tl.program_id(0)
     if PHASE == -1:
         for layer in range(LAYERS):

@@ -208,7 +208,7 @@ def test_folded_dilated_conv_equals_the_dilated_conv_at_any_length(layout, sampl
 
 @pytest.mark.parametrize("case", [dict(in_channels=9, out_channels=7, kernel_size=3, padding=1),
                                   dict(in_channels=9, out_channels=7, kernel_size=5, dilation=3, padding=6),
-                                  dict(in_channels=6, out_channels=4, kernel_size=3, padding=1, padding_mode="reflect")])
+                                  dict(in_channels=10, out_channels=4, kernel_size=3, padding=1, padding_mode="reflect")])
 @pytest.mark.parametrize("fold_dilation", [False, True])
 def test_aligned_input_channels_compute_the_same(case, fold_dilation):
     torch.manual_seed(0)
@@ -221,8 +221,17 @@ def test_aligned_input_channels_compute_the_same(case, fold_dilation):
         assert_close(aligned(x[0]), conv(x[0]))
 
 
-def test_alignment_leaves_grouped_and_transposed_convs_and_refuses_other_layouts():
+@pytest.mark.parametrize("layout", ["ncw", "channels_last_per_conv"])
+def test_trimmed_folded_output_is_contiguous(layout):
+    """A length that is not a multiple of the dilation: the output is trimmed, and comes back dense
+    (a caller's .view works as it does on an unfolded output)."""
+    folded = convert_convs(nn.Conv1d(4, 4, 3, dilation=3, padding=3), layout, fold_dilation=True)
+    assert folded(torch.randn(2, 4, 19)).is_contiguous()
+
+
+def test_alignment_leaves_grouped_transposed_and_narrow_convs_and_refuses_other_layouts():
     assert convert_convs(nn.Conv1d(6, 6, 3, groups=2), "ncw", align_channels=8).input_padding == 0
+    assert convert_convs(nn.Conv1d(1, 8, 3), "ncw", align_channels=8).input_padding == 0  # fewer inputs than 8
     assert convert_convs(nn.ConvTranspose1d(6, 4, 4, 2), "ncw", align_channels=8).input_padding == 0
     with pytest.raises(ValueError, match="pads NCW inputs"):
         convert_convs(nn.Conv1d(6, 4, 3), "channels_last", align_channels=8)
@@ -253,6 +262,7 @@ def test_folding_keeps_the_channels_last_region_in_hifigan():
     assert counts["fold_pads"] == 0
     counts = layout_copies(vocoder, lambda: vocoder(mel[..., :14], torch.tensor([14, 7])))  # 56, 224: not of 3 or 5
     assert counts["fold_pads"] == len(folded)
+    assert counts["input_copies"] == 1  # the trimmed outputs come back dense in the layout
 
 
 def test_bad_layout_hooks_and_double_conversion_are_refused():
