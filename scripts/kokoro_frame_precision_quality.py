@@ -4,10 +4,14 @@ precision can be judged on more than waveform SNR (which a phase shift alone dri
 
     PYTHONPATH=. python scripts/kokoro_frame_precision_quality.py --sentences 8 \
         --out docs/results/cpu_23_kokoro_frame_precision.json
+    PYTHONPATH=. python scripts/kokoro_frame_precision_quality.py --sentences 8 --dtypes float32 \
+        --stats32-dtypes float32 --out docs/results/cpu_32_kokoro_statistics_dtype.json
 
 Each sentence of texts/eval_sentences_ja.txt (never the calibration or training texts) runs through
 models/kokoro/engines.py's BucketedEngine without CUDA graphs, once per frame dtype. The text stage is
-FP32 in all of them, so the durations are the same and the audio lines up sample for sample. Against
+FP32 in all of them, so the durations are the same and the audio lines up sample for sample.
+``--stats32-dtypes`` adds, for each dtype named, the engine with its AdaIN statistics in float32
+instead of the model's float64 (``<dtype>_stats32``). Against
 the FP32 engine's audio: waveform SNR, STFT-magnitude SNR (phase-blind), mel-cepstral distortion,
 speaker similarity; for every dtype, FP32 included: DNSMOS P.808 and the character error rate of
 Whisper base in Japanese against the sentence. Half precision on this CPU is slow (minutes per dtype);
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--voice", default="jf_alpha")
     parser.add_argument("--sentences", type=int, default=8)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--stats32-dtypes", nargs="*", default=[], choices=list(DTYPES),
+                        help="also these dtypes with float32 AdaIN statistics (the model's are float64)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--recognizer", default="base", help="Whisper model for the character error rate")
     parser.add_argument("--out", type=Path, default=None)
@@ -71,10 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     sentences = load_sentences("eval_ja")[: args.sentences]
     items = [(sentence, utterance) for sentence in sentences for utterance in voice.text_to_utterances(sentence)]
 
-    audio: dict[str, list[np.ndarray]] = {name: [] for name in args.dtypes}
+    # variant -> (frame dtype, AdaIN statistics dtype)
+    variants = {name: (DTYPES[name], torch.float64) for name in args.dtypes}
+    variants |= {f"{name}_stats32": (DTYPES[name], torch.float32) for name in args.stats32_dtypes}
+    audio: dict[str, list[np.ndarray]] = {name: [] for name in variants}
     seconds: dict[str, float] = {}
-    for name in args.dtypes:
-        engine = BucketedEngine(voice.model, graphs=False, frame_dtype=DTYPES[name])
+    for name, (frame_dtype, statistics_dtype) in variants.items():
+        engine = BucketedEngine(voice.model, graphs=False, frame_dtype=frame_dtype, statistics_dtype=statistics_dtype)
         start = time.perf_counter()
         for _, utterance in items:
             ids = torch.tensor([utterance.phoneme_ids])  # (1, T) with the boundary pads
@@ -85,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
 
     recognizer = WhisperRecognizer(args.recognizer, language="ja", threads=args.threads)
     results: dict = {}
-    for name in args.dtypes:
+    for name in variants:
         cer = CharacterErrorRate(recognizer)
         for (sentence, _), clip in zip(items, audio[name]):
             cer.update(clip, rate, sentence)
@@ -109,7 +118,8 @@ def main(argv: list[str] | None = None) -> None:
               "audio_seconds": sum(len(clip) for clip in audio["float32"]) / rate,
               "recognizer": f"whisper {args.recognizer} (ja)", "threads": args.threads,
               "machine": platform.processor() or platform.machine(), "torch": torch.__version__,
-              "origin": origin, "frame_dtypes": results}
+              "origin": origin, "frame_dtypes": results,
+              "statistics_dtypes": {name: str(statistics_dtype) for name, (_, statistics_dtype) in variants.items()}}
     print_and_save_report(report, args.out)
 
 

@@ -51,7 +51,11 @@ VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
             "ncw_autotune": {"compile_mode": "max-autotune-no-cudagraphs"},
             "ncw_folded": {"fold_dilation": True}, "channels_last_folded": {"conv_layout": "channels_last", "fold_dilation": True},
             "ncw_folded_text_tf32": {"fold_dilation": True, "text_tf32": True},
-            "ncw_aligned32": {"align_channels": 32}, "ncw_aligned32_text_tf32": {"align_channels": 32, "text_tf32": True}}
+            "ncw_aligned32": {"align_channels": 32}, "ncw_aligned32_text_tf32": {"align_channels": 32, "text_tf32": True},
+            "ncw_stats32": {"statistics_dtype": torch.float32},
+            "ncw_stats32_text_tf32": {"statistics_dtype": torch.float32, "text_tf32": True},
+            "ncw_aligned32_stats32_text_tf32": {"align_channels": 32, "statistics_dtype": torch.float32,
+                                                "text_tf32": True}}
 
 
 class Part(nn.Module):

@@ -50,7 +50,7 @@ from torch import nn
 from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple, to_host
 from models.kokoro.decoder import SourceNoise, samples_of
-from models.kokoro.layers import AdaIN1d
+from models.kokoro.layers import AdaIN1d, set_statistics_dtype
 from models.kokoro.lstm import length_mask
 from models.kokoro.model import KokoroModel
 from models.kokoro.prosody import alignment_matrix, durations_from_logits
@@ -266,7 +266,8 @@ class BucketedEngine:
     def __init__(self, model: KokoroModel, graphs: bool = True, frame_dtype: torch.dtype = torch.float32,
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
                  compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
-                 text_tf32: bool = False, fold_dilation: bool = False, align_channels: int = 1):
+                 text_tf32: bool = False, fold_dilation: bool = False, align_channels: int = 1,
+                 statistics_dtype: torch.dtype = torch.float64):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -288,7 +289,11 @@ class BucketedEngine:
         generator's dilated convolutions run undilated over a folded view of time (models/conv_layout.py),
         same sums in another order: on an H100 at batch 16 and the student's width, 59.6 against 55.6 ms
         for the frame stage (docs/results/h100_32_kokoro_folded.json), so off. ``align_channels``: each
-        convolution's input channels zero-padded to a multiple of it (NCW only; models/conv_layout.py)."""
+        convolution's input channels zero-padded to a multiple of it (NCW only; models/conv_layout.py).
+        ``statistics_dtype``: the precision of every AdaIN's masked instance-norm statistics (models/kokoro/
+        layers.py). float64, the model's own, is the default, so the engine equals the model; the CPU
+        graphs take float32 (113 dB decoder SNR against float64 on the real voice), and the GPU has a
+        fraction of its float32 rate in float64."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -303,7 +308,7 @@ class BucketedEngine:
             # torch.compile caps at 8 before it silently runs eager: a server meets more shapes.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.text_stage = self._compiled(TextStage(model).eval())
-        self.frame_model = frame_side_copy(model, frame_dtype)
+        self.frame_model = set_statistics_dtype(frame_side_copy(model, frame_dtype), statistics_dtype)
         if conv_layout != "ncw" or fold_dilation or align_channels > 1:  # the text side of this copy is never
             # run: converting it is harmless
             convert_convs(self.frame_model, conv_layout, fold_dilation, align_channels)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from models.kokoro.engines import BucketedEngine, MaskedBiLstm
+from models.kokoro.layers import AdaIN1d
 from models.kokoro.tiny import tiny_model
 
 TOKENS = 12  # with the two 0 pads
@@ -52,6 +53,20 @@ def test_padded_frames_change_no_sample(model):
     engine = BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=BUCKET)
     audio = engine.synthesize(ids, ref_s, frames_per_token=frames)["audio"]
     torch.testing.assert_close(audio, exact(model, ids, ref_s, frames), rtol=1e-4, atol=1e-5)
+
+
+@torch.no_grad()
+def test_float32_statistics_stay_close_to_the_float64_ones_on_a_padded_batch(model):
+    durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 37 and 22 frames
+    ids, ref_s, frames = request(model, durations)
+    engines = [BucketedEngine(model, graphs=False, frame_bucket=BUCKET, statistics_dtype=dtype)
+               for dtype in (torch.float64, torch.float32)]
+    assert {norm.statistics_dtype for norm in engines[1].frame_model.modules() if isinstance(norm, AdaIN1d)} == {
+        torch.float32}
+    wide, narrow = (engine.synthesize(ids, ref_s, frames_per_token=frames) for engine in engines)
+    assert narrow["audio_lengths"].tolist() == wide["audio_lengths"].tolist()
+    assert snr_db(wide["audio"], narrow["audio"]) > 60.0
+    assert not torch.equal(wide["audio"], narrow["audio"])  # the option reached the statistics
 
 
 @torch.no_grad()
