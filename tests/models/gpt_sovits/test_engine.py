@@ -613,6 +613,18 @@ def test_the_one_kernel_choice_equals_the_torch_sampler_and_its_bookkeeping(devi
         assert torch.equal(fused.cache_len, torch.full((rows,), step + 1, device=device))
 
 
+def assert_same_steps(engines: list, cache_bucket: int, steps: int = 6) -> None:
+    """Two prefilled batch-1 engines (the variant first) decode ``steps`` greedy steps: each step's
+    logits equal up to float32 summation order, and the same tokens."""
+    for step in range(steps):
+        for engine in engines:
+            engine.decode_step(1, cache_bucket, greedy=True)
+        variant, reference = (engine._step_logits for engine in engines)
+        assert variant.abs().max() > 0.1  # a real forward pass, not zeros
+        torch.testing.assert_close(variant, reference, rtol=0, atol=1e-5 * float(reference.abs().max()))
+        assert torch.equal(engines[0].tokens, engines[1].tokens), step
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("fold_ffn", [False, True])
 def test_the_folded_out_phase_gives_the_logits_of_the_out_phase(device, fold_ffn):
@@ -632,13 +644,7 @@ def test_the_folded_out_phase_gives_the_logits_of_the_out_phase(device, fold_ffn
     for engine in engines:
         engine.prefill([0], [request])
     assert engines[0]._step_sum1.shape == (config.num_layers, config.hidden_dim)
-    for step in range(6):
-        for engine in engines:
-            engine.decode_step(1, 64, greedy=True)
-        folded, unfolded = (engine._step_logits for engine in engines)
-        assert folded.abs().max() > 0.1  # a real forward pass, not zeros
-        torch.testing.assert_close(folded, unfolded, rtol=0, atol=1e-5 * float(unfolded.abs().max()))
-        assert torch.equal(engines[0].tokens, engines[1].tokens), step
+    assert_same_steps(engines, 64)
     # Every head of every layer counted all of its programs once, at the last step.
     assert torch.equal(engines[0]._head_arrivals, torch.full_like(engines[0]._head_arrivals, engines[0].chunks + 2))
 
@@ -661,10 +667,4 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
         engine.prefill([0], [request])
     assert engines[1]._step_sum2.shape == (config.hidden_dim,)  # the two-phase engine keeps one row
     assert engines[0]._step_sum2.shape == (config.num_layers, config.hidden_dim)
-    for step in range(6):
-        for engine in engines:
-            engine.decode_step(1, 64, greedy=True)
-        folded, two_phase = (engine._step_logits for engine in engines)
-        assert folded.abs().max() > 0.1  # a real forward pass, not zeros
-        torch.testing.assert_close(folded, two_phase, rtol=0, atol=1e-5 * float(two_phase.abs().max()))
-        assert torch.equal(engines[0].tokens, engines[1].tokens), step
+    assert_same_steps(engines, 64)
