@@ -144,10 +144,15 @@ def test_cuda_graph_replay_equals_eager_buckets(model):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
-def test_compiled_graph_replay_equals_eager_buckets():
+@pytest.mark.parametrize("knobs", [{}, {"fold_dilation": True}, {"align_channels": 32},
+                                   {"statistics_dtype": torch.float32}], ids=["plain", "folded", "aligned", "stats32"])
+def test_compiled_graph_replay_equals_eager_buckets(knobs):
+    """The compiled, graphed engine against the eager one with the same knobs (each A/B option runs
+    through torch.compile and CUDA-graph capture)."""
     model = tiny_model(0).to("cuda")
-    graphed = BucketedEngine(model, graphs=True, frame_dtype=torch.float32, frame_bucket=BUCKET, compile_stages=True)
-    eager = BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=BUCKET)
+    graphed = BucketedEngine(model, graphs=True, frame_dtype=torch.float32, frame_bucket=BUCKET, compile_stages=True,
+                             **knobs)
+    eager = BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=BUCKET, **knobs)
     compiled = torch._dynamo.eval_frame.OptimizedModule
     for seed in range(2):  # the second call replays the captured graphs with new inputs
         ids, ref_s, frames = request(model, [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6]], seed)
