@@ -210,7 +210,8 @@ def batch_lengths(args, batch: int) -> list[int]:
 def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
                    reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False,
                    sorted_chunks: tuple[int, ...] = (), vocoder_kernels: str = "torch",
-                   compile_mode: str | None = None, pinned_output: bool = True, fold_dilation: bool = False) -> dict:
+                   compile_mode: str | None = None, pinned_output: bool = True, fold_dilation: bool = False,
+                   frame_groups: int = 1) -> dict:
     """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches.
     ``sorted_chunks``: also the largest batch's sentences sorted by length and sent in batches of
@@ -220,7 +221,7 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
     torch.backends.cudnn.benchmark = True
     engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout,
                             compile_frames=compile_frames, vocoder_kernels=vocoder_kernels, compile_mode=compile_mode,
-                            pinned_output=pinned_output, fold_dilation=fold_dilation)
+                            pinned_output=pinned_output, fold_dilation=fold_dilation, frame_groups=frame_groups)
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -314,6 +315,7 @@ class EngineSpec(NamedTuple):
     compile_mode: str | None = None
     pinned_output: bool = True
     fold_dilation: bool = False
+    frame_groups: int = 1
 
 
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
@@ -434,6 +436,9 @@ def main() -> None:
                         "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--pageable-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its audio read back into pageable host memory (the engines' default is pinned)")
+    parser.add_argument("--grouped-engine", type=int, nargs="*", default=[], metavar="GROUPS",
+                        help="with --compiled-engine: also that engine with each batch's frame stage in this many "
+                             "length groups (one engine per number given)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -450,8 +455,10 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
-    if (args.pageable_engine or args.autotune_engine or args.folded_engine) and not args.compiled_engine:
-        parser.error("--pageable-engine, --autotune-engine and --folded-engine are variants of --compiled-engine: add it")
+    if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine) \
+            and not args.compiled_engine:
+        parser.error("--pageable-engine, --autotune-engine, --folded-engine and --grouped-engine are variants of "
+                     "--compiled-engine: add it")
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
@@ -510,6 +517,9 @@ def main() -> None:
             if args.pageable_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
                                        pinned_output=False)]
+            for groups in args.grouped_engine:
+                engines += [EngineSpec(f"engine_graphs_fp16_compiled_groups{groups}", True, half, compile_frames=True,
+                                       frame_groups=groups)]
             if args.folded_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_folded", True, half, compile_frames=True,
                                        fold_dilation=True)]
@@ -534,7 +544,7 @@ def main() -> None:
                 args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout,
                 engine.compile_frames,
                 tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels,
-                engine.compile_mode, engine.pinned_output, engine.fold_dilation)
+                engine.compile_mode, engine.pinned_output, engine.fold_dilation, engine.frame_groups)
             if engine.lite_vocoder:  # another vocoder, randomly initialised: its audio has nothing to match
                 section["snr_vs_eager_fp32_db"] = None
                 section["vocoder"] = {"kind": "Lite student width (LiteVocoderConfig defaults), random weights",

@@ -20,6 +20,14 @@ precision cannot move a rounded duration; the frame stage, the bulk of the time,
 ``frame_dtype``: FP16 by default (on the H200, docs/results/h200_7_emotivoice_engines.json:
 4.8 ms at batch 1 against 5.4 ms in FP32, 52.9 dB SNR against eager FP32; BF16 is as fast at 35 dB).
 
+``frame_groups`` > 1 runs a batch's frame stage in that many runs instead of one: the rows sorted
+by frame count and cut into groups of near-equal size, each group padded only to its own longest
+row. Why: a batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences
+has 183 frames a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two
+groups cut the padded frames to 0.83x, four to 0.75x (computed from the text stage's durations on
+this CPU, scripts/bench_emotivoice.py's rows). Each group is one more graph replay at a smaller
+batch: the GPU decides whether that pays.
+
 ``compile_frames`` runs each frame bucket's stage through torch.compile before it is captured.
 Why: at batch 64 the vocoder is 91 % of the engine's time, and most of that is not convolution but
 the elementwise passes between them (LeakyReLU, the padding mask, residual sums: 78 calls each of
@@ -97,6 +105,14 @@ class FrameStage(nn.Module):
         return self.vocode(self.mel(hidden, used_durations, phoneme_lengths), used_durations.sum(dim=-1))
 
 
+def length_groups(frame_counts: list[int], groups: int) -> list[list[int]]:
+    """Row indices of each frame-stage run: the rows sorted by frame count (shortest first), cut into
+    ``groups`` runs of near-equal size (fewer when there are fewer rows)."""
+    order = sorted(range(len(frame_counts)), key=frame_counts.__getitem__)
+    groups = max(1, min(groups, len(order)))
+    return [order[k * len(order) // groups: (k + 1) * len(order) // groups] for k in range(groups)]
+
+
 def fused_vocoder(hifigan: nn.Module, dtype: torch.dtype) -> nn.Module:
     """The HiFi-GAN as fused Triton convolutions; Triton is optional (a GPU machine has it)."""
     if importlib.util.find_spec("triton") is None:
@@ -124,7 +140,7 @@ class BucketedEngine:
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
-                 pinned_output: bool = True, fold_dilation: bool = False):
+                 pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -140,7 +156,11 @@ class BucketedEngine:
         (models/cuda_graphs.to_host). ``fold_dilation``: the vocoder's dilated convolutions run undilated
         over a folded view of time (models/conv_layout.py), same sums in another order: on an H100,
         throughput within 3 % of the unfolded engine either way and batch 1 slower, 3.43 against 3.10 ms
-        (docs/results/h100_32_emotivoice_folded.json), so off."""
+        (docs/results/h100_32_emotivoice_folded.json), so off. ``frame_groups``: the frame stage of a
+        batch in that many length groups (module docstring); 1, one run, is the default."""
+        if frame_groups < 1:
+            raise ValueError(f"frame_groups={frame_groups}: at least 1")
+        self.frame_groups = frame_groups
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -175,6 +195,42 @@ class BucketedEngine:
     def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return self.cache.run(key, stage, inputs) if self.graphs else as_tuple(stage(*inputs))
 
+    def _frame_run(self, rows: int, text: int, frames: int, hidden: torch.Tensor, used_durations: torch.Tensor,
+                   lengths: torch.Tensor) -> torch.Tensor:
+        """The frame stage of ``rows`` rows in the bucket of ``frames`` -> audio (rows, bucket * hop): a
+        graph's static output, valid until that graph runs again."""
+        bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
+        if bucket not in self.frame_stages:
+            stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
+            # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
+            if self.compile_frames and self.triton_vocoder is not None:
+                stage = stage.with_compiled_mel()
+            elif self.compile_frames:
+                stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
+            self.frame_stages[bucket] = stage
+        # A filler row longer than the bucket would only be cut short: its durations are not read back.
+        audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket], (hidden, used_durations, lengths))
+        return audio
+
+    def _grouped_frame_runs(self, batch: int, text: int, frame_lengths: torch.Tensor, hidden: torch.Tensor,
+                            used_durations: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The frame stage of the first ``batch`` rows in ``frame_groups`` length groups -> (audio (batch,
+        longest * hop), longest frame count). A group's rows past its own size repeat its first row."""
+        counts = frame_lengths[:batch].tolist()  # the one host sync
+        frames = max(counts)
+        audio = None
+        for group in length_groups(counts, self.frame_groups):
+            rows = self._rows(len(group))
+            index = torch.tensor(group + group[:1] * (rows - len(group)), device=self.device)  # (rows,)
+            group_frames = max(counts[row] for row in group)
+            out = self._frame_run(rows, text, group_frames, hidden.index_select(0, index),
+                                  used_durations.index_select(0, index), lengths.index_select(0, index))
+            if audio is None:
+                audio = out.new_zeros(batch, frames * self.hop)  # (B, longest * hop): zeros past each row's end
+            # Copied out at once: another group of the same shape replays the same graph.
+            audio[index[: len(group)], : group_frames * self.hop] = out[: len(group), : group_frames * self.hop]
+        return audio, frames
+
     def _rows(self, batch: int) -> int:
         return batch if self.batch_buckets is None else bucket_of(batch, self.batch_buckets, "batch")
 
@@ -204,19 +260,11 @@ class BucketedEngine:
             hidden, used_durations, durations = self._run(("text", rows, text), self.text_stage,
                                                           (ids, lengths, speakers, style, content, length_scales))
             frame_lengths = used_durations.sum(dim=-1)  # (B_bucket,)
-            frames = int(frame_lengths[:batch].max())  # the one host sync
-            bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
-            if bucket not in self.frame_stages:
-                stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
-                # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
-                if self.compile_frames and self.triton_vocoder is not None:
-                    stage = stage.with_compiled_mel()
-                elif self.compile_frames:
-                    stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
-                self.frame_stages[bucket] = stage
-            # A filler row longer than the bucket would only be cut short: its durations are not read back.
-            audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket],
-                               (hidden, used_durations, lengths))
+            if self.frame_groups == 1:
+                frames = int(frame_lengths[:batch].max())  # the one host sync
+                audio = self._frame_run(rows, text, frames, hidden, used_durations, lengths)
+            else:
+                audio, frames = self._grouped_frame_runs(batch, text, frame_lengths, hidden, used_durations, lengths)
             return {"audio": to_host(audio[:batch, : frames * self.hop].float(), self.pinned_output),
                     "audio_lengths": (frame_lengths[:batch] * self.hop).cpu(),
                     "durations": durations[:batch, :length].cpu(),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.emotivoice.engines import BucketedEngine, bucket_of
+from models.emotivoice.engines import BucketedEngine, bucket_of, length_groups
 from models.emotivoice.tiny import tiny_voice
 
 LENGTHS = (7, 13, 10)  # three rows, none filling a text bucket of 16
@@ -58,6 +58,31 @@ def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout, fold_d
     assert out["audio"].shape[-1] == int(reference["frame_lengths"].max()) * generator.config.upsample_factor
 
 
+def test_length_groups_sort_rows_and_cut_them_evenly():
+    assert length_groups([30, 10, 20, 40, 50], 2) == [[1, 2], [0, 3, 4]]
+    assert length_groups([30, 10, 20], 1) == [[1, 2, 0]]
+    assert length_groups([30, 10], 4) == [[1], [0]]  # no more groups than rows
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("frame_groups,batch_buckets", [(2, None), (3, None), (2, (1, 2, 4, 8))])
+def test_frame_stage_in_length_groups_equals_one_run(generator, frame_groups, batch_buckets):
+    """Rows whose frame counts differ, their frame stage in length groups (each group padded to its
+    own longest row, and to a batch bucket with repeats of its first row): every row as in one run."""
+    lengths = (7, 13, 10, 4, 12, 9)
+    batch = inputs(generator, lengths, seed=1)
+    one_run = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8).synthesize(*batch)
+    engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8,
+                            frame_groups=frame_groups, batch_buckets=batch_buckets)
+    out = engine.synthesize(*batch)
+    assert len(set(one_run["audio_lengths"].tolist())) > 2  # rows of different lengths: groups differ
+    assert len(engine.frame_stages) > 1  # the groups ran in buckets of their own
+    assert torch.equal(out["audio_lengths"], one_run["audio_lengths"])
+    assert out["audio"].shape == one_run["audio"].shape
+    for row, samples in enumerate(out["audio_lengths"].tolist()):  # past a row's end: read by no one
+        torch.testing.assert_close(out["audio"][row, :samples], one_run["audio"][row, :samples], rtol=1e-4, atol=1e-5)
+
+
 def test_buckets_reject_what_they_cannot_hold(generator):
     assert bucket_of(17, (16, 32), "text length") == 32
     with pytest.raises(ValueError, match="text length of 40"):
@@ -66,6 +91,8 @@ def test_buckets_reject_what_they_cannot_hold(generator):
         BucketedEngine(generator, graphs=True)
     with pytest.raises(ValueError, match="vocoder_kernels 'cudnn'"):
         BucketedEngine(generator, graphs=False, vocoder_kernels="cudnn")
+    with pytest.raises(ValueError, match="frame_groups=0"):
+        BucketedEngine(generator, graphs=False, frame_groups=0)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,63 @@
+"""How much of EmotiVoice's batched frame stage is padding, and how much length groups would remove,
+for the batches scripts/bench_emotivoice.py times: the same random full-size weights and rows of
+mixed text lengths, through the engine's FP32 text stage on this CPU (durations only; no GPU).
+
+    PYTHONPATH=. python scripts/emotivoice_frame_padding.py --out docs/results/cpu_32_emotivoice_frame_padding.json
+
+For each batch: the rows' frame counts, the single frame bucket the engine pads them all to, and for
+1, 2, 4 and 8 length groups (models/emotivoice/engines.py's ``length_groups``) the padded frames per
+row relative to one run: the vocoder's work if its time follows its frames.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from core.atomic_io import write_text_atomic
+from core.paths import REPO_ROOT
+from core.revision import provenance
+from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, bucket_of, length_groups
+from scripts.bench_emotivoice import SENTENCE_SYMBOLS, batch_lengths, build, make_inputs
+
+
+def padded_frames(counts: list[int], groups: int) -> int:
+    """Frames the frame stage computes for these rows in ``groups`` length groups."""
+    return sum(len(group) * math.ceil(max(counts[row] for row in group) / FRAME_BUCKET) * FRAME_BUCKET
+               for group in length_groups(counts, groups))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, nargs="+", default=[32, 64, 256])
+    parser.add_argument("--groups", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--text-tokens", type=int, default=SENTENCE_SYMBOLS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    generator = build("cpu", torch.float32, True, args.seed)
+    engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32)
+    report = {"weights": "random, full size (the bench's)", "frame_bucket": FRAME_BUCKET, "batches": {},
+              "provenance": provenance(REPO_ROOT, sys.argv)}
+    for batch in args.batches:
+        ids, lengths, speakers, style, content = make_inputs(generator, batch_lengths(args, batch), "cpu", args.seed)
+        ids = torch.nn.functional.pad(ids, (0, bucket_of(ids.shape[1], TEXT_BUCKETS, "text length") - ids.shape[1]))
+        with torch.inference_mode():
+            _, used_durations, _ = engine.text_stage(ids, lengths, speakers, style, content, torch.ones(batch, 1))
+        counts = used_durations.sum(dim=-1).tolist()
+        one_run = padded_frames(counts, 1)
+        row = {"frames_mean": sum(counts) / batch, "frames_min": min(counts), "frames_max": max(counts),
+               "bucket": one_run // batch, "useful_share": sum(counts) / one_run,
+               "padded_frames_vs_one_run": {groups: padded_frames(counts, groups) / one_run for groups in args.groups}}
+        report["batches"][batch] = row
+        print(batch, json.dumps(row), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
