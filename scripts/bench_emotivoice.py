@@ -436,7 +436,7 @@ def main() -> None:
                         "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--pageable-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its audio read back into pageable host memory (the engines' default is pinned)")
-    parser.add_argument("--grouped-engine", type=int, nargs="*", default=[], metavar="GROUPS",
+    parser.add_argument("--grouped-engine", type=int, nargs="+", default=[], metavar="GROUPS",
                         help="with --compiled-engine: also that engine with each batch's frame stage in this many "
                              "length groups (one engine per number given)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -455,6 +455,8 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    if any(groups < 2 for groups in args.grouped_engine):
+        parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine) \
             and not args.compiled_engine:
         parser.error("--pageable-engine, --autotune-engine, --folded-engine and --grouped-engine are variants of "

@@ -11,16 +11,13 @@ row relative to one run: the vocoder's work if its time follows its frames.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import sys
 from pathlib import Path
 
 import torch
 
-from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
-from core.revision import provenance
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, bucket_of, length_groups
 from scripts.bench_emotivoice import SENTENCE_SYMBOLS, batch_lengths, build, make_inputs
 
@@ -38,11 +35,13 @@ def main() -> None:
     parser.add_argument("--text-tokens", type=int, default=SENTENCE_SYMBOLS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
+    add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO_ROOT, args.out, args.allow_dirty)
     generator = build("cpu", torch.float32, True, args.seed)
     engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32)
     report = {"weights": "random, full size (the bench's)", "frame_bucket": FRAME_BUCKET, "batches": {},
-              "provenance": provenance(REPO_ROOT, sys.argv)}
+              "origin": origin}
     for batch in args.batches:
         ids, lengths, speakers, style, content = make_inputs(generator, batch_lengths(args, batch), "cpu", args.seed)
         ids = torch.nn.functional.pad(ids, (0, bucket_of(ids.shape[1], TEXT_BUCKETS, "text length") - ids.shape[1]))
@@ -54,9 +53,7 @@ def main() -> None:
                "bucket": one_run // batch, "useful_share": sum(counts) / one_run,
                "padded_frames_vs_one_run": {groups: padded_frames(counts, groups) / one_run for groups in args.groups}}
         report["batches"][batch] = row
-        print(batch, json.dumps(row), flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, json.dumps(report, indent=2) + "\n")
+    print_and_save_report(report, args.out)
 
 
 if __name__ == "__main__":

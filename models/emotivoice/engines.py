@@ -24,9 +24,9 @@ precision cannot move a rounded duration; the frame stage, the bulk of the time,
 by frame count and cut into groups of near-equal size, each group padded only to its own longest
 row. Why: a batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences
 has 183 frames a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two
-groups cut the padded frames to 0.83x, four to 0.75x (computed from the text stage's durations on
-this CPU, scripts/bench_emotivoice.py's rows). Each group is one more graph replay at a smaller
-batch: the GPU decides whether that pays.
+groups cut the frames computed to 0.83x, four to 0.75x (from the text stage's durations on this
+CPU, scripts/emotivoice_frame_padding.py). Each group is one more graph replay at a smaller batch:
+the GPU decides whether that pays.
 
 ``compile_frames`` runs each frame bucket's stage through torch.compile before it is captured.
 Why: at batch 64 the vocoder is 91 % of the engine's time, and most of that is not convolution but
@@ -215,18 +215,27 @@ class BucketedEngine:
     def _grouped_frame_runs(self, batch: int, text: int, frame_lengths: torch.Tensor, hidden: torch.Tensor,
                             used_durations: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The frame stage of the first ``batch`` rows in ``frame_groups`` length groups -> (audio (batch,
-        longest * hop), longest frame count). A group's rows past its own size repeat its first row."""
+        longest * hop), longest frame count). A group's rows past its own size repeat its first row. Past
+        a row's end the samples are whatever its group computed there, or zeros past the group's
+        longest row: callers read ``audio_lengths`` samples, as of the one-run path."""
         counts = frame_lengths[:batch].tolist()  # the one host sync
         frames = max(counts)
-        audio = None
-        for group in length_groups(counts, self.frame_groups):
-            rows = self._rows(len(group))
-            index = torch.tensor(group + group[:1] * (rows - len(group)), device=self.device)  # (rows,)
+        groups = length_groups(counts, self.frame_groups)
+        padded = [group + group[:1] * (self._rows(len(group)) - len(group)) for group in groups]
+        # Every group's row indices in one host-to-device copy that does not wait for the stream (a
+        # blocking copy per group would stall the host on the previous group's replay).
+        flat = torch.tensor([row for group in padded for row in group], dtype=torch.long,
+                            pin_memory=self.device.type == "cuda")
+        flat = flat.to(self.device, non_blocking=True)  # (sum of group rows,)
+        audio, start = None, 0
+        for group, rows in zip(groups, (len(group) for group in padded)):
+            index = flat[start: start + rows]  # (rows,)
+            start += rows
             group_frames = max(counts[row] for row in group)
             out = self._frame_run(rows, text, group_frames, hidden.index_select(0, index),
                                   used_durations.index_select(0, index), lengths.index_select(0, index))
             if audio is None:
-                audio = out.new_zeros(batch, frames * self.hop)  # (B, longest * hop): zeros past each row's end
+                audio = out.new_zeros(batch, frames * self.hop)  # (B, longest * hop)
             # Copied out at once: another group of the same shape replays the same graph.
             audio[index[: len(group)], : group_frames * self.hop] = out[: len(group), : group_frames * self.hop]
         return audio, frames
@@ -260,7 +269,7 @@ class BucketedEngine:
             hidden, used_durations, durations = self._run(("text", rows, text), self.text_stage,
                                                           (ids, lengths, speakers, style, content, length_scales))
             frame_lengths = used_durations.sum(dim=-1)  # (B_bucket,)
-            if self.frame_groups == 1:
+            if min(self.frame_groups, batch) == 1:
                 frames = int(frame_lengths[:batch].max())  # the one host sync
                 audio = self._frame_run(rows, text, frames, hidden, used_durations, lengths)
             else:

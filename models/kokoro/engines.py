@@ -292,9 +292,9 @@ class BucketedEngine:
         convolution's input channels zero-padded to a multiple of it (NCW only; models/conv_layout.py).
         ``statistics_dtype``: the precision of every AdaIN's masked instance-norm statistics (models/kokoro/
         layers.py). float64, the model's own, is the default, so the engine equals the model. float32 on
-        the real voice (8 eval_ja sentences, FP32 frame stage on this CPU): waveform SNR 33.7-37.5 dB
-        against float64 (F0 integrates small differences into phase), STFT-magnitude SNR 41-44 dB, MCD
-        0.03 dB, speaker similarity 1.000, DNSMOS P.808 unchanged (docs/results/
+        the real voice (8 eval_ja sentences, FP32 frame stage on this CPU): waveform SNR min 33.7, median
+        37.5 dB against float64 (F0 integrates small differences into phase), STFT-magnitude SNR min 41.1,
+        median 43.8 dB, MCD 0.03 dB, speaker similarity 1.000, DNSMOS P.808 unchanged (docs/results/
         cpu_32_kokoro_statistics_dtype.json); the CPU graphs take float32 too. Not yet timed on a GPU,
         which runs float64 at a fraction of its float32 rate."""
         self.device = next(model.parameters()).device
