@@ -217,7 +217,7 @@ class BucketedEngine:
         """The frame stage of the first ``batch`` rows in ``frame_groups`` length groups -> (audio (batch,
         longest * hop), longest frame count). A group's rows past its own size repeat its first row. Past
         a row's end the samples are whatever its group computed there, or zeros past the group's
-        longest row: callers read ``audio_lengths`` samples, as of the one-run path."""
+        longest row: callers read ``audio_lengths`` samples, as in the one-run path."""
         counts = frame_lengths[:batch].tolist()  # the one host sync
         frames = max(counts)
         groups = length_groups(counts, self.frame_groups)
