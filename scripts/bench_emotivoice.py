@@ -207,21 +207,16 @@ def batch_lengths(args, batch: int) -> list[int]:
     return rng.integers(args.text_tokens - spread, args.text_tokens + spread + 1, size=batch).tolist()
 
 
-def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dtype: torch.dtype,
-                   reference: torch.Tensor, conv_layout: str | None = None, compile_frames: bool = False,
-                   sorted_chunks: tuple[int, ...] = (), vocoder_kernels: str = "torch",
-                   compile_mode: str | None = None, pinned_output: bool = True, fold_dilation: bool = False,
-                   frame_groups: int = 1) -> dict:
-    """The bucketed engine (models/emotivoice/engines.py): batch-1 latency including the copy of the
+def engine_section(args, generator: EmotiVoiceGenerator, spec: EngineSpec, reference: torch.Tensor,
+                   sorted_chunks: tuple[int, ...] = ()) -> dict:
+    """The bucketed engine of ``spec`` (models/emotivoice/engines.py): batch-1 latency including the copy of the
     audio to the host, its SNR against eager FP32, and sentences/s over mixed-length batches.
     ``sorted_chunks``: also the largest batch's sentences sorted by length and sent in batches of
     each chunk size, as a batcher that groups its queue by length would send them."""
     # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
-    engine = BucketedEngine(generator, graphs=graphs, frame_dtype=frame_dtype, conv_layout=conv_layout,
-                            compile_frames=compile_frames, vocoder_kernels=vocoder_kernels, compile_mode=compile_mode,
-                            pinned_output=pinned_output, fold_dilation=fold_dilation, frame_groups=frame_groups)
+    engine = BucketedEngine(generator, **spec.engine_arguments())
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     audio = engine.synthesize(*single)["audio"][0]
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
@@ -243,7 +238,7 @@ def engine_section(args, generator: EmotiVoiceGenerator, graphs: bool, frame_dty
         section[f"kernels_b{max(args.engine_batches)}"] = top_kernels(lambda: engine.synthesize(*largest),
                                                                       args.device.startswith("cuda"), count=25)
     if args.device.startswith("cuda"):
-        section["graphs_captured"] = len(engine.cache.captured) if graphs else 0
+        section["graphs_captured"] = len(engine.cache.captured) if spec.graphs else 0
     torch.backends.cudnn.benchmark = False
     return section
 
@@ -316,6 +311,10 @@ class EngineSpec(NamedTuple):
     pinned_output: bool = True
     fold_dilation: bool = False
     frame_groups: int = 1
+
+    def engine_arguments(self) -> dict:
+        """The fields that are ``BucketedEngine``'s keyword arguments."""
+        return {key: value for key, value in self._asdict().items() if key not in ("name", "lite_vocoder")}
 
 
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
@@ -542,11 +541,8 @@ def main() -> None:
     for engine in engines:
         try:
             generator = with_lite_vocoder(fp32, args.seed) if engine.lite_vocoder else fp32
-            section = engine_section(
-                args, generator, engine.graphs, engine.frame_dtype, reference, engine.conv_layout,
-                engine.compile_frames,
-                tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else (), engine.vocoder_kernels,
-                engine.compile_mode, engine.pinned_output, engine.fold_dilation, engine.frame_groups)
+            section = engine_section(args, generator, engine, reference,
+                                     tuple(args.sorted_chunks) if engine.name in SORTED_CHUNK_ENGINES else ())
             if engine.lite_vocoder:  # another vocoder, randomly initialised: its audio has nothing to match
                 section["snr_vs_eager_fp32_db"] = None
                 section["vocoder"] = {"kind": "Lite student width (LiteVocoderConfig defaults), random weights",

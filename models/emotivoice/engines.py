@@ -228,7 +228,8 @@ class BucketedEngine:
                             pin_memory=self.device.type == "cuda")
         flat = flat.to(self.device, non_blocking=True)  # (sum of group rows,)
         audio, start = None, 0
-        for group, rows in zip(groups, (len(group) for group in padded)):
+        for group, padded_group in zip(groups, padded):
+            rows = len(padded_group)
             index = flat[start: start + rows]  # (rows,)
             start += rows
             group_frames = max(counts[row] for row in group)
