@@ -55,7 +55,9 @@ VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
             "ncw_stats32": {"statistics_dtype": torch.float32},
             "ncw_stats32_text_tf32": {"statistics_dtype": torch.float32, "text_tf32": True},
             "ncw_aligned32_stats32_text_tf32": {"align_channels": 32, "statistics_dtype": torch.float32,
-                                                "text_tf32": True}}
+                                                "text_tf32": True},
+            "ncw_stats32_text_tf32_stacked": {"statistics_dtype": torch.float32, "text_tf32": True,
+                                              "stacked_projections": True}}
 
 
 class Part(nn.Module):
@@ -76,10 +78,9 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
     model, shared_lstm = engine.frame_model, engine.shared_lstm
     stage = engine._frame_stage(frames)[1]
     stage = getattr(stage, "_orig_mod", stage)  # the FrameStage under torch.compile's wrapper
-    dtype = stage.dtype
 
     def prosody(d, t_en, frames_per_token, ref_s):
-        _, prosody_style = model.split_style(ref_s.to(dtype))
+        _, prosody_style = stage.block_styles(ref_s)
         en, asr, frame_lengths = stage.frame_features(d, t_en, frames_per_token)
         f0_curve, energy = stage.f0_and_energy(en, prosody_style, frame_lengths)
         return f0_curve, energy, asr, frame_lengths
@@ -89,7 +90,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
         return shared_lstm(en.transpose(1, 2), frame_lengths)
 
     def decoder_body(asr, f0_curve, energy, ref_s, frame_lengths):
-        acoustic_style, _ = model.split_style(ref_s.to(dtype))
+        acoustic_style, _ = stage.block_styles(ref_s)
         return model.decoder.generator_input(asr, f0_curve, energy, acoustic_style, frame_lengths)
 
     def source(f0_curve, frame_lengths):
@@ -99,7 +100,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
         return generator.stft.transform(excitation, curve_lengths * generator.upsample_scale)
 
     def generator(x, f0_curve, ref_s, frame_lengths):
-        acoustic_style, _ = model.split_style(ref_s.to(dtype))
+        acoustic_style, _ = stage.block_styles(ref_s)
         return model.decoder.generator(x, acoustic_style, f0_curve, None, 2 * frame_lengths)
 
     return {name: Part(model, function) for name, function in

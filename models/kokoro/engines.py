@@ -194,9 +194,13 @@ class FrameStage(nn.Module):
     """(d, t_en, frames per token, ref_s) -> audio (B, frames * samples per frame) for a fixed
     ``frames`` bucket, through the model's masked frame path (each item as it would be alone)."""
 
-    def __init__(self, model: KokoroModel, shared_lstm: MaskedBiLstm, frames: int):
+    def __init__(self, model: KokoroModel, shared_lstm: MaskedBiLstm, frames: int,
+                 projections: nn.ModuleDict | None = None):
+        """``projections``: StyleProjections of the model's "prosody" and "decoder" sides, when its
+        AdaINs read them (BucketedEngine's ``stacked_projections``)."""
         super().__init__()
         self.model, self.shared_lstm, self.frames = model, shared_lstm, frames
+        self.projections = projections
         self.dtype = model.bert_encoder.weight.dtype
 
     def forward(self, d, t_en, frames_per_token, ref_s, *noise):
@@ -208,10 +212,18 @@ class FrameStage(nn.Module):
             return self._forward(d, t_en, frames_per_token, ref_s, SourceNoise(*noise) if noise else None)
 
     def _forward(self, d, t_en, frames_per_token, ref_s, noise=None):
-        acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
+        acoustic_style, prosody_style = self.block_styles(ref_s)
         en, asr, frame_lengths = self.frame_features(d, t_en, frames_per_token)
         f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
         return self.model.decoder(asr, f0_curve, energy, acoustic_style, noise, frame_lengths)[:, 0]  # (B, F * spf)
+
+    def block_styles(self, ref_s):
+        """ref_s (B, 2S) -> what the decoder's and the prosody blocks take as their style: its halves
+        (B, S), or with ``projections`` their AdaINs' stacked projections (B, sum 2C) float32."""
+        acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
+        if self.projections is None:
+            return acoustic_style, prosody_style
+        return self.projections["decoder"](acoustic_style), self.projections["prosody"](prosody_style)
 
     def frame_features(self, d, t_en, frames_per_token):
         """The text features spread over the bucket's frames: en (B, H + S, F), asr (B, H, F), and
@@ -256,6 +268,48 @@ def frame_side_copy(model: KokoroModel, dtype: torch.dtype) -> KokoroModel:
     return frame_model.eval()
 
 
+class TableColumns(nn.Module):
+    """An AdaIN's style projection read from a table of all of them: (B, sum 2C) -> (B, 2C)."""
+
+    def __init__(self, start: int, stop: int):
+        super().__init__()
+        self.start, self.stop = start, stop
+
+    def forward(self, table: torch.Tensor) -> torch.Tensor:
+        return table[:, self.start:self.stop]
+
+
+class StyleProjections(nn.Module):
+    """Every AdaIN1d style projection under ``root`` as one product.
+
+    Each AdaIN maps the style vector to its scale and shift with a product of its own: 73 in the
+    frame stage, each a (B, S) x (S, 2C) matrix product far too small to fill a GPU yet a kernel of
+    its own. Stacked, they are one (B, S) x (S, sum 2C) product. Building this replaces each AdaIN's
+    ``fc`` under ``root`` by its columns of that table, so ``root``'s blocks must then be passed
+    ``self(style)`` where they were passed the style (they use the style for nothing else). The
+    table is float32, as the AdaIN islands compute their projections; the sums are the same."""
+
+    def __init__(self, root: nn.Module):
+        super().__init__()
+        adains = [module for module in root.modules() if isinstance(module, AdaIN1d)]
+        if not adains:
+            raise ValueError(f"no AdaIN1d under {type(root).__name__}: nothing to stack")
+        weights, biases, start = [], [], 0
+        for adain in adains:
+            fc = adain.fc
+            weights.append(fc.weight.detach().float())  # (2C, S)
+            biases.append(fc.bias.detach().float())  # (2C,)
+            adain.fc = TableColumns(start, start + fc.out_features)
+            start += fc.out_features
+        self.register_buffer("weight", torch.cat(weights))  # (sum 2C, S)
+        self.register_buffer("bias", torch.cat(biases))  # (sum 2C,)
+
+    def forward(self, style: torch.Tensor) -> torch.Tensor:
+        """style (B, S) -> (B, sum 2C) float32."""
+        with torch.autocast(style.device.type, enabled=False):
+            return nn.functional.linear(style.float(), self.weight, self.bias)
+
+
 class BucketedEngine:
     """Kokoro synthesis over exact text shapes and frame buckets (see the module docstring).
 
@@ -267,7 +321,7 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
                  compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
                  text_tf32: bool = False, fold_dilation: bool = False, align_channels: int = 1,
-                 statistics_dtype: torch.dtype = torch.float64):
+                 statistics_dtype: torch.dtype = torch.float64, stacked_projections: bool = False):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -297,8 +351,10 @@ class BucketedEngine:
         median 43.8 dB, MCD 0.03 dB, speaker similarity 1.000, DNSMOS P.808 unchanged (docs/results/
         cpu_32_kokoro_statistics_dtype.json); with the FP16 frame stage, MCD 0.226 against 0.224 dB and
         DNSMOS 3.829 against 3.826 (cpu_32_kokoro_statistics_dtype_fp16.json). The CPU graphs take
-        float32 too. Not yet timed on a GPU,
-        which runs float64 at a fraction of its float32 rate."""
+        float32 too. On the H200 at batch 16 with the text stage in TF32: RTF 0.000335 against 0.000372
+        for float64 without TF32 at the student's width (144, 72), 0.000241 against 0.000293 at (128, 64)
+        (docs/results/h200_33_kokoro_*.json). ``stacked_projections``: every AdaIN's style projection
+        computed as one product at the top of the frame stage (StyleProjections), not 73 small ones."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -317,6 +373,10 @@ class BucketedEngine:
         if conv_layout != "ncw" or fold_dilation or align_channels > 1:  # the text side of this copy is never
             # run: converting it is harmless
             convert_convs(self.frame_model, conv_layout, fold_dilation, align_channels)
+        self.projections = None
+        if stacked_projections:
+            self.projections = nn.ModuleDict({"prosody": StyleProjections(self.frame_model.predictor),
+                                              "decoder": StyleProjections(self.frame_model.decoder)}).to(self.device)
         self.text_tf32 = text_tf32
         self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
@@ -330,7 +390,8 @@ class BucketedEngine:
         """(the frame bucket ``frames`` rounds up to, its stage, built on first use)."""
         bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
         if bucket not in self.frame_stages:
-            self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket))
+            self.frame_stages[bucket] = self._compiled(FrameStage(self.frame_model, self.shared_lstm, bucket,
+                                                                    self.projections))
         return bucket, self.frame_stages[bucket]
 
     def _run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.kokoro.engines import BucketedEngine, MaskedBiLstm
+from models.kokoro.engines import BucketedEngine, MaskedBiLstm, StyleProjections, TableColumns
 from models.kokoro.layers import AdaIN1d
 from models.kokoro.tiny import tiny_model
 
@@ -97,6 +97,28 @@ def test_converted_frame_stage_equals_the_ncw_one_on_a_padded_batch(model, conv_
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("frame_dtype", [torch.float32, torch.float16])
+def test_stacked_style_projections_equal_the_per_adain_ones_on_a_padded_batch(model, frame_dtype):
+    durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 37 and 22 frames
+    ids, ref_s, frames = request(model, durations)
+    separate, stacked = (BucketedEngine(model, graphs=False, frame_dtype=frame_dtype, frame_bucket=BUCKET,
+                                        stacked_projections=stack) for stack in (False, True))
+    adains = [norm for norm in stacked.frame_model.modules() if isinstance(norm, AdaIN1d)]
+    assert adains and all(isinstance(norm.fc, TableColumns) for norm in adains)  # none left computing its own
+    columns = sum(table.weight.shape[0] for table in stacked.projections.values())
+    assert columns == sum(norm.fc.out_features for norm in model.modules() if isinstance(norm, AdaIN1d))
+    expected = separate.synthesize(ids, ref_s, frames_per_token=frames)
+    out = stacked.synthesize(ids, ref_s, frames_per_token=frames)
+    assert out["audio_lengths"].tolist() == expected["audio_lengths"].tolist()
+    torch.testing.assert_close(out["audio"], expected["audio"], rtol=1e-4, atol=1e-5)
+
+
+def test_style_projections_refuse_a_module_without_adain():
+    with pytest.raises(ValueError, match="no AdaIN1d"):
+        StyleProjections(torch.nn.Linear(4, 4))
+
+
+@torch.no_grad()
 def test_batch_rows_of_different_durations_equal_their_single_runs(model):
     durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 2, 2], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 32 and 22 frames
     ids, ref_s, frames = request(model, durations)
@@ -145,7 +167,8 @@ def test_cuda_graph_replay_equals_eager_buckets(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
 @pytest.mark.parametrize("knobs", [{}, {"fold_dilation": True}, {"align_channels": 32},
-                                   {"statistics_dtype": torch.float32}], ids=["plain", "folded", "aligned", "stats32"])
+                                   {"statistics_dtype": torch.float32}, {"stacked_projections": True}],
+                         ids=["plain", "folded", "aligned", "stats32", "stacked"])
 def test_compiled_graph_replay_equals_eager_buckets(knobs):
     """The compiled, graphed engine against the eager one with the same knobs (each A/B option runs
     through torch.compile and CUDA-graph capture)."""
