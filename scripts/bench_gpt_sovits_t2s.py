@@ -428,12 +428,12 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
             del engine
         write(result, args.out)
 
-    # The whole batch-1 step as one persistent kernel (engine_persistent.py), both grid barriers,
-    # the FFN as two phases (the default) and as one (float atomics), and with the out phase folded too.
+    # The whole batch-1 step as one persistent kernel (engine_persistent.py), both grid barriers; the FFN
+    # and out phases folded (the default: float atomics), the FFN alone folded, and neither.
     for name, dtype, knobs in (("engine_fp16_persistent_graphs", torch.float16, {}),
-                               ("engine_fp16_persistent_folded_ffn_graphs", torch.float16, {"fold_ffn": True}),
-                               ("engine_fp16_persistent_folded_ffn_out_graphs", torch.float16,
-                                {"fold_ffn": True, "fold_out": True}),
+                               ("engine_fp16_persistent_folded_ffn_graphs", torch.float16, {"fold_out": False}),
+                               ("engine_fp16_persistent_unfolded_graphs", torch.float16,
+                                {"fold_ffn": False, "fold_out": False}),
                                ("engine_fp16_persistent_portable_barrier_graphs", torch.float16, {"asm_barrier": False}),
                                ("engine_bf16_persistent_graphs", torch.bfloat16, {}),
                                ("engine_fp32_persistent_graphs", torch.float32, {})):

@@ -140,7 +140,8 @@ class BucketedEngine:
                  batch_buckets: tuple[int, ...] | None = None, text_buckets: tuple[int, ...] = TEXT_BUCKETS,
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
-                 pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1):
+                 pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1,
+                 min_group_rows: int = 1):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -157,10 +158,14 @@ class BucketedEngine:
         over a folded view of time (models/conv_layout.py), same sums in another order: on an H100,
         throughput within 3 % of the unfolded engine either way and batch 1 slower, 3.43 against 3.10 ms
         (docs/results/h100_32_emotivoice_folded.json), so off. ``frame_groups``: the frame stage of a
-        batch in that many length groups (module docstring); 1, one run, is the default."""
-        if frame_groups < 1:
-            raise ValueError(f"frame_groups={frame_groups}: at least 1")
-        self.frame_groups = frame_groups
+        batch in at most that many length groups (module docstring); 1, one run, is the default.
+        ``min_group_rows``: fewer groups where they would hold fewer rows than this. On the H200 (compiled
+        FP16 graphs, docs/results/h200_33_emotivoice_groups*.json) four groups took batch 64 from 1,490
+        to 1,664 sentences/s (16 rows a group), eight only to 1,537 (8 rows), and four at batch 32 cost
+        throughput (1,461 against 1,571): a group of 8 rows leaves the GPU underused."""
+        if frame_groups < 1 or min_group_rows < 1:
+            raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
+        self.frame_groups, self.min_group_rows = frame_groups, min_group_rows
         self.device = next(generator.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the generator on a CUDA device, not {self.device}; pass graphs=False")
@@ -214,13 +219,13 @@ class BucketedEngine:
 
     def _grouped_frame_runs(self, batch: int, text: int, frame_lengths: torch.Tensor, hidden: torch.Tensor,
                             used_durations: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The frame stage of the first ``batch`` rows in ``frame_groups`` length groups -> (audio (batch,
+        """The frame stage of the first ``batch`` rows in ``_groups(batch)`` length groups -> (audio (batch,
         longest * hop), longest frame count). A group's rows past its own size repeat its first row. Past
         a row's end the samples are whatever its group computed there, or zeros past the group's
         longest row: callers read ``audio_lengths`` samples, as in the one-run path."""
         counts = frame_lengths[:batch].tolist()  # the one host sync
         frames = max(counts)
-        groups = length_groups(counts, self.frame_groups)
+        groups = length_groups(counts, self._groups(batch))
         padded = [group + group[:1] * (self._rows(len(group)) - len(group)) for group in groups]
         # Every group's row indices in one host-to-device copy that does not wait for the stream (a
         # blocking copy per group would stall the host on the previous group's replay).
@@ -240,6 +245,10 @@ class BucketedEngine:
             # Copied out at once: another group of the same shape replays the same graph.
             audio[index[: len(group)], : group_frames * self.hop] = out[: len(group), : group_frames * self.hop]
         return audio, frames
+
+    def _groups(self, batch: int) -> int:
+        """How many length groups a batch of ``batch`` rows runs its frame stage in."""
+        return max(1, min(self.frame_groups, batch // self.min_group_rows))
 
     def _rows(self, batch: int) -> int:
         return batch if self.batch_buckets is None else bucket_of(batch, self.batch_buckets, "batch")
@@ -270,7 +279,7 @@ class BucketedEngine:
             hidden, used_durations, durations = self._run(("text", rows, text), self.text_stage,
                                                           (ids, lengths, speakers, style, content, length_scales))
             frame_lengths = used_durations.sum(dim=-1)  # (B_bucket,)
-            if min(self.frame_groups, batch) == 1:
+            if self._groups(batch) == 1:
                 frames = int(frame_lengths[:batch].max())  # the one host sync
                 audio = self._frame_run(rows, text, frames, hidden, used_durations, lengths)
             else:

@@ -15,22 +15,28 @@ barrier between the phases that need the whole previous result:
     ffn2    W_2 hidden + b_2 + LayerNorm 1 output                            -> sum 2
     (after the last layer) logits = W_p LayerNorm 2(sum 2)
 
-so four barriers a layer. Each program issues the load of its next weight tile *before* it waits
-at a barrier: weights never depend on the step, so their memory latency hides behind the wait, and
-after the barrier only activations (in L2, written a phase ago) are on the critical path.
+so four barriers a layer unfolded, two with both folds below. Each program issues the load of its
+next weight tile *before* it waits at a barrier: weights never depend on the step, so their memory
+latency hides behind the wait, and after the barrier only activations (in L2, written a phase ago)
+are on the critical path.
 
-``fold_ffn`` (opt-in until an H200 has timed it) makes the two FFN phases one: each program takes
+``fold_ffn`` (on by default) makes the two FFN phases one: each program takes
 a slice of the hidden units, relu(W_1 . + b_1) for them, then their columns of W_2 times that
 slice: a partial of sum 2 that it adds into the layer's row of sum 2 with float atomics. Three
 barriers a layer instead of four; the price is that the order of the additions, so the last bits
 of sum 2 in float32, varies from run to run.
 
-``fold_out`` (opt-in until a GPU has timed it) removes the out phase: the program of a head that
+``fold_out`` (on by default) removes the out phase: the program of a head that
 arrives last at that head's counter (an atomic add with acquire-release order, after its own
 partial is written) combines the head's partials, multiplies them by the head's columns of W_o and
 adds the product into the layer's row of sum 1 with float atomics (the lead head adds the bias and
 the layer input too). No program waits for another there, so a layer loses a barrier; sum 1 then
 varies in its last float32 bits from run to run, as sum 2 does under ``fold_ffn``.
+
+On the H200 (full-size random weights, 500 greedy FP16 tokens, one call, scripts/sweep_t2s_persistent.py),
+tokens per second at 132 programs: 2,466 with four barriers a layer, 2,657 with ``fold_ffn``, 3,361
+with both folds (128 programs: 2,468, 2,626, 3,263); every row's tokens equal the fused FP16 step's
+(docs/results/h200_33_t2s_folds.json).
 
 A barrier is a counter in global memory: each program adds one (release) and polls until the
 counter reaches ``phase x programs`` (acquire). That needs every program resident at once, so the
@@ -497,8 +503,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     barrier a layer fewer; the same caveat)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
-                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = False,
-                 fold_out: bool = False, **kwargs):
+                 attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
+                 fold_out: bool = True, **kwargs):
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads

@@ -59,7 +59,7 @@ def semantic_tokens(result: T2SResult, prompt_tokens: torch.Tensor) -> torch.Ten
 
 
 MAX_STEPS_UNREAD = 8  # streaming: token steps between two reads of the stop flags, at most
-PERSISTENT_PROGRAMS = 128  # the persistent step's grid on an H200 (132 SMs); fewer SMs take fewer
+PERSISTENT_PROGRAMS = 132  # the persistent step's grid: one program per SM of an H200 or H100 SXM; fewer SMs take fewer
 
 
 def fastest_engine(weights: T2SWeights, max_rows: int, sync_every: int) -> T2SEngine:

@@ -93,6 +93,24 @@ def test_buckets_reject_what_they_cannot_hold(generator):
         BucketedEngine(generator, graphs=False, vocoder_kernels="cudnn")
     with pytest.raises(ValueError, match="frame_groups=0"):
         BucketedEngine(generator, graphs=False, frame_groups=0)
+    with pytest.raises(ValueError, match="min_group_rows=0"):
+        BucketedEngine(generator, graphs=False, frame_groups=2, min_group_rows=0)
+
+
+@torch.no_grad()
+def test_min_group_rows_caps_the_groups_by_batch(generator):
+    """Groups never hold fewer rows than ``min_group_rows``: 6 rows at 3 a group run as two groups,
+    and every row still equals its one-run samples."""
+    lengths = (7, 13, 10, 4, 12, 9)
+    batch = inputs(generator, lengths, seed=1)
+    engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8, frame_groups=6,
+                            min_group_rows=3)
+    assert [engine._groups(rows) for rows in (1, 2, 3, 5, 6, 12, 40)] == [1, 1, 1, 1, 2, 4, 6]
+    one_run = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8).synthesize(*batch)
+    out = engine.synthesize(*batch)
+    assert len(engine.frame_stages) == 2  # two groups, each in a frame bucket of its own
+    for row, samples in enumerate(out["audio_lengths"].tolist()):
+        torch.testing.assert_close(out["audio"][row, :samples], one_run["audio"][row, :samples], rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.gpu

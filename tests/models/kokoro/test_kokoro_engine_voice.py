@@ -11,6 +11,7 @@ from models.interface import SynthesisRequest, TTSModel, Utterance
 from models.kokoro.engine_voice import EngineVoice, bucketed_engine
 from models.kokoro.engines import TOKEN_BUCKET, BucketedEngine, Float32Island
 from models.kokoro.family import FAMILY
+from models.kokoro.layers import AdaIN1d
 from models.kokoro.sampling import KokoroSampling
 from models.kokoro.tiny import tiny_voice
 
@@ -78,6 +79,8 @@ def test_the_hook_builds_a_half_frame_stage_and_keeps_the_text_stage_and_voice_f
     half = {name for name, p in engine.frame_model.decoder.named_parameters() if p.dtype == torch.float16}
     assert half and any("resblocks" in name for name in half)
     assert {p.dtype for p in voice.model.parameters()} == {torch.float32}  # the voice is not converted
+    norms = [m for m in engine.frame_model.modules() if isinstance(m, AdaIN1d)]
+    assert norms and {m.statistics_dtype for m in norms} == {torch.float32}  # half precision: float32 statistics
     request = SynthesisRequest.from_utterances(voice.text_to_utterances(TEXT), sampling=KokoroSampling.deterministic())
     expected, out = voice.synthesize(request), served.synthesize(request)
     assert torch.equal(out.audio_lengths, expected.audio_lengths) and torch.equal(out.durations, expected.durations)
