@@ -282,12 +282,13 @@ class TableColumns(nn.Module):
 class StyleProjections(nn.Module):
     """Every AdaIN1d style projection under ``root`` as one product.
 
-    Each AdaIN maps the style vector to its scale and shift with a product of its own: 73 in the
+    Each AdaIN maps the style vector to its scale and shift with a product of its own: 70 in the
     frame stage, each a (B, S) x (S, 2C) matrix product far too small to fill a GPU yet a kernel of
-    its own. Stacked, they are one (B, S) x (S, sum 2C) product. Building this replaces each AdaIN's
-    ``fc`` under ``root`` by its columns of that table, so ``root``'s blocks must then be passed
-    ``self(style)`` where they were passed the style (they use the style for nothing else). The
-    table is float32, as the AdaIN islands compute their projections; the sums are the same."""
+    its own (on an H100 at batch 16, 40 us each for the narrow ones). Stacked, they are one
+    (B, S) x (S, sum 2C) product. Building this replaces each AdaIN's ``fc`` under ``root`` by its
+    columns of that table, so ``root``'s blocks must then be passed ``self(style)`` where they were
+    passed the style (they use the style for nothing else). The table is float32, as the AdaIN
+    islands compute their projections; the sums are the same."""
 
     def __init__(self, root: nn.Module):
         super().__init__()
@@ -354,8 +355,8 @@ class BucketedEngine:
         float32 too. On the H200 at batch 16 with the text stage in TF32: RTF 0.000335 against 0.000372
         for float64 without TF32 at the student's width (144, 72), 0.000241 against 0.000293 at (128, 64)
         (docs/results/h200_33_kokoro_*.json). ``stacked_projections``: every AdaIN's style projection
-        computed as one product at the top of the frame stage (StyleProjections), not 73 small ones:
-        the same sums, and on an H100 at batch 16 and width (128, 64) RTF 0.000231 against 0.000264 in
+        computed as one product per half of the style vector at the top of the frame stage
+        (StyleProjections), not 70 small ones: the same sums, and on an H100 at batch 16 and width (128, 64) RTF 0.000231 against 0.000264 in
         one call (frame stage 31.6 against 36.3 ms; docs/results/h100_33_kokoro_stacked_128_64.json)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
