@@ -85,7 +85,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
     stage = getattr(stage, "_orig_mod", stage)  # the FrameStage under torch.compile's wrapper
 
     def prosody(d, t_en, frames_per_token, ref_s):
-        _, prosody_style = stage.block_styles(ref_s)
+        prosody_style = stage.block_style(ref_s, "prosody")
         en, asr, frame_lengths = stage.frame_features(d, t_en, frames_per_token)
         f0_curve, energy = stage.f0_and_energy(en, prosody_style, frame_lengths)
         return f0_curve, energy, asr, frame_lengths
@@ -95,7 +95,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
         return shared_lstm(en.transpose(1, 2), frame_lengths)
 
     def decoder_body(asr, f0_curve, energy, ref_s, frame_lengths):
-        acoustic_style, _ = stage.block_styles(ref_s)
+        acoustic_style = stage.block_style(ref_s, "decoder")
         return model.decoder.generator_input(asr, f0_curve, energy, acoustic_style, frame_lengths)
 
     def source(f0_curve, frame_lengths):
@@ -105,7 +105,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
         return generator.stft.transform(excitation, curve_lengths * generator.upsample_scale)
 
     def generator(x, f0_curve, ref_s, frame_lengths):
-        acoustic_style, _ = stage.block_styles(ref_s)
+        acoustic_style = stage.block_style(ref_s, "decoder")
         return model.decoder.generator(x, acoustic_style, f0_curve, None, 2 * frame_lengths)
 
     return {name: Part(model, function) for name, function in

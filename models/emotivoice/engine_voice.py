@@ -20,10 +20,6 @@ from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
-# A served batch's frame stage in up to four length groups of at least 16 rows (a batch of 64: four,
-# of 32: two, of 16 or fewer: one run): the grouping the H200 measured faster at batch 64
-# (BucketedEngine's ``min_group_rows``).
-SERVED_FRAME_GROUPS, SERVED_GROUP_ROWS = 4, 16
 
 
 class EngineVoice(VoiceOnEngine):
@@ -54,6 +50,5 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
         raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
                          "(it has no AOTInductor packages)")
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
-                            compile_frames=backend == "compile", frame_groups=SERVED_FRAME_GROUPS,
-                            min_group_rows=SERVED_GROUP_ROWS)
+                            compile_frames=backend == "compile")
     return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

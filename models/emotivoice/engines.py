@@ -160,9 +160,9 @@ class BucketedEngine:
         (docs/results/h100_32_emotivoice_folded.json), so off. ``frame_groups``: the frame stage of a
         batch in at most that many length groups (module docstring); 1, one run, is the default.
         ``min_group_rows``: fewer groups where they would hold fewer rows than this. On the H200 (compiled
-        FP16 graphs, docs/results/h200_33_emotivoice_groups*.json) four groups took batch 64 from 1,490
-        to 1,664 sentences/s (16 rows a group), eight only to 1,537 (8 rows), and four at batch 32 cost
-        throughput (1,461 against 1,571): a group of 8 rows leaves the GPU underused."""
+        FP16 graphs, one call, docs/results/h200_33_emotivoice_groups48.json) four groups of 16 rows ran
+        batch 64 at 1,664 sentences/s and eight groups of 8 at 1,537: small groups leave the GPU
+        underused. Against one run the gain is not shown yet (another call, within its drift)."""
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows

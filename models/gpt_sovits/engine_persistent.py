@@ -66,6 +66,9 @@ from models.gpt_sovits.engine_weights import (
     T2SWeights,
 )
 
+# One program per SM of an H200 or H100 SXM: with both folds 3,361 tokens/s against 3,263 on 128
+# (docs/results/h200_33_t2s_folds.json). A GPU with fewer SMs takes one per SM.
+DEFAULT_PROGRAMS = 132
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
 PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PERSISTENT = 0, 1, 2, 3, 4, 5, -1
 
@@ -495,19 +498,24 @@ class PersistentT2SEngine(TritonT2SEngine):
     parent's fused or cuBLAS step).
 
     ``programs``: the grid, at most the GPU's SM count (every program must be resident for the
-    barriers), and at least three per head (a chunk of cached keys, the new key, the new value). ``phased``:
+    barriers), and at least three per head (a chunk of cached keys, the new key, the new value);
+    None: ``DEFAULT_PROGRAMS``, capped at the SM count. ``phased``:
     one launch per phase (required under the Triton interpreter). ``fold_ffn``: the FFN as one phase
     whose partial sums meet through float atomics (three barriers a layer instead of four; float32
     results then vary in their last bits from run to run). ``fold_out``: no out phase; each head's last
     attend program adds that head's share of the out projection into sum 1 with float atomics (one
     barrier a layer fewer; the same caveat)."""
 
-    def __init__(self, weights: T2SWeights, *args, programs: int = 128, step_warps: int = 8,
+    def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, **kwargs):
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
+        if programs is None:
+            on_gpu = self.device.type == "cuda"
+            sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if on_gpu else None
+            programs = min(DEFAULT_PROGRAMS, sm_count or DEFAULT_PROGRAMS)
         if programs < 3 * heads:
             raise ValueError(f"programs {programs} must be >= 3 x {heads} heads (per head: a chunk, the new k, the new v)")
         if self.device.type == "cuda" and not phased:

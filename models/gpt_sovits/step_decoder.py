@@ -59,7 +59,6 @@ def semantic_tokens(result: T2SResult, prompt_tokens: torch.Tensor) -> torch.Ten
 
 
 MAX_STEPS_UNREAD = 8  # streaming: token steps between two reads of the stop flags, at most
-PERSISTENT_PROGRAMS = 132  # the persistent step's grid: one program per SM of an H200 or H100 SXM; fewer SMs take fewer
 
 
 def fastest_engine(weights: T2SWeights, max_rows: int, sync_every: int) -> T2SEngine:
@@ -75,9 +74,8 @@ def fastest_engine(weights: T2SWeights, max_rows: int, sync_every: int) -> T2SEn
     buckets = {"max_batch": max_rows, "max_len": CACHE_POSITIONS, "length_buckets": [CACHE_POSITIONS],
                "sync_every": sync_every}
     sm_count = torch.cuda.get_device_properties(weights.device).multi_processor_count
-    programs = min(PERSISTENT_PROGRAMS, sm_count)
-    if programs >= 3 * weights.config.num_heads:
-        return PersistentT2SEngine(weights, programs=programs, **buckets)
+    if sm_count >= 3 * weights.config.num_heads:  # the persistent step's least grid (engine_persistent.py)
+        return PersistentT2SEngine(weights, **buckets)
     return TritonT2SEngine(weights, **buckets)
 
 

@@ -60,14 +60,15 @@ def bucketed_engine(voice: KokoroVoice, backend: str, graphs: bool, package_dir:
     replays CUDA graphs, the token buckets its frame stage pads to). ``precision`` float16/bfloat16 (the
     server's fp16/bf16 sources): the frame stage in half precision with its float32 islands, the text
     stage in float32, as docs/benchmarks.md measured it on the real voice (FP16: DNSMOS 3.773 against
-    3.776, MCD 0.22 dB), and then the AdaIN statistics in float32 rather than the model's float64 (the
+    3.776, MCD 0.22 dB), and in FP16 the AdaIN statistics in float32 rather than the model's float64 (the
     real voice with the FP16 frame stage: MCD 0.226 against 0.224 dB, DNSMOS 3.829 against 3.826;
     faster on the H200, docs/results/h200_33_kokoro_*.json); the voice's own model stays float32."""
     if backend not in BACKENDS:
         raise ValueError(f"Kokoro's bucketed engine runs backend {list(BACKENDS)} (serve.torch_engine=cuda_graphs "
                          f"on a GPU, eager buckets elsewhere), not {backend!r}: its text stage meets every sentence "
                          "length, each a compile under load")
-    statistics = torch.float64 if precision == torch.float32 else torch.float32  # FP32: row for row the voice's
+    # FP16 only, the precision whose float32 statistics were scored; FP32 stays row for row the voice's.
+    statistics = torch.float32 if precision == torch.float16 else torch.float64
     engine = BucketedEngine(voice.model, graphs=graphs, frame_dtype=precision, statistics_dtype=statistics)
     text_buckets = tuple(range(TOKEN_BUCKET, MAX_TOKENS + 1, TOKEN_BUCKET))
     return EngineVoice(voice, engine, batch_buckets or None), engine.graphs, text_buckets

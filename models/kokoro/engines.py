@@ -212,18 +212,18 @@ class FrameStage(nn.Module):
             return self._forward(d, t_en, frames_per_token, ref_s, SourceNoise(*noise) if noise else None)
 
     def _forward(self, d, t_en, frames_per_token, ref_s, noise=None):
-        acoustic_style, prosody_style = self.block_styles(ref_s)
+        acoustic_style, prosody_style = self.block_style(ref_s, "decoder"), self.block_style(ref_s, "prosody")
         en, asr, frame_lengths = self.frame_features(d, t_en, frames_per_token)
         f0_curve, energy = self.f0_and_energy(en, prosody_style, frame_lengths)
         return self.model.decoder(asr, f0_curve, energy, acoustic_style, noise, frame_lengths)[:, 0]  # (B, F * spf)
 
-    def block_styles(self, ref_s):
-        """ref_s (B, 2S) -> what the decoder's and the prosody blocks take as their style: its halves
-        (B, S), or with ``projections`` their AdaINs' stacked projections (B, sum 2C) float32."""
+    def block_style(self, ref_s, side: str):
+        """ref_s (B, 2S) -> what the ``side`` ("decoder" or "prosody") blocks take as their style: its
+        half of ref_s (B, S), or with ``projections`` that side's stacked AdaIN projections (B, sum 2C)
+        float32."""
         acoustic_style, prosody_style = self.model.split_style(ref_s.to(self.dtype))
-        if self.projections is None:
-            return acoustic_style, prosody_style
-        return self.projections["decoder"](acoustic_style), self.projections["prosody"](prosody_style)
+        style = acoustic_style if side == "decoder" else prosody_style
+        return style if self.projections is None else self.projections[side](style)
 
     def frame_features(self, d, t_en, frames_per_token):
         """The text features spread over the bucket's frames: en (B, H + S, F), asr (B, H, F), and
@@ -356,8 +356,9 @@ class BucketedEngine:
         for float64 without TF32 at the student's width (144, 72), 0.000241 against 0.000293 at (128, 64)
         (docs/results/h200_33_kokoro_*.json). ``stacked_projections``: every AdaIN's style projection
         computed as one product per half of the style vector at the top of the frame stage
-        (StyleProjections), not 70 small ones: the same sums, and on an H100 at batch 16 and width (128, 64) RTF 0.000231 against 0.000264 in
-        one call (frame stage 31.6 against 36.3 ms; docs/results/h100_33_kokoro_stacked_128_64.json)."""
+        (StyleProjections), not 70 small ones: the same sums, and on an H100 at batch 16 and width
+        (128, 64) RTF 0.000231 against 0.000264 in one call (frame stage 31.6 against 36.3 ms;
+        docs/results/h100_33_kokoro_stacked_128_64.json)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
