@@ -139,6 +139,9 @@ def test_gpt_sovits_notebook_reads_the_recorded_engine_calls(tmp_path):
     assert "`h200_25_gpt_sovits_t2s.json` missed" in notes and "`h200_8_gpt_sovits_t2s.json` met" in notes
     assert "`h200_28_gpt_sovits_t2s.json` engine_fp16_persistent_folded_ffn_graphs 2,869" in notes
     assert "`h200_28_gpt_sovits_t2s.json` met" in notes
+    # The persistent step's sweeps: session 33's out fold the fastest batch-1 row, still missed.
+    assert "`h200_33_t2s_folds.json` persistent_fp16_p132_w8_asm1_fold_ffn+out 3,361 (missed" in notes
+    assert "`h200_8_t2s_persistent_sweep_a.json` persistent_fp16_p128_w8_asm1 2,768 (missed" in notes
 
 
 def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
@@ -168,10 +171,12 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     assert "In `cpu_31_kokoro_cpu_lite_committed_quiet.json` the fastest graph is lite_cpu_graph_int8 at 2.07x" in notes
     assert "Speed (>= 2x): lite_cpu_graph 2.06x, lite_cpu_graph_int8 2.07x." in notes
     assert "Lite (128, 64) 16.64 (3.21x fewer)" in notes
-    # The H200 (random weights): batch 1 met by session 22's compiled engine; batch 16 missed, 1.6x over
-    # with the Lite generator width (session 28), named as such.
+    # The H200 (random weights): batch 1 met by session 22's compiled engine; batch 16 missed, 1.2x over
+    # with the profile's float32 statistics and TF32 text stage at the width (128, 64) (session 33), and
+    # 1.6x over with that width in session 28, each named as such.
     assert "**H200 batch 1, RTF <= 0.002: met**" in notes and "**met**, first in session 22" in notes
-    assert "**missed**, 1.6x over; best compiled_graphs_fp16 (Lite (128, 64)) 0.000322" in notes
+    assert "**missed**, 1.2x over; best compiled_graphs_fp16 ncw_stats32_text_tf32 (width (128, 64)) 0.000241" in notes
+    assert "session 28 compiled_graphs_fp16 (Lite (128, 64)) 0.000322" in notes
     assert "session 23 compiled_graphs_fp16 0.000445" in notes
     # The shipped graph carries STFT and NonZero and TensorRT's parser refuses it; ours build and carry
     # neither; session 27's bench reads every graph file's operators, the Lite graphs' included.
