@@ -9,6 +9,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from core.paths import REPO_ROOT
+from models.kokoro.config import KokoroConfig
 from models.kokoro.decoder import Generator
 from models.kokoro.generator_student import (
     PackedGenerator,
@@ -25,6 +27,7 @@ from models.kokoro.generator_student import (
     teacher_dataset,
     train_student,
 )
+from models.kokoro.release import MANIFEST_PATH
 from models.kokoro.tiny import tiny_voice
 from models.training.decoder_training import LatentDataset
 from models.training.discriminators import AdversarialSettings
@@ -237,6 +240,23 @@ def test_adversarial_fine_tune_resumes_bit_for_bit_and_keeps_its_discriminator(v
     whole, chunks = load_file(str(tmp_path / "whole.safetensors")), load_file(str(tmp_path / "chunks.safetensors"))
     for name, tensor in whole.items():
         assert torch.equal(chunks[name], tensor), name
+
+
+@pytest.mark.parametrize("name,widths", [("lite_kokoro_jf_alpha.safetensors", (144, 72)),
+                                         ("lite_kokoro_jf_alpha_128_64.safetensors", (128, 64))])
+def test_the_committed_students_load_at_their_widths_with_their_training_record(name, widths):
+    """The committed Lite generators (the CPU target's and the GPU width's, models/checkpoints/README.md)
+    build on the official config at the widths their metadata names, from float16 weights, and carry
+    the card of the long-segment fine-tune that made them."""
+    path = REPO_ROOT / "models" / "checkpoints" / name
+    official = KokoroConfig.from_dict(json.loads(MANIFEST_PATH.read_text(encoding="utf-8"))["config"])
+    generator, config = load_student_generator(official, path)
+    assert tuple(config["stage_channels"]) == widths
+    assert [generator.ups[i].weight.shape[1] for i in range(generator.num_upsamples)] == list(widths)
+    assert {tensor.dtype for tensor in load_file(str(path)).values()} == {torch.float16}
+    with safe_open(str(path), "pt") as handle:
+        card = json.loads(handle.metadata()["card"])
+    assert card["segment_frames"] == 192 and card["step_reached"] == 500
 
 
 def test_a_file_without_a_student_config_is_refused(voice, tmp_path):
