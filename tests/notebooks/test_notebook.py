@@ -166,10 +166,15 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     assert "Both: lite_cpu_graph, lite_cpu_graph_int8." in notes
     assert ("Graphs meeting both in any run: lite_cpu_graph (`cpu_30_kokoro_cpu_lite_long_segments.json`), "
             "lite_cpu_graph_int8 (`cpu_30_kokoro_cpu_lite_long_segments.json`), " in notes)
-    # Session 31: the committed float16 file of that student meets it too, the latest run read first.
+    # Session 31: the committed float16 file of that student meets it too.
     assert "**`cpu_31_kokoro_cpu_lite_committed_quiet.json`: CPU target met.**" in notes
-    assert "In `cpu_31_kokoro_cpu_lite_committed_quiet.json` the fastest graph is lite_cpu_graph_int8 at 2.07x" in notes
     assert "Speed (>= 2x): lite_cpu_graph 2.06x, lite_cpu_graph_int8 2.07x." in notes
+    # Session 33, the latest run, read first: the (128, 64) student meets it faster; its INT8 graph
+    # misses DNSMOS by 0.005.
+    assert "**`cpu_33_kokoro_cpu_lite_128_64.json`: CPU target met.**" in notes
+    assert ("In `cpu_33_kokoro_cpu_lite_128_64.json` the fastest graph is lite_cpu_graph_int8 at 2.38x (quality "
+            "missed); the fastest that keeps quality is lite_cpu_graph at 2.34x" in notes)
+    assert "lite_cpu_graph_int8 quality missed (DNSMOS 3.664 < 3.669)" in notes
     assert "Lite (128, 64) 16.64 (3.21x fewer)" in notes
     # The H200 (random weights): batch 1 met by session 22's compiled engine; batch 16 missed, 1.2x over
     # with the profile's float32 statistics and TF32 text stage at the width (128, 64) (session 33), and
@@ -196,3 +201,8 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     # Session 30's two students scored with band levels: only the long-segment fine-tune meets both.
     assert ("**`cpu_30_kokoro_lite_quality_band_levels.json`** (2 students): DNSMOS 3.682-3.710" in notes
             and "Students meeting both: s30ft/lite_144_72_long_500.safetensors." in notes)
+    # Session 33: the (128, 64) student after the same long-segment fine-tune meets both; so does its
+    # committed float16 file.
+    assert "Students meeting both: checkpoints/lite_kokoro_jf_alpha.safetensors, s33/lite_128_64_long.safetensors." in notes
+    assert ("**`cpu_33_kokoro_lite_quality_128_64_float16.json`** (1 students): DNSMOS 3.685-3.685" in notes
+            and "Students meeting both: checkpoints/lite_kokoro_jf_alpha_128_64.safetensors." in notes)
