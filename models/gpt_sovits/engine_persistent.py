@@ -512,16 +512,14 @@ class PersistentT2SEngine(TritonT2SEngine):
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
+        on_gpu = self.device.type == "cuda"
+        sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if on_gpu else None
         if programs is None:
-            on_gpu = self.device.type == "cuda"
-            sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if on_gpu else None
             programs = min(DEFAULT_PROGRAMS, sm_count or DEFAULT_PROGRAMS)
         if programs < 3 * heads:
             raise ValueError(f"programs {programs} must be >= 3 x {heads} heads (per head: a chunk, the new k, the new v)")
-        if self.device.type == "cuda" and not phased:
-            sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count
-            if programs > sm_count:
-                raise ValueError(f"programs {programs} exceed the {sm_count} SMs: the grid barrier needs all resident")
+        if on_gpu and not phased and programs > sm_count:
+            raise ValueError(f"programs {programs} exceed the {sm_count} SMs: the grid barrier needs all resident")
         self.programs = programs
         self.step_warps = step_warps
         self.phased = phased

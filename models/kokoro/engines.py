@@ -379,8 +379,9 @@ class BucketedEngine:
             convert_convs(self.frame_model, conv_layout, fold_dilation, align_channels)
         self.projections = None
         if stacked_projections:
+            # On the frame model's device already: the stacks are built from its AdaINs' weights.
             self.projections = nn.ModuleDict({"prosody": StyleProjections(self.frame_model.predictor),
-                                              "decoder": StyleProjections(self.frame_model.decoder)}).to(self.device)
+                                              "decoder": StyleProjections(self.frame_model.decoder)})
         self.text_tf32 = text_tf32
         self.shared_lstm = MaskedBiLstm(model.predictor.shared, fused_bilstm).to(self.device, frame_dtype).eval()
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
