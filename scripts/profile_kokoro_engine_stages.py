@@ -59,7 +59,14 @@ VARIANTS = {"ncw": {}, "channels_last": {"conv_layout": "channels_last"},
             "ncw_stats32_text_tf32_stacked": {"statistics_dtype": torch.float32, "text_tf32": True,
                                               "stacked_projections": True},
             "channels_last_stats32_text_tf32_stacked": {"conv_layout": "channels_last", "text_tf32": True,
-                                                        "statistics_dtype": torch.float32, "stacked_projections": True}}
+                                                        "statistics_dtype": torch.float32, "stacked_projections": True},
+            "ncw_stats32_text_tf32_stacked_fused_lstms": {"statistics_dtype": torch.float32, "text_tf32": True,
+                                                          "stacked_projections": True, "fused_text_lstms": True,
+                                                          "fused_bilstm": True},
+            "channels_last_stats32_text_tf32_stacked_fused_lstms": {"conv_layout": "channels_last", "text_tf32": True,
+                                                                    "statistics_dtype": torch.float32,
+                                                                    "stacked_projections": True,
+                                                                    "fused_text_lstms": True, "fused_bilstm": True}}
 # The variants above without "stacked" in their names run the AdaINs' own projections, as they did
 # when they were first timed (the engine now stacks them by default).
 UNSTACKED = {"stacked_projections": False}

@@ -118,17 +118,27 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
 
 
 @triton.jit
+def _replica_sum(row_ptr, dim, ok, D: tl.constexpr, REPLICAS: tl.constexpr):
+    """A sum row (D_PAD,) kept as ``REPLICAS`` rows of D floats that programs added into during
+    this step (read through L2): their sum. The loads are independent, so they overlap."""
+    total = tl.load(row_ptr + dim, mask=ok, other=0.0, cache_modifier=".cg")
+    for replica in tl.static_range(1, REPLICAS):
+        total += tl.load(row_ptr + replica * D + dim, mask=ok, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr,
-                 D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr):
+                 D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr, REPLICAS: tl.constexpr):
     """The layer's input row (D_PAD,): the token's embedding at layer 0, else LayerNorm 2 of the
-    previous layer's sum."""
+    previous layer's sum (``REPLICAS`` rows)."""
     dim = tl.arange(0, D_PAD)
     ok = dim < D
     if layer == 0:
         x = tl.load(embedding_ptr + token * D + dim, mask=ok, other=0.0).to(tl.float32)
         x += tl.load(positions_ptr + position * D + dim, mask=ok, other=0.0).to(tl.float32)
     else:
-        summed = tl.load(sum_ptr + dim, mask=ok, other=0.0, cache_modifier=".cg")
+        summed = _replica_sum(sum_ptr, dim, ok, D, REPLICAS)
         x = row_layer_norm(summed, ok, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D, dim, D, EPS)
     return x
 
@@ -142,11 +152,13 @@ def _attend_phase(
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK_MAX: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr,
     MAX_POSITION: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr,
-    ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr,
+    ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr,
+    SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
-    (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, D) rows,
-    both zeroed before the step."""
+    (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
+    x D) rows, both zeroed before the step. PREFETCH_OUT: every program of a head loads the head's
+    W_o columns before the barrier, since any of them may be the one to use them."""
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     j = tl.arange(0, HD_PAD)
@@ -187,12 +199,17 @@ def _attend_phase(
     first_kv_ok = first_ok[:, None] & j_ok[None, :]
     first_keys = tl.load(cache + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
     first_values = tl.load(cache + D + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
+    if FOLD_OUT and PREFETCH_OUT:
+        has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
+        out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD)
+    else:
+        out_columns = 0  # loaded by the head's last program after its arrival
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
     previous_sum2 = sum2_ptr + tl.maximum(layer - 1, 0) * SUM2_STRIDE
     x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, previous_sum2, norm2_w_ptr, norm2_b_ptr,
-                     D, D_PAD, EPS)  # (D_PAD,)
+                     D, D_PAD, EPS, SUM2_REPLICAS)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, or v for the value program
@@ -236,17 +253,29 @@ def _attend_phase(
     if FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
-                              part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD)
+                              part_acc_ptr, sum1_ptr, out_columns, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
+                              PREFETCH_OUT, SUM1_REPLICAS)
+
+
+@triton.jit
+def _head_out_columns(out_w_ptr, layer, head, rows_ok, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr,
+                      HD_PAD: tl.constexpr):
+    """W_o[:, head's HD columns] of the layer, (D_PAD, HD_PAD); rows where ``rows_ok`` is False read 0."""
+    dim = tl.arange(0, D_PAD)
+    j = tl.arange(0, HD_PAD)
+    return tl.load(out_w_ptr + layer * (D * D) + dim[:, None] * D + (head * HD + j)[None, :],
+                   mask=rows_ok[:, None] & (j < HD)[None, :], other=0.0)
 
 
 @triton.jit
 def _fold_out_of_head(
-    head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr,
+    head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, out_columns,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr,
+    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
-    the key and the value program) adds W_o[:, head] . attention(head) into the layer's sum 1 row."""
+    the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
+    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already."""
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
@@ -264,13 +293,17 @@ def _fold_out_of_head(
         attention = tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)  # (HD_PAD,)
         dim = tl.arange(0, D_PAD)
         dim_ok = dim < D
-        w = tl.load(out_w_ptr + layer * (D * D) + dim[:, None] * D + (head * HD + j)[None, :],
-                    mask=dim_ok[:, None] & j_ok[None, :], other=0.0)  # (D_PAD, HD_PAD): W_o[:, head]
+        if PREFETCH_OUT:
+            w = out_columns
+        else:
+            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD)  # (D_PAD, HD_PAD)
         out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
         lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
         bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
         out += tl.where(lead, bias + x, 0.0)
-        tl.atomic_add(sum1_ptr + layer * D + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
+        # Heads spread over the replicas: fewer float atomics queue on each address.
+        row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
+        tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -317,7 +350,7 @@ def _ffn1_phase(
     pid, layer, counter_ptr, error_ptr, target, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr, sum1_ptr,
     normed1_ptr, hidden_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
-    SYNC: tl.constexpr, ASM: tl.constexpr,
+    SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < FFN
@@ -329,7 +362,7 @@ def _ffn1_phase(
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
-    summed = tl.load(sum1_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
     if pid == 0:
         tl.store(normed1_ptr + dim, x, mask=dim_ok)
@@ -364,10 +397,11 @@ def _ffn_phase(
     pid, layer, counter_ptr, error_ptr, target, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr,
     norm1_b_ptr, sum1_ptr, sum2_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
-    SYNC: tl.constexpr, ASM: tl.constexpr,
+    SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
 ):
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
-    added into the layer's row of ``sum2_ptr`` (zeroed before the step)."""
+    added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
+    before the step)."""
     unit = pid * BN + tl.arange(0, BN)
     unit_ok = unit < FFN
     dim = tl.arange(0, D_PAD)
@@ -383,19 +417,20 @@ def _ffn_phase(
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
-    summed = tl.load(sum1_ptr + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)  # (D_PAD,)
     hidden = tl.maximum(tl.sum(w1.to(tl.float32) * x[None, :], axis=1) + b1, 0.0)  # (BN,)
     partial = tl.sum(w2.to(tl.float32) * hidden[:, None], axis=0)  # (D_PAD,)
     partial += tl.where(lead, b2 + x, 0.0)
-    tl.atomic_add(sum2_ptr + layer * D + dim, partial, mask=dim_ok, sem="relaxed", scope="gpu")
+    row = sum2_ptr + (layer * SUM2_REPLICAS + pid % SUM2_REPLICAS) * D
+    tl.atomic_add(row + dim, partial, mask=dim_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
 def _logits_phase(
     pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
-    SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+    SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < VOCAB
@@ -405,7 +440,7 @@ def _logits_phase(
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
-    summed = tl.load(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE + dim, mask=dim_ok, other=0.0, cache_modifier=".cg")
+    summed = _replica_sum(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE, dim, dim_ok, D, SUM2_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
     tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
 
@@ -424,13 +459,15 @@ def _t2s_step_kernel(
     BN_OUT: tl.constexpr, BN_FFN1: tl.constexpr, BN_FFN2: tl.constexpr, BN_VOCAB: tl.constexpr,
     FOLD_FFN: tl.constexpr, PHASES: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr,
     PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
+    PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
     PHASES a layer: 4 - FOLD_FFN - FOLD_OUT. FOLD_FFN: one FFN phase, sum 2 a row per layer
     (SUM2_STRIDE D) that the programs add into; else one sum 2 row, rewritten each layer (SUM2_STRIDE
     0). FOLD_OUT: no out phase, sum 1 a row per layer (SUM1_STRIDE D) that the heads' last programs
-    add into; else one sum 1 row (SUM1_STRIDE 0)."""
+    add into; else one sum 1 row (SUM1_STRIDE 0). SUMn_REPLICAS: a folded sum's row is that many rows of
+    D that different programs add into (SUMn_STRIDE = SUMn_REPLICAS x D), summed where it is read."""
     pid = tl.program_id(0)
     if PHASE == -1:
         for layer in range(LAYERS):
@@ -443,7 +480,7 @@ def _t2s_step_kernel(
                           qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
-                          PARTS_PAD)
+                          PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
@@ -453,39 +490,40 @@ def _t2s_step_kernel(
             if FOLD_FFN:
                 _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
-                           BN_FFN1, EPS, True, ASM_BARRIER)
+                           BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
-                            EPS, True, ASM_BARRIER)
+                            EPS, True, ASM_BARRIER, SUM1_REPLICAS)
                 _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
                             hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
-                      EPS, True, ASM_BARRIER)
+                      EPS, True, ASM_BARRIER, SUM2_REPLICAS)
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
-                      BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD)
+                      BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
+                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
     elif PHASE == 2:
         _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
                     sum1_ptr + phase_layer * SUM1_STRIDE, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                    False, False)
+                    False, False, SUM1_REPLICAS)
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
                     sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False)
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
                    norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
-                   EPS, False, False)
+                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
-                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False)
+                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -504,11 +542,19 @@ class PersistentT2SEngine(TritonT2SEngine):
     whose partial sums meet through float atomics (three barriers a layer instead of four; float32
     results then vary in their last bits from run to run). ``fold_out``: no out phase; each head's last
     attend program adds that head's share of the out projection into sum 1 with float atomics (one
-    barrier a layer fewer; the same caveat)."""
+    barrier a layer fewer; the same caveat). ``prefetch_out`` (with ``fold_out``): every attend program
+    loads its head's W_o columns before the barrier, so the head's last program does not wait for
+    them after its arrival. ``sum_replicas``: each folded sum row is kept as that many rows, the
+    programs (or heads) adding into them in turn and the readers adding them up, so that fewer float
+    atomics queue on one address."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
-                 fold_out: bool = True, **kwargs):
+                 fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1, **kwargs):
+        if sum_replicas < 1:
+            raise ValueError(f"sum_replicas {sum_replicas} must be >= 1")
+        if prefetch_out and not fold_out:
+            raise ValueError("prefetch_out loads W_o for the folded out phase: it needs fold_out=True")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -524,7 +570,10 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.step_warps = step_warps
         self.phased = phased
         self.asm_barrier = asm_barrier
-        self.fold_ffn, self.fold_out = fold_ffn, fold_out
+        self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
+        # Unfolded sums are written whole by one program per column: nothing to spread.
+        self.sum1_replicas = sum_replicas if fold_out else 1
+        self.sum2_replicas = sum_replicas if fold_ffn else 1
         self.chunks = programs // heads - 2
         self.step_block = attention_block
         # One stacked tensor per parameter kind, (layers, ...); each per-layer field becomes a view
@@ -546,13 +595,14 @@ class PersistentT2SEngine(TritonT2SEngine):
             return torch.zeros(*shape, dtype=torch.float32, device=self.device)
 
         self._step_xin, self._step_normed1 = scratch(d), scratch(d)
-        # Folded out phase: one sum 1 row per layer and an arrival counter per (layer, head), zeroed
-        # before each step.
-        self._step_sum1 = scratch(config.num_layers, d) if fold_out else scratch(d)
+        # Folded out phase: one sum 1 row (of sum1_replicas x D) per layer and an arrival counter per
+        # (layer, head), zeroed before each step.
+        self._step_sum1 = scratch(config.num_layers, self.sum1_replicas * d) if fold_out else scratch(d)
         self._head_arrivals = torch.zeros(config.num_layers if fold_out else 1, heads, dtype=torch.int32,
                                           device=self.device)
-        # Folded FFN: one row per layer, zeroed before each step, that the programs' partials add into.
-        self._step_sum2 = scratch(config.num_layers, d) if fold_ffn else scratch(d)
+        # Folded FFN: one row (of sum2_replicas x D) per layer, zeroed before each step, that the programs'
+        # partials add into.
+        self._step_sum2 = scratch(config.num_layers, self.sum2_replicas * d) if fold_ffn else scratch(d)
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
@@ -585,9 +635,10 @@ class PersistentT2SEngine(TritonT2SEngine):
             BN_OUT=_tile_width(d, self.programs), BN_FFN1=_tile_width(ffn, self.programs),
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
             FOLD_FFN=self.fold_ffn, PHASES=4 - self.fold_ffn - self.fold_out,
-            SUM2_STRIDE=d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase, ASM_BARRIER=self.asm_barrier,
-            arrivals_ptr=self._head_arrivals, FOLD_OUT=self.fold_out, SUM1_STRIDE=d if self.fold_out else 0,
-            num_warps=self.step_warps,
+            SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
+            ASM_BARRIER=self.asm_barrier, arrivals_ptr=self._head_arrivals, FOLD_OUT=self.fold_out,
+            SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
+            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, num_warps=self.step_warps,
         )
 
     @torch.no_grad()

@@ -175,6 +175,37 @@ def block_diagonal_lstm_weights(forward: dict[str, torch.Tensor], backward: dict
     return fused
 
 
+class UnpaddedBiLstm(nn.Module):
+    """A stand-in for a one-layer batch-first bidirectional ``nn.LSTM`` called on whole items (no
+    packing, no initial state), as the engine's text stage calls its token-rate LSTMs: both
+    directions as one LSTM of twice the width (``MaskedBiLstm(fused=True)`` with every item full), so
+    each token's step runs once instead of once a direction."""
+
+    def __init__(self, lstm: nn.LSTM):
+        super().__init__()
+        weight = lstm.weight_ih_l0
+        self.both = MaskedBiLstm(lstm, fused=True).to(weight.device, weight.dtype)
+
+    def forward(self, x: torch.Tensor, state: None = None) -> tuple[torch.Tensor, None]:
+        """x (B, T, C) -> ((B, T, 2H), None), the first of ``nn.LSTM``'s outputs."""
+        if state is not None or not isinstance(x, torch.Tensor):
+            raise TypeError("UnpaddedBiLstm takes whole unpacked items and no initial state")
+        lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long, device=x.device)
+        return self.both(x, lengths), None
+
+
+def text_side_copy(model: KokoroModel) -> KokoroModel:
+    """A copy of ``model`` whose bidirectional LSTMs are ``UnpaddedBiLstm``s, for the text stage
+    only (it runs them on whole items). The decoder, which that stage never runs, is shared with
+    ``model``, not copied."""
+    text_model = copy.deepcopy(model, memo={id(model.decoder): model.decoder})
+    for module in list(text_model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.LSTM) and child.bidirectional:
+                setattr(module, name, UnpaddedBiLstm(child))
+    return text_model
+
+
 class TextStage(nn.Module):
     """(ids (B, T), ref_s (B, 2S), speed (1,)) -> d (B, T, H + S), t_en (B, H, T), frames per token."""
 
@@ -322,7 +353,8 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, compile_stages: bool = False, conv_layout: str = "ncw",
                  compile_mode: str | None = None, pinned_output: bool = True, fused_bilstm: bool = False,
                  text_tf32: bool = False, fold_dilation: bool = False, align_channels: int = 1,
-                 statistics_dtype: torch.dtype = torch.float64, stacked_projections: bool = True):
+                 statistics_dtype: torch.dtype = torch.float64, stacked_projections: bool = True,
+                 fused_text_lstms: bool = False):
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
@@ -358,7 +390,11 @@ class BucketedEngine:
         computed as one product per half of the style vector at the top of the frame stage
         (StyleProjections), not 70 small ones: the same sums, and on an H100 at batch 16 and width
         (128, 64) RTF 0.000231 against 0.000264 in one call (frame stage 31.6 against 36.3 ms;
-        docs/results/h100_33_kokoro_stacked_128_64.json)."""
+        docs/results/h100_33_kokoro_stacked_128_64.json). ``fused_text_lstms``: the text stage's five
+        token-rate BiLSTMs each run their two directions as one LSTM (``UnpaddedBiLstm``), halving
+        their sequential steps, which on the H200 are most of that stage's time (2 x 290 cell steps a
+        batch pair at batch 16, about 4 of its 4.7 ms; docs/results/h200_33_kokoro_kernels_*). The
+        same sums plus zeros."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
@@ -372,7 +408,7 @@ class BucketedEngine:
             # Every shape of a stage shares its forward's code object, whose compiled graphs
             # torch.compile caps at 8 before it silently runs eager: a server meets more shapes.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
-        self.text_stage = self._compiled(TextStage(model).eval())
+        self.text_stage = self._compiled(TextStage(text_side_copy(model) if fused_text_lstms else model).eval())
         self.frame_model = set_statistics_dtype(frame_side_copy(model, frame_dtype), statistics_dtype)
         if conv_layout != "ncw" or fold_dilation or align_channels > 1:  # the text side of this copy is never
             # run: converting it is harmless

@@ -503,6 +503,11 @@ def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
     with pytest.raises(ValueError, match="programs"):
         PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], programs=2 * config.num_heads,
                             phased=True)
+    with pytest.raises(ValueError, match="sum_replicas"):
+        PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], phased=True, sum_replicas=0)
+    with pytest.raises(ValueError, match="fold_out"):
+        PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], phased=True, fold_out=False,
+                            prefetch_out=True)
 
 
 @needs_fixtures
@@ -668,3 +673,30 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
     assert engines[1]._step_sum2.shape == (config.hidden_dim,)  # the two-phase engine keeps one row
     assert engines[0]._step_sum2.shape == (config.num_layers, config.hidden_dim)
     assert_same_steps(engines, 64)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("prefetch_out,sum_replicas", [(True, 1), (False, 4), (True, 3)])
+def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain_folded_step(
+        device, prefetch_out, sum_replicas):
+    """The folded persistent step with each head's W_o columns loaded before the barrier and/or its
+    sum rows split into replicas (the programs adding into them in turn) against the same step
+    without: the same request, six steps, each step's logits equal up to float32 summation order;
+    both take the same tokens."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=7), torch.float32, device)
+    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
+                                          programs=4 * config.num_heads, phased=device == "cpu", **knobs)
+                      for knobs in ({"prefetch_out": prefetch_out, "sum_replicas": sum_replicas}, {}))
+    request = other_shape_requests(config, 1)[0]
+    for engine in (variant, plain):
+        engine.prefill([0], [request])
+    shape = (config.num_layers, sum_replicas * config.hidden_dim)
+    assert variant._step_sum1.shape == shape and variant._step_sum2.shape == shape
+    assert_same_steps([variant, plain], 64)
+    if sum_replicas > 1:  # every replica of the last layer's sum 2 received partials
+        rows = variant._step_sum2[-1].view(sum_replicas, config.hidden_dim)
+        assert bool((rows.abs().amax(dim=1) > 0).all())

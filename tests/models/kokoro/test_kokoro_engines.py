@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.kokoro.engines import BucketedEngine, MaskedBiLstm, StyleProjections, TableColumns
+from models.kokoro.engines import BucketedEngine, MaskedBiLstm, StyleProjections, TableColumns, UnpaddedBiLstm
 from models.kokoro.layers import AdaIN1d
 from models.kokoro.tiny import tiny_model
 
@@ -144,6 +144,32 @@ def test_masked_bilstm_equals_the_bilstm_on_each_items_own_frames(fused):
     assert out[1, 5:].abs().max() == 0
 
 
+@torch.no_grad()
+def test_fused_text_lstms_equal_the_model_and_leave_it_untouched(model):
+    durations = [[2, 3, 3, 2, 3, 3, 3, 3, 3, 3, 3, 6], [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1]]  # 37 and 22 frames
+    ids, ref_s, frames = request(model, durations)
+    plain, fused = (BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=BUCKET,
+                                   fused_text_lstms=fuse) for fuse in (False, True))
+    text_model = fused.text_stage.model
+    assert text_model is not model and text_model.decoder is model.decoder  # the decoder shared, not copied
+    bilstms = sum(isinstance(module, torch.nn.LSTM) and module.bidirectional for module in model.modules())
+    assert sum(isinstance(module, UnpaddedBiLstm) for module in text_model.modules()) == bilstms
+    assert not any(isinstance(module, UnpaddedBiLstm) for module in model.modules())
+    speed = torch.ones(1)
+    for expected, got in zip(plain.text_stage(ids, ref_s, speed), fused.text_stage(ids, ref_s, speed)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    expected = plain.synthesize(ids, ref_s)  # predicted durations: the fused LSTMs must not tip one
+    out = fused.synthesize(ids, ref_s)
+    assert out["audio_lengths"].tolist() == expected["audio_lengths"].tolist()
+    torch.testing.assert_close(out["audio"], expected["audio"], rtol=1e-4, atol=1e-5)
+
+
+def test_unpadded_bilstm_refuses_an_initial_state():
+    lstm = UnpaddedBiLstm(torch.nn.LSTM(6, 4, batch_first=True, bidirectional=True))
+    with pytest.raises(TypeError, match="initial state"):
+        lstm(torch.randn(1, 3, 6), (torch.zeros(2, 1, 4), torch.zeros(2, 1, 4)))
+
+
 def test_graphs_need_cuda(model):
     with pytest.raises(ValueError, match="graphs=False"):
         BucketedEngine(model, graphs=True)
@@ -167,8 +193,8 @@ def test_cuda_graph_replay_equals_eager_buckets(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
 @pytest.mark.parametrize("knobs", [{}, {"stacked_projections": False}, {"fold_dilation": True}, {"align_channels": 32},
-                                   {"statistics_dtype": torch.float32}],
-                         ids=["default", "unstacked", "folded", "aligned", "stats32"])
+                                   {"statistics_dtype": torch.float32}, {"fused_text_lstms": True}],
+                         ids=["default", "unstacked", "folded", "aligned", "stats32", "fused_text_lstms"])
 def test_compiled_graph_replay_equals_eager_buckets(knobs):
     """The compiled, graphed engine against the eager one with the same knobs (each A/B option runs
     through torch.compile and CUDA-graph capture)."""
