@@ -7,9 +7,10 @@
 ``FOLDS``: which phases are folded away (engine_persistent.py's ``fold_ffn`` / ``fold_out``), each
 set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). ``PREFETCH`` (``0``, ``1``;
 default ``0``): the engine's ``prefetch_out``, only with the out phase folded. ``REPLICAS`` (default
-``1``): its ``sum_replicas``.
+``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
+with the out phase folded.
 
-    FOLDS=ffn+out PROGRAMS=132 WARPS=8,16 PREFETCH=0,1 REPLICAS=1,8 PYTHONPATH=. \
+    FOLDS=ffn+out PROGRAMS=132 PREFETCH=0,1 REPLICAS=1,8 LATE=0,1 PYTHONPATH=. \
         python scripts/sweep_t2s_persistent.py --out $OUT/t2s_prefetch.json
 
 Full-size random weights (the official manifest's shapes), one request of 30 phones + 30 prompt
@@ -84,6 +85,7 @@ def main() -> None:
     folds_list = os.environ.get("FOLDS", "none").split(",")
     prefetch_list = [value == "1" for value in os.environ.get("PREFETCH", "0").split(",")]
     replicas_list = [int(value) for value in os.environ.get("REPLICAS", "1").split(",")]
+    late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
 
@@ -104,15 +106,16 @@ def main() -> None:
     result["eager_cuda_graphs_fp32"], reference32 = measure(engine(T2SEngine, torch.float32), request, None)
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
-    for asm, folds, programs, warps, prefetch, replicas in itertools.product(
-            asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list):
-        if prefetch and "out" not in folds:
+    for asm, folds, programs, warps, prefetch, replicas, late in itertools.product(
+            asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list, late_list):
+        if (prefetch or late) and "out" not in folds:
             continue
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
-                + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}"))
+                + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}")
+                + ("_late_key_score" if late else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
-                 "sum_replicas": replicas}
+                 "sum_replicas": replicas, "late_key_score": late}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
         args.out.write_text(json.dumps(result, indent=1))

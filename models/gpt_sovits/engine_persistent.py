@@ -148,17 +148,19 @@ def _attend_phase(
     pid, layer, counter_ptr, error_ptr, target, last_token_ptr, audio_pos_ptr, cache_len_ptr,
     embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
     cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
-    arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr,
+    arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, CHUNK_MAX: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr,
     MAX_POSITION: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr,
     ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr,
-    SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
+    SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
     x D) rows, both zeroed before the step. PREFETCH_OUT: every program of a head loads the head's
-    W_o columns before the barrier, since any of them may be the one to use them."""
+    W_o columns before the barrier, since any of them may be the one to use them. LATE_KEY_SCORE
+    (with FOLD_OUT): the key program loads W_k rows only and writes k; chunk 0 of the head writes its
+    q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself."""
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     j = tl.arange(0, HD_PAD)
@@ -177,14 +179,21 @@ def _attend_phase(
     w_base = qkv_w_ptr + layer * (3 * D * D)
     b_base = qkv_b_ptr + layer * (3 * D)
     pid_rows = j * 0 + pid  # (HD_PAD,)
-    rows_a = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,)
+    if LATE_KEY_SCORE:  # one tile a program: W_q (chunks), W_k (key program) or W_v (value program)
+        rows_a = tl.where(is_value, 2 * D, tl.where(is_key, D, 0)) + head * HD + j  # (HD_PAD,)
+    else:
+        rows_a = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,)
     a_ok = j_ok & (pid_rows < H * CHUNKS + 2 * H)
-    b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
     w_a = tl.load(w_base + rows_a[:, None] * D + dim[None, :], mask=a_ok[:, None] & dim_ok[None, :], other=0.0)
-    w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
-                  other=0.0)  # (HD_PAD, D_PAD)
     bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
-    bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
+    if LATE_KEY_SCORE:
+        w_b = 0
+        bias_b = 0
+    else:
+        b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
+        w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
+                      other=0.0)  # (HD_PAD, D_PAD)
+        bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
     token = tl.load(last_token_ptr)
     position = tl.minimum(tl.load(audio_pos_ptr), MAX_POSITION - 1)
     write_pos = tl.minimum(tl.load(cache_len_ptr), MAX_LEN - 1)
@@ -199,7 +208,7 @@ def _attend_phase(
     first_kv_ok = first_ok[:, None] & j_ok[None, :]
     first_keys = tl.load(cache + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
     first_values = tl.load(cache + D + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
-    if FOLD_OUT and PREFETCH_OUT:
+    if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
         has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
         out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD)
     else:
@@ -212,21 +221,27 @@ def _attend_phase(
                      D, D_PAD, EPS, SUM2_REPLICAS)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
-    a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, or v for the value program
+    a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, v for the value program (k)
     q = a * scale
     part = head * (CHUNKS + 1) + chunk
     new_slot = cache + write_pos * (2 * D)
     # k and v are rounded to the cache's dtype first, as later steps will read them.
     if is_key:
-        k = (tl.sum(w_b.to(tl.float32) * x[None, :], axis=1) + bias_b).to(cache_ptr.dtype.element_ty)
-        tl.store(new_slot + j, k, mask=j_ok)
-        tl.store(part_m_ptr + part, tl.sum(tl.where(j_ok, q * k.to(tl.float32), 0.0), axis=0))
-        tl.store(part_s_ptr + part, 1.0)
+        if LATE_KEY_SCORE:
+            tl.store(new_slot + j, a.to(cache_ptr.dtype.element_ty), mask=j_ok)
+        else:
+            k = (tl.sum(w_b.to(tl.float32) * x[None, :], axis=1) + bias_b).to(cache_ptr.dtype.element_ty)
+            tl.store(new_slot + j, k, mask=j_ok)
+            tl.store(part_m_ptr + part, tl.sum(tl.where(j_ok, q * k.to(tl.float32), 0.0), axis=0))
+            tl.store(part_s_ptr + part, 1.0)
     if is_value:
         v = a.to(cache_ptr.dtype.element_ty)
         tl.store(new_slot + D + j, v, mask=j_ok)
         tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
     if is_chunk:
+        if LATE_KEY_SCORE:
+            if chunk == 0:
+                tl.store(q_ptr + head * HD + j, q, mask=j_ok)
         scores = tl.where(first_ok, tl.sum(first_keys.to(tl.float32) * q[None, :], axis=1), float("-inf"))
         best = tl.max(scores, axis=0)  # -inf for an empty chunk, whose partial then weighs nothing
         weights = tl.where(first_ok, tl.exp(scores - best), 0.0)
@@ -253,8 +268,8 @@ def _attend_phase(
     if FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
-                              part_acc_ptr, sum1_ptr, out_columns, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                              PREFETCH_OUT, SUM1_REPLICAS)
+                              part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
+                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE)
 
 
 @triton.jit
@@ -270,12 +285,16 @@ def _head_out_columns(out_w_ptr, layer, head, rows_ok, D: tl.constexpr, D_PAD: t
 @triton.jit
 def _fold_out_of_head(
     head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, out_columns,
+    q_ptr, new_slot,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
+    LATE_KEY_SCORE: tl.constexpr,
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
     the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
-    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already."""
+    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already. With
+    LATE_KEY_SCORE the new position's partial (score q . k_new, weight 1) is made here from the q of
+    the head's chunk 0 and the k the key program wrote at ``new_slot``."""
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
@@ -283,11 +302,21 @@ def _fold_out_of_head(
         c = tl.arange(0, PARTS_PAD)
         c_ok = c < CHUNKS + 1
         part = head * (CHUNKS + 1) + c  # (PARTS_PAD,)
-        best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
-        total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
-        factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
         j = tl.arange(0, HD_PAD)
         j_ok = j < HD
+        if LATE_KEY_SCORE:
+            chunk_ok = c < CHUNKS  # the new position's slot (c == CHUNKS) is filled here
+            best = tl.load(part_m_ptr + part, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
+            total = tl.load(part_s_ptr + part, mask=chunk_ok, other=0.0, cache_modifier=".cg")
+            q = tl.load(q_ptr + head * HD + j, mask=j_ok, other=0.0, cache_modifier=".cg")
+            k = tl.load(new_slot + j, mask=j_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
+            new_score = tl.sum(tl.where(j_ok, q * k, 0.0), axis=0)
+            best = tl.where(c == CHUNKS, new_score, best)
+            total = tl.where(c == CHUNKS, 1.0, total)
+        else:
+            best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
+            total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
+        factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
         acc = tl.load(part_acc_ptr + part[:, None] * HD + j[None, :], mask=c_ok[:, None] & j_ok[None, :], other=0.0,
                       cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
         attention = tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)  # (HD_PAD,)
@@ -459,7 +488,8 @@ def _t2s_step_kernel(
     BN_OUT: tl.constexpr, BN_FFN1: tl.constexpr, BN_FFN2: tl.constexpr, BN_VOCAB: tl.constexpr,
     FOLD_FFN: tl.constexpr, PHASES: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr,
     PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
-    PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
+    PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
+    LATE_KEY_SCORE: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -478,9 +508,9 @@ def _t2s_step_kernel(
             _attend_phase(pid, layer, counter_ptr, error_ptr, first * PROGRAMS, last_token_ptr, audio_pos_ptr,
                           cache_len_ptr, embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr,
                           qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
-                          scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
+                          scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
-                          PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS)
+                          PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
@@ -504,9 +534,9 @@ def _t2s_step_kernel(
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
-                      arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
+                      arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
-                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS)
+                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
@@ -546,15 +576,19 @@ class PersistentT2SEngine(TritonT2SEngine):
     loads its head's W_o columns before the barrier, so the head's last program does not wait for
     them after its arrival. ``sum_replicas``: each folded sum row is kept as that many rows, the
     programs (or heads) adding into them in turn and the readers adding them up, so that fewer float
-    atomics queue on one address."""
+    atomics queue on one address. ``late_key_score`` (with ``fold_out``): the key program loads only
+    W_k and the head's last program scores the new key, so no program holds two weight tiles (the
+    kernel at 8 warps for sm_90a spills 324 bytes a thread with the key program's two tiles, none with
+    this, in 243 registers, by ptxas -v)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
-                 fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1, **kwargs):
+                 fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
+                 late_key_score: bool = False, **kwargs):
         if sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas} must be >= 1")
-        if prefetch_out and not fold_out:
-            raise ValueError("prefetch_out loads W_o for the folded out phase: it needs fold_out=True")
+        if (prefetch_out or late_key_score) and not fold_out:
+            raise ValueError("prefetch_out and late_key_score change the folded out phase: they need fold_out=True")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -571,6 +605,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.phased = phased
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
+        self.late_key_score = late_key_score
         # Unfolded sums are written whole by one program per column: nothing to spread.
         self.sum1_replicas = sum_replicas if fold_out else 1
         self.sum2_replicas = sum_replicas if fold_ffn else 1
@@ -604,6 +639,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         # partials add into.
         self._step_sum2 = scratch(config.num_layers, self.sum2_replicas * d) if fold_ffn else scratch(d)
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
+        self._step_q = scratch(heads, config.head_dim)  # late_key_score: each head's q, for its new key's score
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -638,7 +674,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=self.asm_barrier, arrivals_ptr=self._head_arrivals, FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
-            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, num_warps=self.step_warps,
+            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, q_ptr=self._step_q,
+            LATE_KEY_SCORE=self.late_key_score, num_warps=self.step_warps,
         )
 
     @torch.no_grad()

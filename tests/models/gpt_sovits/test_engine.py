@@ -505,9 +505,10 @@ def test_persistent_engine_refuses_a_grid_without_a_program_per_role():
                             phased=True)
     with pytest.raises(ValueError, match="sum_replicas"):
         PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], phased=True, sum_replicas=0)
-    with pytest.raises(ValueError, match="fold_out"):
-        PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], phased=True, fold_out=False,
-                            prefetch_out=True)
+    for knob in ("prefetch_out", "late_key_score"):
+        with pytest.raises(ValueError, match="fold_out"):
+            PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], phased=True, fold_out=False,
+                                **{knob: True})
 
 
 @needs_fixtures
@@ -676,13 +677,14 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("prefetch_out,sum_replicas", [(True, 1), (False, 4), (True, 3)])
+@pytest.mark.parametrize("prefetch_out,sum_replicas,late_key_score",
+                         [(True, 1, False), (False, 4, False), (False, 1, True), (True, 3, True)])
 def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain_folded_step(
-        device, prefetch_out, sum_replicas):
-    """The folded persistent step with each head's W_o columns loaded before the barrier and/or its
-    sum rows split into replicas (the programs adding into them in turn) against the same step
-    without: the same request, six steps, each step's logits equal up to float32 summation order;
-    both take the same tokens."""
+        device, prefetch_out, sum_replicas, late_key_score):
+    """The folded persistent step with each head's W_o columns loaded before the barrier, its sum
+    rows split into replicas (the programs adding into them in turn) and/or the new key scored by
+    the head's last program, against the same step without: the same request, six steps, each
+    step's logits equal up to float32 summation order; both take the same tokens."""
     _triton_device_or_skip(device)
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 
@@ -690,7 +692,8 @@ def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=7), torch.float32, device)
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
-                      for knobs in ({"prefetch_out": prefetch_out, "sum_replicas": sum_replicas}, {}))
+                      for knobs in ({"prefetch_out": prefetch_out, "sum_replicas": sum_replicas,
+                                     "late_key_score": late_key_score}, {}))
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
