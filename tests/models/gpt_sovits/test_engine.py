@@ -703,3 +703,23 @@ def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain
     if sum_replicas > 1:  # every replica of the last layer's sum 2 received partials
         rows = variant._step_sum2[-1].view(sum_replicas, config.hidden_dim)
         assert bool((rows.abs().amax(dim=1) > 0).all())
+
+
+def test_the_late_key_score_keeps_the_hopper_step_kernel_in_registers():
+    """ptxas (bundled with Triton, no GPU needed) on the step kernel for sm_90a at the official v2
+    shapes: the default folded kernel spills, the one with ``late_key_score`` (one weight tile a
+    program) does not."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from models.gpt_sovits.engine_persistent import _t2s_step_kernel
+    from scripts.t2s_persistent_registers import constants, ptxas_report, signature
+
+    reports = {}
+    for late in (False, True):
+        source = ASTSource(_t2s_step_kernel, signature(), constants(True, True, False, 1, late))
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8})
+        reports[late] = ptxas_report(kernel.asm["ptx"], "sm_90a")
+    assert reports[False]["spill_store_bytes"] > 0
+    assert reports[True]["spill_store_bytes"] == 0 and reports[True]["registers"] <= 255
