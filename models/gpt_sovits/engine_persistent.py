@@ -158,7 +158,7 @@ def _attend_phase(
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
     x D) rows, both zeroed before the step. PREFETCH_OUT: every program of a head loads the head's
-    W_o columns before the barrier, since any of them may be the one to use them. LATE_KEY_SCORE
+    W_o columns as soon as its own projection is done, since any of them may be the one to use them. LATE_KEY_SCORE
     (with FOLD_OUT): the key program loads W_k rows only and writes k; chunk 0 of the head writes its
     q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself."""
     dim = tl.arange(0, D_PAD)
@@ -208,11 +208,6 @@ def _attend_phase(
     first_kv_ok = first_ok[:, None] & j_ok[None, :]
     first_keys = tl.load(cache + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
     first_values = tl.load(cache + D + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
-    if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
-        has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
-        out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD)
-    else:
-        out_columns = 0  # loaded by the head's last program after its arrival
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
@@ -222,6 +217,12 @@ def _attend_phase(
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, v for the value program (k)
+    if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
+        # Issued here, when w_a is dead: its latency overlaps the program's attention work.
+        has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
+        out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD)
+    else:
+        out_columns = 0  # loaded by the head's last program after its arrival
     q = a * scale
     part = head * (CHUNKS + 1) + chunk
     new_slot = cache + write_pos * (2 * D)
@@ -573,8 +574,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     results then vary in their last bits from run to run). ``fold_out``: no out phase; each head's last
     attend program adds that head's share of the out projection into sum 1 with float atomics (one
     barrier a layer fewer; the same caveat). ``prefetch_out`` (with ``fold_out``): every attend program
-    loads its head's W_o columns before the barrier, so the head's last program does not wait for
-    them after its arrival. ``sum_replicas``: each folded sum row is kept as that many rows, the
+    loads its head's W_o columns right after its q, k or v product, so that load overlaps its
+    attention work and the head's last program does not wait for them after its arrival. ``sum_replicas``: each folded sum row is kept as that many rows, the
     programs (or heads) adding into them in turn and the readers adding them up, so that fewer float
     atomics queue on one address. ``late_key_score`` (with ``fold_out``): the key program loads only
     W_k and the head's last program scores the new key, so no program holds two weight tiles (the
