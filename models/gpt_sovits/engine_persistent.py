@@ -580,7 +580,10 @@ class PersistentT2SEngine(TritonT2SEngine):
     atomics queue on one address. ``late_key_score`` (with ``fold_out``): the key program loads only
     W_k and the head's last program scores the new key, so no program holds two weight tiles (the
     kernel at 8 warps for sm_90a spills 324 bytes a thread with the key program's two tiles, none with
-    this, in 243 registers, by ptxas -v)."""
+    this, in 243 registers, by ptxas -v: scripts/t2s_persistent_registers.py). None of the three pays
+    on the H200 (500 FP16 tokens, one call, docs/results/h200_34_t2s_late_key_score.json): tokens/s
+    3,294 as the default, 3,334 with ``late_key_score``, 3,358 with 8 replicas, 2,925-3,064 with
+    ``prefetch_out``; so the spills are not what bounds the step, and all three stay off."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,

@@ -358,10 +358,13 @@ class BucketedEngine:
         """``compile_stages``: both stages through torch.compile, one compile per shape (module
         docstring); the first batch of a new shape pays it. ``conv_layout``: the frame stage's
         convolutions in that layout (models/conv_layout.py). "channels_last" removes the NCHW <-> NHWC
-        transposes cuDNN runs around each tensor-core convolution (15-19 % of the compiled batch-16
-        frame stage's kernel time on the H200) but measured no faster: the compiled AdaIN and Snake
-        passes, which reduce over time, then read channels-fastest tensors and take that time
-        (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_last_b16.json). NCW stays the default.
+        transposes cuDNN runs around each tensor-core convolution (438 kernels, 8.3 ms of the compiled
+        batch-16 pair at width (128, 64) on the H200). With the model's float64 statistics it measured
+        no faster: the compiled AdaIN and Snake passes, which reduce over time, then read channels-
+        fastest tensors and take that time (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_
+        last_b16.json). With float32 statistics and stacked projections it pays: frame stage 24.3
+        against 28.8 ms, RTF 0.000193 at batch 16 (docs/results/h200_34_kokoro_128_64.json), compiled.
+        NCW stays the default: the server runs this engine uncompiled, where the layout is untimed.
         ``compile_mode``: torch.compile's mode for both stages (None: its default); with
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
         the library's for each shape (minutes a shape; the engine captures its own graphs).
@@ -394,7 +397,9 @@ class BucketedEngine:
         token-rate BiLSTMs each run their two directions as one LSTM (``UnpaddedBiLstm``), halving
         their sequential steps, which on the H200 are most of that stage's time (2 x 290 cell steps a
         batch pair at batch 16, about 4 of its 4.7 ms; docs/results/h200_33_kokoro_kernels_*). The
-        same sums plus zeros."""
+        same sums plus zeros. Measured slower, so off: the text stage took 5.57 against 4.73 ms (the
+        doubled step product becomes a TF32 GEMM, and the reversal adds gathers; docs/results/
+        h200_34_kokoro_128_64.json)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
