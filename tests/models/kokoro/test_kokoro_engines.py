@@ -193,8 +193,10 @@ def test_cuda_graph_replay_equals_eager_buckets(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @torch.no_grad()
 @pytest.mark.parametrize("knobs", [{}, {"stacked_projections": False}, {"fold_dilation": True}, {"align_channels": 32},
-                                   {"statistics_dtype": torch.float32}, {"fused_text_lstms": True}],
-                         ids=["default", "unstacked", "folded", "aligned", "stats32", "fused_text_lstms"])
+                                   {"statistics_dtype": torch.float32}, {"fused_text_lstms": True},
+                                   {"conv_layout": "channels_last", "statistics_dtype": torch.float32}],
+                         ids=["default", "unstacked", "folded", "aligned", "stats32", "fused_text_lstms",
+                              "channels_last_stats32"])
 def test_compiled_graph_replay_equals_eager_buckets(knobs):
     """The compiled, graphed engine against the eager one with the same knobs (each A/B option runs
     through torch.compile and CUDA-graph capture)."""
