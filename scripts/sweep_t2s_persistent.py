@@ -27,12 +27,15 @@ import itertools
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 import triton
 
+from core.paths import REPO_ROOT
+from core.revision import provenance
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
 from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 from models.gpt_sovits.engine_triton import TritonT2SEngine
@@ -97,7 +100,8 @@ def main() -> None:
                          torch.randint(0, config.vocab_size - 1, (PROMPT_TOKENS,), generator=generator),
                          top_k=1, max_steps=TOKENS, eos_from_step=TOKENS)
     max_len = ((PHONES + PROMPT_TOKENS + TOKENS + 15) // 16) * 16
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "provenance": provenance(REPO_ROOT, sys.argv)}
 
     def engine(kind: type, dtype: torch.dtype, **knobs) -> T2SEngine:
         weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
@@ -108,8 +112,8 @@ def main() -> None:
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
     for asm, folds, programs, warps, prefetch, replicas, late in itertools.product(
             asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list, late_list):
-        if (prefetch or late) and "out" not in folds:
-            continue
+        if ((prefetch or late) and "out" not in folds) or (replicas > 1 and folds == "none"):
+            continue  # knobs of a folded phase that is not folded here
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}")
                 + ("_late_key_score" if late else ""))

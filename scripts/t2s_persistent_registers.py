@@ -8,7 +8,8 @@ Why: one program runs on each SM, so a thread may take up to 255 registers; what
 keeps live beyond that (the weight tiles each program loads before a grid barrier) goes to local
 memory, and each spilled value costs a store and a load on the step's critical path. The rows are
 the engine's knobs (engine_persistent.py) at the official v2 shapes (d 512, 16 heads, FFN 2048,
-vocabulary 1025, 24 layers), 132 programs, a 576-position cache.
+vocabulary 1025, 24 layers), 132 programs, the sweep's 560-position cache: the constexprs come from
+the engine itself (``kernel_constants``) and the alignment hints are those a launch gives.
 """
 from __future__ import annotations
 
@@ -19,29 +20,32 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from core.atomic_io import write_text_atomic
-from models.gpt_sovits.engine_persistent import DEFAULT_PROGRAMS, PERSISTENT, _t2s_step_kernel
+from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine, _t2s_step_kernel
+from models.gpt_sovits.engine_weights import MANIFEST_PATH, T2SWeights, random_state_dict
+from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 
-D, HEADS, HEAD_DIM, FFN, VOCAB, LAYERS, MAX_LEN, MAX_POSITION = 512, 16, 32, 2048, 1025, 24, 576, 4000
-INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr"}
-INT32_POINTERS = {"counter_ptr", "error_ptr", "arrivals_ptr"}
+MAX_LEN = 560  # scripts/sweep_t2s_persistent.py's cache: 30 phones + 30 prompt tokens + 500 tokens, rounded to 16
 FLOAT32_POINTERS = {"xin_ptr", "part_m_ptr", "part_s_ptr", "part_acc_ptr", "sum1_ptr", "normed1_ptr", "hidden_ptr",
                     "sum2_ptr", "logits_ptr", "q_ptr"}
-# (name, fold_ffn, fold_out, prefetch_out, sum_replicas, late_key_score, warps)
-ROWS = [("four_barriers", False, False, False, 1, False, 8), ("fold_ffn", True, False, False, 1, False, 8),
-        ("fold_ffn_out (default)", True, True, False, 1, False, 8),
-        ("fold_ffn_out_w16", True, True, False, 1, False, 16),
-        ("prefetch_out", True, True, True, 1, False, 8), ("replicas8", True, True, False, 8, False, 8),
-        ("late_key_score", True, True, False, 1, True, 8), ("late_key_score_prefetch_out", True, True, True, 1, True, 8),
-        ("late_key_score_replicas8", True, True, False, 8, True, 8)]
+INT32_POINTERS = {"counter_ptr", "error_ptr", "arrivals_ptr"}
+INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr"}
+INTEGERS = {"cache_layer_stride", "phase_layer"}
+# name -> the engine's knobs; every row on 132 programs (the default grid) and 8 warps unless named
+ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"fold_out": False},
+        "fold_ffn_out (default)": {}, "fold_ffn_out_w16": {"step_warps": 16}, "prefetch_out": {"prefetch_out": True},
+        "replicas8": {"sum_replicas": 8}, "late_key_score": {"late_key_score": True},
+        "late_key_score_prefetch_out": {"late_key_score": True, "prefetch_out": True},
+        "late_key_score_replicas8": {"late_key_score": True, "sum_replicas": 8}}
 
 
 def signature() -> dict[str, str]:
-    """Triton argument types of the kernel's runtime arguments (FP16 weights and cache)."""
+    """Triton argument types of the kernel's arguments (FP16 weights and cache)."""
     types = {}
     for param in _t2s_step_kernel.params:
         name = param.name
@@ -49,41 +53,42 @@ def signature() -> dict[str, str]:
             types[name] = "constexpr"
         elif name == "scale":
             types[name] = "fp32"
-        elif name in ("cache_layer_stride", "phase_layer"):
+        elif name in INTEGERS:
             types[name] = "i32"
-        elif name in INT64_POINTERS:
-            types[name] = "*i64"
-        elif name in INT32_POINTERS:
-            types[name] = "*i32"
-        elif name in FLOAT32_POINTERS:
-            types[name] = "*fp32"
         else:
-            types[name] = "*fp16"
+            types[name] = ("*fp32" if name in FLOAT32_POINTERS else "*i32" if name in INT32_POINTERS
+                           else "*i64" if name in INT64_POINTERS else "*fp16")
     return types
 
 
-def constants(fold_ffn: bool, fold_out: bool, prefetch_out: bool, replicas: int, late: bool) -> dict:
-    """The constexprs ``PersistentT2SEngine._launch`` passes for these knobs."""
-    chunks = DEFAULT_PROGRAMS // HEADS - 2
-    chunk_max = triton.cdiv(MAX_LEN, chunks)
+def aligned_arguments() -> dict:
+    """What a launch tells the compiler: every pointer (a fresh torch allocation or a whole stacked
+    tensor) and both integers (the cache's layer stride; layer 0 in the persistent kernel) are
+    multiples of 16, which lets it vectorize loads."""
+    return {(index,): [["tt.divisibility", 16]] for index, param in enumerate(_t2s_step_kernel.params)
+            if not param.is_constexpr and param.name != "scale"}
 
-    def tile(columns: int) -> int:
-        return triton.next_power_of_2(triton.cdiv(columns, DEFAULT_PROGRAMS))
 
-    sum1_replicas, sum2_replicas = (replicas if fold_out else 1), (replicas if fold_ffn else 1)
-    return dict(D=D, D_PAD=D, H=HEADS, H_PAD=HEADS, HD=HEAD_DIM, HD_PAD=HEAD_DIM, FFN=FFN, FFN_PAD=FFN, VOCAB=VOCAB,
-                LAYERS=LAYERS, PROGRAMS=DEFAULT_PROGRAMS, CHUNKS=chunks, PARTS_PAD=triton.next_power_of_2(chunks + 1),
-                CHUNK_MAX=chunk_max, BLOCK_L=min(128, triton.next_power_of_2(chunk_max)), MAX_LEN=MAX_LEN,
-                MAX_POSITION=MAX_POSITION, BN_OUT=tile(D), BN_FFN1=tile(FFN), BN_FFN2=tile(D), BN_VOCAB=tile(VOCAB),
-                FOLD_FFN=fold_ffn, PHASES=4 - fold_ffn - fold_out, SUM2_STRIDE=sum2_replicas * D if fold_ffn else 0,
-                EPS=1e-5, PHASE=PERSISTENT, ASM_BARRIER=True, FOLD_OUT=fold_out,
-                SUM1_STRIDE=sum1_replicas * D if fold_out else 0, PREFETCH_OUT=prefetch_out,
-                SUM1_REPLICAS=sum1_replicas, SUM2_REPLICAS=sum2_replicas, LATE_KEY_SCORE=late)
+def step_engine(state_dict: dict, config, **knobs) -> PersistentT2SEngine:
+    """The engine whose launch the compile reproduces, built on the CPU (``phased``: no GPU here)."""
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float16, "cpu")
+    return PersistentT2SEngine(weights, max_batch=1, max_len=MAX_LEN, length_buckets=[MAX_LEN], phased=True, **knobs)
+
+
+def compile_step(engine: PersistentT2SEngine, capability: int = 90):
+    """The persistent kernel as ``engine`` would launch it, compiled for ``capability``."""
+    source = ASTSource(_t2s_step_kernel, signature(), engine.kernel_constants(PERSISTENT), aligned_arguments())
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options={"num_warps": engine.step_warps})
+
+
+def bundled_ptxas() -> Path:
+    """The ptxas binary shipped inside the Triton wheel (it runs without a GPU)."""
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
 def ptxas_report(ptx: str, arch: str) -> dict:
     """Registers a thread and spill bytes, by the ptxas that Triton bundles."""
-    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    ptxas = bundled_ptxas()
     with tempfile.TemporaryDirectory() as work:
         source = Path(work) / "step.ptx"
         source.write_text(ptx)
@@ -103,13 +108,14 @@ def main() -> None:
     parser.add_argument("--capability", type=int, default=90, help="compute capability (90: H100 and H200)")
     args = parser.parse_args()
     arch = f"sm_{args.capability}a" if args.capability >= 90 else f"sm_{args.capability}"
-    report = {"what": "ptxas -v of the persistent T2S step kernel, FP16, official v2 shapes, 132 programs",
-              "triton": triton.__version__, "arch": arch, "rows": {}}
-    for name, fold_ffn, fold_out, prefetch_out, replicas, late, warps in ROWS:
-        source = ASTSource(_t2s_step_kernel, signature(), constants(fold_ffn, fold_out, prefetch_out, replicas, late))
-        kernel = triton.compile(source, target=GPUTarget("cuda", args.capability, 32), options={"num_warps": warps})
-        row = {"fold_ffn": fold_ffn, "fold_out": fold_out, "prefetch_out": prefetch_out, "sum_replicas": replicas,
-               "late_key_score": late, "warps": warps, **ptxas_report(kernel.asm["ptx"], arch)}
+    config = t2s_from_manifest(MANIFEST_PATH).config
+    state_dict = random_state_dict(config, seed=0)  # the values do not matter: only the shapes are compiled
+    report = {"what": "ptxas -v of the persistent T2S step kernel, FP16, official v2 shapes, as launched",
+              "triton": triton.__version__, "arch": arch, "max_len": MAX_LEN, "rows": {}}
+    for name, knobs in ROWS.items():
+        engine = step_engine(state_dict, config, **knobs)
+        row = {"knobs": knobs, "programs": engine.programs, "warps": engine.step_warps,
+               **ptxas_report(compile_step(engine, args.capability).asm["ptx"], arch)}
         report["rows"][name] = row
         print(name, row, flush=True)
     write_text_atomic(args.out, json.dumps(report, indent=1) + "\n")

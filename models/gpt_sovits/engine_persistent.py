@@ -186,10 +186,7 @@ def _attend_phase(
     a_ok = j_ok & (pid_rows < H * CHUNKS + 2 * H)
     w_a = tl.load(w_base + rows_a[:, None] * D + dim[None, :], mask=a_ok[:, None] & dim_ok[None, :], other=0.0)
     bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
-    if LATE_KEY_SCORE:
-        w_b = 0
-        bias_b = 0
-    else:
+    if not LATE_KEY_SCORE:
         b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
         w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
                       other=0.0)  # (HD_PAD, D_PAD)
@@ -216,7 +213,8 @@ def _attend_phase(
                      D, D_PAD, EPS, SUM2_REPLICAS)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
-    a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a  # (HD_PAD,): q, v for the value program (k)
+    # (HD_PAD,): q; v for the value program; k for the key program under LATE_KEY_SCORE
+    a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a
     if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
         # Issued here, when w_a is dead: its latency overlaps the program's attention work.
         has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
@@ -495,10 +493,11 @@ def _t2s_step_kernel(
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
     PHASES a layer: 4 - FOLD_FFN - FOLD_OUT. FOLD_FFN: one FFN phase, sum 2 a row per layer
-    (SUM2_STRIDE D) that the programs add into; else one sum 2 row, rewritten each layer (SUM2_STRIDE
-    0). FOLD_OUT: no out phase, sum 1 a row per layer (SUM1_STRIDE D) that the heads' last programs
-    add into; else one sum 1 row (SUM1_STRIDE 0). SUMn_REPLICAS: a folded sum's row is that many rows of
-    D that different programs add into (SUMn_STRIDE = SUMn_REPLICAS x D), summed where it is read."""
+    (SUM2_STRIDE = SUM2_REPLICAS x D) that the programs add into; else one sum 2 row, rewritten each
+    layer (SUM2_STRIDE 0). FOLD_OUT: no out phase, sum 1 a row per layer (SUM1_STRIDE = SUM1_REPLICAS
+    x D) that the heads' last programs add into; else one sum 1 row (SUM1_STRIDE 0). SUMn_REPLICAS: a
+    folded sum's row is that many rows of D that different programs add into, summed where it is
+    read (1 when unfolded)."""
     pid = tl.program_id(0)
     if PHASE == -1:
         for layer in range(LAYERS):
@@ -575,22 +574,25 @@ class PersistentT2SEngine(TritonT2SEngine):
     attend program adds that head's share of the out projection into sum 1 with float atomics (one
     barrier a layer fewer; the same caveat). ``prefetch_out`` (with ``fold_out``): every attend program
     loads its head's W_o columns right after its q, k or v product, so that load overlaps its
-    attention work and the head's last program does not wait for them after its arrival. ``sum_replicas``: each folded sum row is kept as that many rows, the
-    programs (or heads) adding into them in turn and the readers adding them up, so that fewer float
-    atomics queue on one address. ``late_key_score`` (with ``fold_out``): the key program loads only
-    W_k and the head's last program scores the new key, so no program holds two weight tiles (the
-    kernel at 8 warps for sm_90a spills 324 bytes a thread with the key program's two tiles, none with
-    this, in 243 registers, by ptxas -v: scripts/t2s_persistent_registers.py). None of the three pays
-    on the H200 (500 FP16 tokens, one call, docs/results/h200_34_t2s_late_key_score.json): tokens/s
-    3,294 as the default, 3,334 with ``late_key_score``, 3,358 with 8 replicas, 2,925-3,064 with
-    ``prefetch_out``; so the spills are not what bounds the step, and all three stay off."""
+    attention work and the head's last program does not wait for them after its arrival.
+    ``sum_replicas`` (with a fold): each folded sum row is kept as that many rows (sum 1 at most one a
+    head), the programs (or heads) adding into them in turn and the readers adding them up, so that
+    fewer float atomics queue on one address. ``late_key_score`` (with ``fold_out``): the key program
+    loads only W_k and the head's last program scores the new key, so no program holds two weight
+    tiles. None of the three pays on the H200 (500 FP16 tokens, one call, docs/results/
+    h200_34_t2s_late_key_score.json): tokens/s 3,294 as the default, 3,334 with ``late_key_score``,
+    3,358 with 8 replicas, 2,925-3,064 with ``prefetch_out``; all three stay off. They were tried for
+    register pressure, read from an offline compile without the launch's alignment hints; compiled as
+    launched, no 8-warp variant spills (scripts/t2s_persistent_registers.py)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
                  late_key_score: bool = False, **kwargs):
-        if sum_replicas < 1:
-            raise ValueError(f"sum_replicas {sum_replicas} must be >= 1")
+        if not isinstance(sum_replicas, int) or sum_replicas < 1:
+            raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
+        if sum_replicas > 1 and not (fold_ffn or fold_out):
+            raise ValueError("sum_replicas spreads the atomics of a folded phase: it needs fold_ffn or fold_out")
         if (prefetch_out or late_key_score) and not fold_out:
             raise ValueError("prefetch_out and late_key_score change the folded out phase: they need fold_out=True")
         super().__init__(weights, *args, **kwargs)
@@ -610,8 +612,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score = late_key_score
-        # Unfolded sums are written whole by one program per column: nothing to spread.
-        self.sum1_replicas = sum_replicas if fold_out else 1
+        # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
+        # adder a head, so more replicas than heads would stay zero.
+        self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
         self.sum2_replicas = sum_replicas if fold_ffn else 1
         self.chunks = programs // heads - 2
         self.step_block = attention_block
@@ -643,7 +646,8 @@ class PersistentT2SEngine(TritonT2SEngine):
         # partials add into.
         self._step_sum2 = scratch(config.num_layers, self.sum2_replicas * d) if fold_ffn else scratch(d)
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
-        self._step_q = scratch(heads, config.head_dim)  # late_key_score: each head's q, for its new key's score
+        # late_key_score: each head's q, for its new key's score (otherwise never written).
+        self._step_q = scratch(heads, config.head_dim) if late_key_score else scratch(1)
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -653,19 +657,13 @@ class PersistentT2SEngine(TritonT2SEngine):
         """Whether any barrier gave up waiting (a grid larger than what fits at once)."""
         return bool(self._barrier_error.item())
 
-    def _launch(self, phase: int, layer: int) -> None:
-        config, w, s = self.config, self.weights, self.stacked
+    def kernel_constants(self, phase: int) -> dict:
+        """The step kernel's compile-time arguments (its constexprs) for ``phase``: what ``_launch``
+        passes, and what scripts/t2s_persistent_registers.py compiles offline."""
+        config = self.config
         d, heads, head_dim, ffn = config.hidden_dim, config.num_heads, config.head_dim, config.ffn_dim
-        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
         chunk_max = triton.cdiv(self.max_len, self.chunks)
-        _t2s_step_kernel[(self.programs,)](
-            self._barrier, self._barrier_error, self.last_token, self.audio_pos, self.cache_len,
-            w.audio_embedding, w.audio_positions,
-            s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
-            s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"], s["norm2_bias"],
-            w.predict_weight, cache, cache.stride(0), self._step_xin, self._part_m, self._part_s, self._part_acc,
-            self._step_sum1, self._step_normed1, self._step_hidden, self._step_sum2, self._step_logits,
-            1.0 / math.sqrt(head_dim), layer,
+        return dict(
             D=d, D_PAD=triton.next_power_of_2(d), H=heads, H_PAD=triton.next_power_of_2(heads), HD=head_dim,
             HD_PAD=triton.next_power_of_2(head_dim), FFN=ffn, FFN_PAD=triton.next_power_of_2(ffn),
             VOCAB=config.vocab_size, LAYERS=config.num_layers, PROGRAMS=self.programs, CHUNKS=self.chunks,
@@ -676,10 +674,22 @@ class PersistentT2SEngine(TritonT2SEngine):
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
             FOLD_FFN=self.fold_ffn, PHASES=4 - self.fold_ffn - self.fold_out,
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
-            ASM_BARRIER=self.asm_barrier, arrivals_ptr=self._head_arrivals, FOLD_OUT=self.fold_out,
+            ASM_BARRIER=self.asm_barrier, FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
-            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, q_ptr=self._step_q,
-            LATE_KEY_SCORE=self.late_key_score, num_warps=self.step_warps,
+            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score)
+
+    def _launch(self, phase: int, layer: int) -> None:
+        w, s = self.weights, self.stacked
+        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
+        _t2s_step_kernel[(self.programs,)](
+            self._barrier, self._barrier_error, self.last_token, self.audio_pos, self.cache_len,
+            w.audio_embedding, w.audio_positions,
+            s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
+            s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"], s["norm2_bias"],
+            w.predict_weight, cache, cache.stride(0), self._step_xin, self._part_m, self._part_s, self._part_acc,
+            self._step_sum1, self._step_normed1, self._step_hidden, self._step_sum2, self._step_logits,
+            1.0 / math.sqrt(self.config.head_dim), layer, arrivals_ptr=self._head_arrivals, q_ptr=self._step_q,
+            num_warps=self.step_warps, **self.kernel_constants(phase),
         )
 
     @torch.no_grad()

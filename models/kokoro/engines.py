@@ -363,7 +363,8 @@ class BucketedEngine:
         no faster: the compiled AdaIN and Snake passes, which reduce over time, then read channels-
         fastest tensors and take that time (docs/results/h200_23_kernels_compiled_graphs_fp16_channels_
         last_b16.json). With float32 statistics and stacked projections it pays: frame stage 24.3
-        against 28.8 ms, RTF 0.000193 at batch 16 (docs/results/h200_34_kokoro_128_64.json), compiled.
+        against 28.8 ms and RTF 0.000193 at batch 16, compiled, with both BiLSTM knobs on as well
+        (docs/results/h200_34_kokoro_128_64.json).
         NCW stays the default: the server runs this engine uncompiled, where the layout is untimed.
         ``compile_mode``: torch.compile's mode for both stages (None: its default); with
         "max-autotune-no-cudagraphs" the compiler times its own convolution and matmul kernels against
@@ -397,9 +398,10 @@ class BucketedEngine:
         token-rate BiLSTMs each run their two directions as one LSTM (``UnpaddedBiLstm``), halving
         their sequential steps, which on the H200 are most of that stage's time (2 x 290 cell steps a
         batch pair at batch 16, about 4 of its 4.7 ms; docs/results/h200_33_kokoro_kernels_*). The
-        same sums plus zeros. Measured slower, so off: the text stage took 5.57 against 4.73 ms (the
-        doubled step product becomes a TF32 GEMM, and the reversal adds gathers; docs/results/
-        h200_34_kokoro_128_64.json)."""
+        same sums plus zeros. Measured slower, so off: with ``fused_bilstm`` too, the text stage took
+        5.57 against 4.73 ms (the doubled step product becomes a TF32 GEMM, and the reversal here is a
+        gather; docs/results/h200_34_kokoro_128_64.json). ``text_side_copy`` converts the frame-rate
+        BiLSTM of its copy as well, which the text stage never runs."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
