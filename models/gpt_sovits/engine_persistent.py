@@ -602,8 +602,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         sm_count = torch.cuda.get_device_properties(self.device).multi_processor_count if on_gpu else None
         if programs is None:
             programs = min(DEFAULT_PROGRAMS, sm_count or DEFAULT_PROGRAMS)
-        if programs < 3 * heads:
-            raise ValueError(f"programs {programs} must be >= 3 x {heads} heads (per head: a chunk, the new k, the new v)")
+        if programs < self.least_programs(heads):
+            raise ValueError(f"programs {programs} must be >= {self.least_programs(heads)} for {heads} heads "
+                             "(per head: a chunk, the new k, the new v)")
         if on_gpu and not phased and programs > sm_count:
             raise ValueError(f"programs {programs} exceed the {sm_count} SMs: the grid barrier needs all resident")
         self.programs = programs
@@ -652,6 +653,11 @@ class PersistentT2SEngine(TritonT2SEngine):
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    @staticmethod
+    def least_programs(heads: int) -> int:
+        """The smallest grid with a program for every role of every head: a chunk, the new k, the new v."""
+        return 3 * heads
 
     def barrier_timed_out(self) -> bool:
         """Whether any barrier gave up waiting (a grid larger than what fits at once)."""

@@ -74,7 +74,7 @@ def fastest_engine(weights: T2SWeights, max_rows: int, sync_every: int) -> T2SEn
     buckets = {"max_batch": max_rows, "max_len": CACHE_POSITIONS, "length_buckets": [CACHE_POSITIONS],
                "sync_every": sync_every}
     sm_count = torch.cuda.get_device_properties(weights.device).multi_processor_count
-    if sm_count >= 3 * weights.config.num_heads:  # the persistent step's least grid (engine_persistent.py)
+    if sm_count >= PersistentT2SEngine.least_programs(weights.config.num_heads):
         return PersistentT2SEngine(weights, **buckets)
     return TritonT2SEngine(weights, **buckets)
 

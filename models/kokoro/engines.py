@@ -195,13 +195,14 @@ class UnpaddedBiLstm(nn.Module):
 
 
 def text_side_copy(model: KokoroModel) -> KokoroModel:
-    """A copy of ``model`` whose bidirectional LSTMs are ``UnpaddedBiLstm``s, for the text stage
-    only (it runs them on whole items). The decoder, which that stage never runs, is shared with
-    ``model``, not copied."""
-    text_model = copy.deepcopy(model, memo={id(model.decoder): model.decoder})
+    """A copy of ``model`` whose token-rate bidirectional LSTMs are ``UnpaddedBiLstm``s, for the text
+    stage only (it runs them on whole items). What that stage never runs, the decoder and the
+    frame-rate BiLSTM, is shared with ``model``: neither copied nor converted."""
+    frame_rate_lstm = model.predictor.shared
+    text_model = copy.deepcopy(model, memo={id(model.decoder): model.decoder, id(frame_rate_lstm): frame_rate_lstm})
     for module in list(text_model.modules()):
         for name, child in list(module.named_children()):
-            if isinstance(child, nn.LSTM) and child.bidirectional:
+            if isinstance(child, nn.LSTM) and child.bidirectional and child is not frame_rate_lstm:
                 setattr(module, name, UnpaddedBiLstm(child))
     return text_model
 
@@ -400,8 +401,7 @@ class BucketedEngine:
         batch pair at batch 16, about 4 of its 4.7 ms; docs/results/h200_33_kokoro_kernels_*). The
         same sums plus zeros. Measured slower, so off: with ``fused_bilstm`` too, the text stage took
         5.57 against 4.73 ms (the doubled step product becomes a TF32 GEMM, and the reversal here is a
-        gather; docs/results/h200_34_kokoro_128_64.json). ``text_side_copy`` converts the frame-rate
-        BiLSTM of its copy as well, which the text stage never runs."""
+        gather; docs/results/h200_34_kokoro_128_64.json)."""
         self.device = next(model.parameters()).device
         if graphs and self.device.type != "cuda":
             raise ValueError(f"CUDA graphs need the model on a CUDA device, not {self.device}; pass graphs=False")
