@@ -8,7 +8,9 @@
 set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). ``PREFETCH`` (``0``, ``1``;
 default ``0``): the engine's ``prefetch_out``, only with the out phase folded. ``REPLICAS`` (default
 ``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
-with the out phase folded.
+with the out phase folded. ``KERNELS=1``: each persistent row also gets the GPU time per step of
+every kernel and memset in its step graph (torch.profiler over one whole decode), beside the
+step's period: what the step spends outside the persistent kernel.
 
     FOLDS=ffn+out PROGRAMS=132 PREFETCH=0,1 REPLICAS=1,8 LATE=0,1 PYTHONPATH=. \
         python scripts/sweep_t2s_persistent.py --out $OUT/t2s_prefetch.json
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import torch
 import triton
+from torch.profiler import ProfilerActivity, profile
 
 from core.paths import REPO_ROOT
 from core.revision import provenance
@@ -61,6 +64,20 @@ def decode_seconds(engine: T2SEngine, request: T2SRequest) -> tuple[float, torch
     return time.perf_counter() - start, engine.result(request_id).tokens
 
 
+def step_kernels(engine: T2SEngine, request: T2SRequest) -> dict:
+    """GPU microseconds per decode step of each kernel (and memset) over one whole decode, warm, and
+    their sum: what a step's period holds beside the gaps between them."""
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        decode_seconds(engine, request)
+        torch.cuda.synchronize()
+    steps = TOKENS - 1
+    per_step = {event.key[:100]: {"us_per_step": round(event.device_time_total / steps, 3),
+                                  "calls_per_step": round(event.count / steps, 3)}
+                for event in trace.key_averages() if event.device_time_total > 0}
+    ordered = dict(sorted(per_step.items(), key=lambda item: -item[1]["us_per_step"]))
+    return {"kernels": ordered, "device_us_per_step": round(sum(row["us_per_step"] for row in ordered.values()), 2)}
+
+
 def measure(engine: T2SEngine, request: T2SRequest, reference: torch.Tensor | None) -> tuple[dict, torch.Tensor]:
     engine.capture_graphs(greedy_modes=(True,))
     decode_seconds(engine, request)  # warm
@@ -75,6 +92,8 @@ def measure(engine: T2SEngine, request: T2SRequest, reference: torch.Tensor | No
         row["first_diff"] = None if bool(equal.all()) else int((~equal).nonzero()[0])
     if isinstance(engine, PersistentT2SEngine):
         row["barrier_timed_out"] = engine.barrier_timed_out()
+        if os.environ.get("KERNELS") == "1":
+            row.update(step_kernels(engine, request))
     return row, tokens
 
 

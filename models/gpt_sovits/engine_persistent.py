@@ -638,20 +638,26 @@ class PersistentT2SEngine(TritonT2SEngine):
             return torch.zeros(*shape, dtype=torch.float32, device=self.device)
 
         self._step_xin, self._step_normed1 = scratch(d), scratch(d)
-        # Folded out phase: one sum 1 row (of sum1_replicas x D) per layer and an arrival counter per
-        # (layer, head), zeroed before each step.
-        self._step_sum1 = scratch(config.num_layers, self.sum1_replicas * d) if fold_out else scratch(d)
-        self._head_arrivals = torch.zeros(config.num_layers if fold_out else 1, heads, dtype=torch.int32,
-                                          device=self.device)
-        # Folded FFN: one row (of sum2_replicas x D) per layer, zeroed before each step, that the programs'
-        # partials add into.
-        self._step_sum2 = scratch(config.num_layers, self.sum2_replicas * d) if fold_ffn else scratch(d)
+        # What every step starts from zero lives in one buffer, so a step's graph clears it with one
+        # memset instead of four (each a graph node with its own launch gap before the step kernel):
+        # folded out phase: one sum 1 row (of sum1_replicas x D) per layer and an arrival counter per
+        # (layer, head); folded FFN: one sum 2 row (of sum2_replicas x D) per layer that the programs'
+        # partials add into; the grid barrier's counter. Unfolded sums are rewritten whole each layer.
+        sum1_shape = (config.num_layers, self.sum1_replicas * d) if fold_out else (d,)
+        sum2_shape = (config.num_layers, self.sum2_replicas * d) if fold_ffn else (d,)
+        arrivals_shape = (config.num_layers if fold_out else 1, heads)
+        sizes = [math.prod(shape) for shape in (sum1_shape, sum2_shape, arrivals_shape, (1,))]
+        self._step_zeroed = torch.zeros(sum(sizes), dtype=torch.int32, device=self.device)
+        sum1, sum2, arrivals, barrier = torch.split(self._step_zeroed, sizes)
+        self._step_sum1 = sum1.view(torch.float32).view(sum1_shape)  # int32 and float32: the same 4 bytes
+        self._step_sum2 = sum2.view(torch.float32).view(sum2_shape)
+        self._head_arrivals = arrivals.view(arrivals_shape)
+        self._barrier = barrier
         self._step_hidden, self._step_logits = scratch(ffn), scratch(1, config.vocab_size)
         # late_key_score: each head's q, for its new key's score (otherwise never written).
         self._step_q = scratch(heads, config.head_dim) if late_key_score else scratch(1)
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
-        self._barrier = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     @staticmethod
@@ -703,11 +709,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         if batch != 1:
             super().decode_step(batch, cache_bucket, greedy)
             return
-        if self.fold_ffn:
-            self._step_sum2.zero_()
-        if self.fold_out:
-            self._step_sum1.zero_()
-            self._head_arrivals.zero_()
+        self._step_zeroed.zero_()  # the folded sums, the head arrivals and the barrier counter
         if self.phased:
             phases = ((PHASE_ATTEND,) + (() if self.fold_out else (PHASE_OUT,))
                       + ((PHASE_FFN,) if self.fold_ffn else (PHASE_FFN1, PHASE_FFN2)))
@@ -716,6 +718,5 @@ class PersistentT2SEngine(TritonT2SEngine):
                     self._launch(phase, layer)
             self._launch(PHASE_LOGITS, 0)
         else:
-            self._barrier.zero_()
             self._launch(PERSISTENT, 0)
         self._record(1, self._step_logits, greedy)
