@@ -8,7 +8,8 @@
 set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). ``PREFETCH`` (``0``, ``1``;
 default ``0``): the engine's ``prefetch_out``, only with the out phase folded. ``REPLICAS`` (default
 ``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
-with the out phase folded. ``KERNELS=1``: each persistent row also gets the GPU time per step of
+with the out phase folded. ``SPLIT`` (``0``, ``1``; default ``0``): its ``split_out``, only with the
+out phase folded and neither of the two before. ``KERNELS=1``: each persistent row also gets the GPU time per step of
 every kernel and memset in its step graph (torch.profiler over one whole decode), beside the
 step's period: what the step spends outside the persistent kernel.
 
@@ -108,6 +109,7 @@ def main() -> None:
     prefetch_list = [value == "1" for value in os.environ.get("PREFETCH", "0").split(",")]
     replicas_list = [int(value) for value in os.environ.get("REPLICAS", "1").split(",")]
     late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
+    split_list = [value == "1" for value in os.environ.get("SPLIT", "0").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
 
@@ -129,16 +131,18 @@ def main() -> None:
     result["eager_cuda_graphs_fp32"], reference32 = measure(engine(T2SEngine, torch.float32), request, None)
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
-    for asm, folds, programs, warps, prefetch, replicas, late in itertools.product(
-            asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list, late_list):
-        if ((prefetch or late) and "out" not in folds) or (replicas > 1 and folds == "none"):
+    for asm, folds, programs, warps, prefetch, replicas, late, split in itertools.product(
+            asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list, late_list, split_list):
+        if ((prefetch or late or split) and "out" not in folds) or (replicas > 1 and folds == "none"):
             continue  # knobs of a folded phase that is not folded here
+        if split and (prefetch or late):
+            continue  # split_out replaces both
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}")
-                + ("_late_key_score" if late else ""))
+                + ("_late_key_score" if late else "") + ("_split_out" if split else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
-                 "sum_replicas": replicas, "late_key_score": late}
+                 "sum_replicas": replicas, "late_key_score": late, "split_out": split}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
         args.out.write_text(json.dumps(result, indent=1))

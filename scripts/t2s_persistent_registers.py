@@ -41,7 +41,7 @@ ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"f
         "fold_ffn_out (default)": {}, "fold_ffn_out_w16": {"step_warps": 16}, "prefetch_out": {"prefetch_out": True},
         "replicas8": {"sum_replicas": 8}, "late_key_score": {"late_key_score": True},
         "late_key_score_prefetch_out": {"late_key_score": True, "prefetch_out": True},
-        "late_key_score_replicas8": {"late_key_score": True, "sum_replicas": 8}}
+        "late_key_score_replicas8": {"late_key_score": True, "sum_replicas": 8}, "split_out": {"split_out": True}}
 
 
 def signature() -> dict[str, str]:

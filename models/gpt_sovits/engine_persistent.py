@@ -70,7 +70,7 @@ from models.gpt_sovits.engine_weights import (
 # (docs/results/h200_33_t2s_folds.json). A GPU with fewer SMs takes one per SM.
 DEFAULT_PROGRAMS = 132
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
-PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PERSISTENT = 0, 1, 2, 3, 4, 5, -1
+PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT, PERSISTENT = 0, 1, 2, 3, 4, 5, 6, -1
 
 
 @triton.jit
@@ -154,13 +154,17 @@ def _attend_phase(
     MAX_POSITION: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr,
     ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr,
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
+    SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
     x D) rows, both zeroed before the step. PREFETCH_OUT: every program of a head loads the head's
     W_o columns as soon as its own projection is done, since any of them may be the one to use them. LATE_KEY_SCORE
     (with FOLD_OUT): the key program loads W_k rows only and writes k; chunk 0 of the head writes its
-    q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself."""
+    q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself. SPLIT_OUT (with
+    FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
+    the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
+    that is left to PHASE_HEAD_OUT's launch."""
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     j = tl.arange(0, HD_PAD)
@@ -168,11 +172,8 @@ def _attend_phase(
     # Roles: (head, chunk) programs attend a chunk of the cached positions; per head, a key program
     # makes the new token's k (and its score) and a value program its v: so no program holds more
     # than two weight tiles in registers.
-    is_chunk = pid < H * CHUNKS
-    is_key = (pid >= H * CHUNKS) & (pid < H * CHUNKS + H)
-    is_value = (pid >= H * CHUNKS + H) & (pid < H * CHUNKS + 2 * H)
-    head = tl.where(is_chunk, pid // CHUNKS, tl.where(is_key, pid - H * CHUNKS, pid - H * CHUNKS - H))
-    chunk = tl.where(is_chunk, pid % CHUNKS, CHUNKS)  # the new position's partial sits after the chunks
+    is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
+    chunk = tl.where(is_chunk, rank, CHUNKS)  # the new position's partial sits after the chunks
     # Prefetch before the barrier: W_q rows of the head (W_v rows for the value program), and W_k
     # rows for the key program. Row masks are vectors: a scalar condition and'ed into a block
     # mask trips Triton's interpreter.
@@ -205,6 +206,9 @@ def _attend_phase(
     first_kv_ok = first_ok[:, None] & j_ok[None, :]
     first_keys = tl.load(cache + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
     first_values = tl.load(cache + D + first_pos[:, None] * (2 * D) + j[None, :], mask=first_kv_ok, other=0.0)
+    if SPLIT_OUT:
+        out_rows_w, out_rows, out_rows_ok = _head_out_rows(out_w_ptr, layer, pid, head, rank, D, HD, HD_PAD, H, CHUNKS,
+                                                           OUT_ROWS, OUT_GROUPS)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
 
@@ -264,11 +268,88 @@ def _attend_phase(
         tl.store(part_m_ptr + part, best)
         tl.store(part_s_ptr + part, total)
         tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
-    if FOLD_OUT:
+    if SPLIT_OUT:
+        if SYNC:
+            if is_chunk | is_key | is_value:
+                # The head's counter as a barrier of its CHUNKS + 2 programs: the arrival releases this
+                # program's partial, the wait acquires the others'.
+                _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM)
+                _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
+                                   part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
+                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS)
+    elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                               PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE)
+
+
+@triton.jit
+def _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr,
+                         HD: tl.constexpr, HD_PAD: tl.constexpr):
+    """The head's attention output (HD_PAD,) from its CHUNKS + 1 softmax partials: ``best`` and
+    ``total`` (PARTS_PAD,) their maxima and weight sums, their weighted values read through L2."""
+    c = tl.arange(0, PARTS_PAD)
+    c_ok = c < CHUNKS + 1
+    part = head * (CHUNKS + 1) + c
+    j = tl.arange(0, HD_PAD)
+    factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
+    acc = tl.load(part_acc_ptr + part[:, None] * HD + j[None, :], mask=c_ok[:, None] & (j < HD)[None, :], other=0.0,
+                  cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
+    return tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)
+
+
+@triton.jit
+def _program_role(pid, H: tl.constexpr, CHUNKS: tl.constexpr):
+    """(is_chunk, is_key, is_value, head, rank) of a program in the attend phase: (head, chunk)
+    programs first, then a key and a value program per head; ``rank`` numbers a head's programs
+    (its chunks 0..CHUNKS-1, the key CHUNKS, the value CHUNKS + 1)."""
+    is_chunk = pid < H * CHUNKS
+    is_key = (pid >= H * CHUNKS) & (pid < H * CHUNKS + H)
+    is_value = (pid >= H * CHUNKS + H) & (pid < H * CHUNKS + 2 * H)
+    head = tl.where(is_chunk, pid // CHUNKS, tl.where(is_key, pid - H * CHUNKS, pid - H * CHUNKS - H))
+    rank = tl.where(is_chunk, pid % CHUNKS, tl.where(is_key, CHUNKS, CHUNKS + 1))
+    return is_chunk, is_key, is_value, head, rank
+
+
+@triton.jit
+def _head_out_rows(out_w_ptr, layer, pid, head, rank, D: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+                   H: tl.constexpr, CHUNKS: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr):
+    """(W_o[rows, head's HD columns] (OUT_ROWS, HD_PAD), rows (OUT_ROWS,), rows_ok): the rows of the
+    head's share of the out projection that its program of ``rank`` computes under SPLIT_OUT (ranks
+    from OUT_GROUPS on, and programs without a role, take none)."""
+    rows = rank * OUT_ROWS + tl.arange(0, OUT_ROWS)
+    owner = ((rows * 0 + pid) < H * CHUNKS + 2 * H) & ((rows * 0 + rank) < OUT_GROUPS)  # vectors, for the interpreter
+    rows_ok = (rows < D) & owner
+    j = tl.arange(0, HD_PAD)
+    w = tl.load(out_w_ptr + layer * (D * D) + rows[:, None] * D + (head * HD + j)[None, :],
+                mask=rows_ok[:, None] & (j < HD)[None, :], other=0.0)
+    return w, rows, rows_ok
+
+
+@triton.jit
+def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
+                       sum1_ptr, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+                       CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
+                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr):
+    """SPLIT_OUT, once every partial of the head is written: the program's rows of W_o[:, head] times
+    the head's attention, added into the layer's sum 1 row (the lead head adds those rows' bias and
+    layer input ``x`` (D_PAD,) too)."""
+    c = tl.arange(0, PARTS_PAD)
+    c_ok = c < CHUNKS + 1
+    part = head * (CHUNKS + 1) + c
+    best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
+    total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
+    attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
+    out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (OUT_ROWS,)
+    # x's entries at the rows: D_PAD = OUT_GROUPS x OUT_ROWS, one group a rank.
+    groups = tl.reshape(x, (OUT_GROUPS, OUT_ROWS))
+    x_rows = tl.sum(tl.where((tl.arange(0, OUT_GROUPS) == rank)[:, None], groups, 0.0), axis=0)  # (OUT_ROWS,)
+    lead = (rows * 0 + head) == 0
+    bias = tl.load(out_b_ptr + layer * D + rows, mask=rows_ok & lead, other=0.0).to(tl.float32)
+    out += tl.where(lead, bias + x_rows, 0.0)
+    row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
+    tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -315,10 +396,7 @@ def _fold_out_of_head(
         else:
             best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
             total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
-        factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
-        acc = tl.load(part_acc_ptr + part[:, None] * HD + j[None, :], mask=c_ok[:, None] & j_ok[None, :], other=0.0,
-                      cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
-        attention = tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)  # (HD_PAD,)
+        attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
         dim = tl.arange(0, D_PAD)
         dim_ok = dim < D
         if PREFETCH_OUT:
@@ -488,7 +566,7 @@ def _t2s_step_kernel(
     FOLD_FFN: tl.constexpr, PHASES: tl.constexpr, SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr,
     PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
-    LATE_KEY_SCORE: tl.constexpr,
+    LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -510,7 +588,8 @@ def _t2s_step_kernel(
                           qkv_b_ptr, cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
-                          PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE)
+                          PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
+                          OUT_GROUPS)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
@@ -536,7 +615,18 @@ def _t2s_step_kernel(
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
-                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE)
+                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS)
+    elif PHASE == 6:
+        # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
+        is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
+        if is_chunk | is_key | is_value:
+            w, rows, rows_ok = _head_out_rows(out_w_ptr, phase_layer, pid, head, rank, D, HD, HD_PAD, H, CHUNKS,
+                                              OUT_ROWS, OUT_GROUPS)
+            dim = tl.arange(0, D_PAD)
+            x = tl.load(xin_ptr + dim, mask=dim < D, other=0.0)
+            _add_head_out_rows(head, rank, phase_layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr,
+                               part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
+                               OUT_ROWS, OUT_GROUPS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
@@ -583,18 +673,25 @@ class PersistentT2SEngine(TritonT2SEngine):
     h200_34_t2s_late_key_score.json): tokens/s 3,294 as the default, 3,334 with ``late_key_score``,
     3,358 with 8 replicas, 2,925-3,064 with ``prefetch_out``; all three stay off. They were tried for
     register pressure, read from an offline compile without the launch's alignment hints; compiled as
-    launched, no 8-warp variant spills (scripts/t2s_persistent_registers.py)."""
+    launched, no 8-warp variant spills (scripts/t2s_persistent_registers.py). ``split_out`` (with
+    ``fold_out``, instead of the two above): every program of a head loads a few rows of the head's W_o
+    columns before the step's barrier, waits at the head's counter for the head's last partial, and adds
+    its rows of the head's out projection into sum 1, so no W_o load waits behind the last arrival."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
-                 late_key_score: bool = False, **kwargs):
+                 late_key_score: bool = False, split_out: bool = False, **kwargs):
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
             raise ValueError("sum_replicas spreads the atomics of a folded phase: it needs fold_ffn or fold_out")
-        if (prefetch_out or late_key_score) and not fold_out:
-            raise ValueError("prefetch_out and late_key_score change the folded out phase: they need fold_out=True")
+        if (prefetch_out or late_key_score or split_out) and not fold_out:
+            raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
+                             "fold_out=True")
+        if split_out and (prefetch_out or late_key_score):
+            raise ValueError("split_out shares each head's out projection among its programs: it replaces "
+                             "prefetch_out and late_key_score, which change the head's last program")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -612,7 +709,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.phased = phased
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
-        self.late_key_score = late_key_score
+        self.late_key_score, self.split_out = late_key_score, split_out
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -675,6 +772,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         config = self.config
         d, heads, head_dim, ffn = config.hidden_dim, config.num_heads, config.head_dim, config.ffn_dim
         chunk_max = triton.cdiv(self.max_len, self.chunks)
+        # split_out: the W_o rows of a head go to its first programs, a power of two of them (at most
+        # its CHUNKS + 2), D_PAD / that many rows each.
+        out_groups = min(1 << ((self.chunks + 2).bit_length() - 1), triton.next_power_of_2(d))
         return dict(
             D=d, D_PAD=triton.next_power_of_2(d), H=heads, H_PAD=triton.next_power_of_2(heads), HD=head_dim,
             HD_PAD=triton.next_power_of_2(head_dim), FFN=ffn, FFN_PAD=triton.next_power_of_2(ffn),
@@ -688,7 +788,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=self.asm_barrier, FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
-            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score)
+            SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
+            SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
@@ -711,7 +812,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             return
         self._step_zeroed.zero_()  # the folded sums, the head arrivals and the barrier counter
         if self.phased:
-            phases = ((PHASE_ATTEND,) + (() if self.fold_out else (PHASE_OUT,))
+            phases = ((PHASE_ATTEND,) + ((PHASE_HEAD_OUT,) if self.split_out else ())
+                      + (() if self.fold_out else (PHASE_OUT,))
                       + ((PHASE_FFN,) if self.fold_ffn else (PHASE_FFN1, PHASE_FFN2)))
             for layer in range(self.config.num_layers):
                 for phase in phases:

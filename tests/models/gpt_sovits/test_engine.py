@@ -711,6 +711,44 @@ def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain
         assert bool((sums[-1].view(replicas, config.hidden_dim).abs().amax(dim=1) > 0).all())
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("programs_per_head,sum_replicas", [(4, 1), (5, 3)])
+def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas):
+    """The folded step with each head's out projection shared among the head's programs (each adds
+    its rows of W_o times the head's attention) against the plain folded step, where the head's last
+    program adds all of them: the same request, six steps, each step's logits equal up to float32
+    summation order; both take the same tokens. Five programs a head: three chunks and the key and
+    value programs, of which the first four hold rows and the value program none."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=11), torch.float32, device)
+    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
+                                          programs=programs_per_head * config.num_heads, phased=device == "cpu",
+                                          sum_replicas=sum_replicas, **knobs)
+                      for knobs in ({"split_out": True}, {}))
+    assert variant.kernel_constants(-1)["OUT_GROUPS"] == 4
+    request = other_shape_requests(config, 1)[0]
+    for engine in (variant, plain):
+        engine.prefill([0], [request])
+    assert_same_steps([variant, plain], 64)
+
+
+def test_split_out_refuses_the_knobs_it_replaces():
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
+
+    for knobs, message in (({"fold_out": False}, "need fold_out=True"), ({"prefetch_out": True}, "replaces"),
+                           ({"late_key_score": True}, "replaces")):
+        with pytest.raises(ValueError, match=message):
+            PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
+                                phased=True, split_out=True, **knobs)
+
+
 def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     """ptxas (bundled with Triton, no GPU needed) on the persistent step kernel for sm_90a, with the
     official v2 shapes, the engine's own constexprs and a launch's alignment hints: the default folded
