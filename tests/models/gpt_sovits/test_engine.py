@@ -752,7 +752,8 @@ def test_split_out_refuses_the_knobs_it_replaces():
 def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     """ptxas (bundled with Triton, no GPU needed) on the persistent step kernel for sm_90a, with the
     official v2 shapes, the engine's own constexprs and a launch's alignment hints: the default folded
-    kernel and the one with ``late_key_score`` fit one thread's 255 registers without spilling. A
+    kernel and the ones with ``late_key_score`` and ``split_out`` fit one thread's 255 registers without
+    spilling; the split kernel compiles its in-kernel head barrier, which the interpreter never runs. A
     weight tile added across a barrier that does not fit fails here, before a GPU times it."""
     pytest.importorskip("triton")
     from scripts.t2s_persistent_registers import bundled_ptxas, compile_step, ptxas_report, step_engine
@@ -761,7 +762,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
         pytest.skip("this Triton wheel bundles no ptxas")
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
-    for knobs in ({}, {"late_key_score": True}):
+    for knobs in ({}, {"late_key_score": True}, {"split_out": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
