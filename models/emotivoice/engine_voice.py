@@ -20,6 +20,12 @@ from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
+# The served engine runs a batch's frame stage in length groups of at least 16 rows (so up to 4 at
+# batch 64, one below 32): side by side in one call on an H100 (compiled FP16 graphs), batch 64 ran
+# at 1,481 sentences/s in four groups against 1,287 in one run (docs/results/h100_35_emotivoice_
+# groups4.json); on the H200, groups of 8 rows lost to groups of 16 (1,537 against 1,664,
+# h200_33_emotivoice_groups48.json). Two groups at batch 32 are untimed.
+SERVED_FRAME_GROUPS, SERVED_MIN_GROUP_ROWS = 4, 16
 
 
 class EngineVoice(VoiceOnEngine):
@@ -50,5 +56,6 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
         raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
                          "(it has no AOTInductor packages)")
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
-                            compile_frames=backend == "compile")
+                            compile_frames=backend == "compile", frame_groups=SERVED_FRAME_GROUPS,
+                            min_group_rows=SERVED_MIN_GROUP_ROWS)
     return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

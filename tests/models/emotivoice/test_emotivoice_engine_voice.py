@@ -54,3 +54,19 @@ def test_the_family_hook_builds_it_and_refuses_what_it_cannot_run(voice):
         bucketed_engine(voice, "aoti", False, "/tmp/packages", ())
     with pytest.raises(ValueError, match="fixed when the engine is built"):
         served.replace_part("vocoder", voice.generator.generator)
+
+
+def test_the_served_engine_cuts_large_batches_into_length_groups_row_for_row(voice):
+    """The server's engine runs batches of 64 in four length groups, 32 in two, smaller ones in one
+    run; 32 mixed-length rows (two groups here, eager buckets) come out as the one-run engine's."""
+    served, _, _ = bucketed_engine(voice, "eager", False, None, ())
+    assert [served.engine._groups(rows) for rows in (1, 16, 31, 32, 64, 128)] == [1, 1, 1, 2, 4, 4]
+    one_run = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
+    texts = ["Hello there.", "The train leaves at nine tonight.", "Yes.", "A much longer sentence than the rest."]
+    utterances = [utterance for text in texts for utterance in voice.text_to_utterances(text)]
+    request = SynthesisRequest.from_utterances(utterances * 8)  # 32 rows of four lengths
+    expected, out = one_run.synthesize(request), served.synthesize(request)
+    assert len(set(out.audio_lengths.tolist())) == 4
+    assert torch.equal(out.audio_lengths, expected.audio_lengths)
+    for row, samples in enumerate(out.audio_lengths.tolist()):
+        torch.testing.assert_close(out.audio[row, :samples], expected.audio[row, :samples], rtol=1e-4, atol=1e-5)
