@@ -9,9 +9,9 @@ set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). ``PRE
 default ``0``): the engine's ``prefetch_out``, only with the out phase folded. ``REPLICAS`` (default
 ``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
 with the out phase folded. ``SPLIT`` (``0``, ``1``; default ``0``): its ``split_out``, only with the
-out phase folded and neither of the two before. ``KERNELS=1``: each persistent row also gets the GPU time per step of
-every kernel and memset in its step graph (torch.profiler over one whole decode), beside the
-step's period: what the step spends outside the persistent kernel.
+out phase folded and neither of the two before. ``KERNELS=1``: each persistent row also gets the GPU
+time per token of every kernel and memset of one whole decode (torch.profiler), beside the time a
+token takes: what the step spends outside the persistent kernel.
 
     FOLDS=ffn+out PROGRAMS=132 PREFETCH=0,1 REPLICAS=1,8 LATE=0,1 PYTHONPATH=. \
         python scripts/sweep_t2s_persistent.py --out $OUT/t2s_prefetch.json
@@ -66,8 +66,9 @@ def decode_seconds(engine: T2SEngine, request: T2SRequest) -> tuple[float, torch
 
 
 def step_kernels(engine: T2SEngine, request: T2SRequest) -> dict:
-    """GPU microseconds per decode step of each kernel (and memset) over one whole decode, warm, and
-    their sum: what a step's period holds beside the gaps between them."""
+    """GPU microseconds per token of each kernel (and memset) over one whole decode, warm, and their
+    sum: what a token's time holds beside the gaps between them. Steps run in groups of the
+    engine's ``sync_every``, so a decode launches a few more steps than it keeps tokens."""
     with profile(activities=[ProfilerActivity.CUDA]) as trace:
         decode_seconds(engine, request)
         torch.cuda.synchronize()

@@ -70,7 +70,8 @@ from models.gpt_sovits.engine_weights import (
 # (docs/results/h200_33_t2s_folds.json). A GPU with fewer SMs takes one per SM.
 DEFAULT_PROGRAMS = 132
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
-PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT, PERSISTENT = 0, 1, 2, 3, 4, 5, 6, -1
+PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT = 0, 1, 2, 3, 4, 5, 6
+PERSISTENT = -1
 
 
 @triton.jit
