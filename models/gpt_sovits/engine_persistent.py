@@ -273,7 +273,8 @@ def _attend_phase(
         if SYNC:
             if is_chunk | is_key | is_value:
                 # The head's counter as a barrier of its CHUNKS + 2 programs: the arrival releases this
-                # program's partial, the wait acquires the others'.
+                # program's partial, the wait acquires the others'. The target is a tensor, as the
+                # barrier's inline PTX takes one.
                 _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
@@ -283,6 +284,19 @@ def _attend_phase(
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                               PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE)
+
+
+@triton.jit
+def _head_partial_scores(head, part_m_ptr, part_s_ptr, PARTS: tl.constexpr, CHUNKS: tl.constexpr,
+                         PARTS_PAD: tl.constexpr):
+    """(maxima, weight sums) (PARTS_PAD,) of the head's first PARTS softmax partials, read through L2;
+    the rest read as an empty partial (-inf, 0)."""
+    c = tl.arange(0, PARTS_PAD)
+    ok = c < PARTS
+    part = head * (CHUNKS + 1) + c
+    best = tl.load(part_m_ptr + part, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    total = tl.load(part_s_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
+    return best, total
 
 
 @triton.jit
@@ -336,11 +350,7 @@ def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m
     """SPLIT_OUT, once every partial of the head is written: the program's rows of W_o[:, head] times
     the head's attention, added into the layer's sum 1 row (the lead head adds those rows' bias and
     layer input ``x`` (D_PAD,) too)."""
-    c = tl.arange(0, PARTS_PAD)
-    c_ok = c < CHUNKS + 1
-    part = head * (CHUNKS + 1) + c
-    best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
-    total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
+    best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
     attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
     out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (OUT_ROWS,)
     # x's entries at the rows: D_PAD = OUT_GROUPS x OUT_ROWS, one group a rank.
@@ -380,23 +390,19 @@ def _fold_out_of_head(
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
         tl.debug_barrier()  # the acquire before any thread reads the other programs' partials
-        c = tl.arange(0, PARTS_PAD)
-        c_ok = c < CHUNKS + 1
-        part = head * (CHUNKS + 1) + c  # (PARTS_PAD,)
         j = tl.arange(0, HD_PAD)
         j_ok = j < HD
         if LATE_KEY_SCORE:
-            chunk_ok = c < CHUNKS  # the new position's slot (c == CHUNKS) is filled here
-            best = tl.load(part_m_ptr + part, mask=chunk_ok, other=float("-inf"), cache_modifier=".cg")
-            total = tl.load(part_s_ptr + part, mask=chunk_ok, other=0.0, cache_modifier=".cg")
+            # The new position's slot (c == CHUNKS) is filled here.
+            best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS, CHUNKS, PARTS_PAD)
+            c = tl.arange(0, PARTS_PAD)
             q = tl.load(q_ptr + head * HD + j, mask=j_ok, other=0.0, cache_modifier=".cg")
             k = tl.load(new_slot + j, mask=j_ok, other=0.0, cache_modifier=".cg").to(tl.float32)
             new_score = tl.sum(tl.where(j_ok, q * k, 0.0), axis=0)
             best = tl.where(c == CHUNKS, new_score, best)
             total = tl.where(c == CHUNKS, 1.0, total)
         else:
-            best = tl.load(part_m_ptr + part, mask=c_ok, other=float("-inf"), cache_modifier=".cg")
-            total = tl.load(part_s_ptr + part, mask=c_ok, other=0.0, cache_modifier=".cg")
+            best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
         attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
         dim = tl.arange(0, D_PAD)
         dim_ok = dim < D

@@ -720,7 +720,7 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
     summation order; both take the same tokens. Five programs a head: three chunks and the key and
     value programs, of which the first four hold rows and the value program none."""
     _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
 
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=11), torch.float32, device)
@@ -728,7 +728,7 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
                                           programs=programs_per_head * config.num_heads, phased=device == "cpu",
                                           sum_replicas=sum_replicas, **knobs)
                       for knobs in ({"split_out": True}, {}))
-    assert variant.kernel_constants(-1)["OUT_GROUPS"] == 4
+    assert variant.kernel_constants(PERSISTENT)["OUT_GROUPS"] == 4
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
