@@ -311,6 +311,7 @@ class EngineSpec(NamedTuple):
     pinned_output: bool = True
     fold_dilation: bool = False
     frame_groups: int = 1
+    min_group_rows: int = 1
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -414,6 +415,15 @@ def end_to_end(args, report: dict) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 
+def group_spec(text: str) -> tuple[int, int]:
+    """``--grouped-engine``'s "GROUPS" or "GROUPS:ROWS" as (frame_groups, min_group_rows)."""
+    groups, _, rows = text.partition(":")
+    try:
+        return int(groups), int(rows or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: GROUPS or GROUPS:ROWS, both integers") from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", default="components", choices=("components", "end-to-end", "profile"),
@@ -435,9 +445,10 @@ def main() -> None:
                         "compiled (CUDA only; a compile per frame bucket)")
     parser.add_argument("--pageable-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its audio read back into pageable host memory (the engines' default is pinned)")
-    parser.add_argument("--grouped-engine", type=int, nargs="+", default=[], metavar="GROUPS",
+    parser.add_argument("--grouped-engine", type=group_spec, nargs="+", default=[], metavar="GROUPS[:ROWS]",
                         help="with --compiled-engine: also that engine with each batch's frame stage in this many "
-                             "length groups (one engine per number given)")
+                             "length groups, of at least ROWS rows each where given (fewer groups then; one engine "
+                             "per spec)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -454,7 +465,7 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
-    if any(groups < 2 for groups in args.grouped_engine):
+    if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine) \
             and not args.compiled_engine:
@@ -518,9 +529,10 @@ def main() -> None:
             if args.pageable_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
                                        pinned_output=False)]
-            for groups in args.grouped_engine:
-                engines += [EngineSpec(f"engine_graphs_fp16_compiled_groups{groups}", True, half, compile_frames=True,
-                                       frame_groups=groups)]
+            for groups, rows in args.grouped_engine:
+                name = f"engine_graphs_fp16_compiled_groups{groups}" + (f"_rows{rows}" if rows > 1 else "")
+                engines += [EngineSpec(name, True, half, compile_frames=True, frame_groups=groups,
+                                       min_group_rows=rows)]
             if args.folded_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_folded", True, half, compile_frames=True,
                                        fold_dilation=True)]

@@ -11,7 +11,10 @@ default ``0``): the engine's ``prefetch_out``, only with the out phase folded. `
 with the out phase folded. ``SPLIT`` (``0``, ``1``; default ``0``): its ``split_out``, only with the
 out phase folded and neither of the two before. ``KERNELS=1``: each persistent row also gets the GPU
 time per token of every kernel and memset of one whole decode (torch.profiler), beside the time a
-token takes: what the step spends outside the persistent kernel.
+token takes: what the step spends outside the persistent kernel. ``TIMELINE=1``: each persistent row
+is measured once more with the kernel stamping its barriers and attend work
+(``timeline=True``), and the decode's last step is summarized per phase
+(models/gpt_sovits/step_timeline.py); the stamps go beside ``--out`` as ``<stem>_stamps.json``.
 
     FOLDS=ffn+out PROGRAMS=132 PREFETCH=0,1 REPLICAS=1,8 LATE=0,1 PYTHONPATH=. \
         python scripts/sweep_t2s_persistent.py --out $OUT/t2s_prefetch.json
@@ -48,6 +51,7 @@ from models.gpt_sovits.engine_weights import (
     T2SWeights,
     random_state_dict,
 )
+from models.gpt_sovits.step_timeline import StepLayout, summarize
 from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 
 PHONES, PROMPT_TOKENS, TOKENS, REPEATS = 30, 30, 500, 5
@@ -125,6 +129,9 @@ def main() -> None:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "provenance": provenance(REPO_ROOT, sys.argv)}
 
+    raw: dict[str, list] = {}  # TIMELINE: each row's stamps, ns after its first
+    stamps_path = args.out.with_name(f"{args.out.stem}_stamps.json")
+
     def engine(kind: type, dtype: torch.dtype, **knobs) -> T2SEngine:
         weights = T2SWeights.from_state_dict(config, state_dict, dtype, "cuda")
         return kind(weights, max_batch=1, max_len=max_len, length_buckets=[max_len], **knobs)
@@ -146,6 +153,16 @@ def main() -> None:
                  "sum_replicas": replicas, "late_key_score": late, "split_out": split}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
+        if os.environ.get("TIMELINE") == "1":
+            timed = engine(PersistentT2SEngine, torch.float16, timeline=True, **knobs)
+            row, _ = measure(timed, request, reference16)
+            stamps = timed.step_timeline().numpy()  # the decode's last step
+            layout = StepLayout(timed.config.num_layers, timed.phase_names, timed.programs)
+            row["timeline"] = summarize(stamps, layout, timed.program_roles())
+            result[f"{name}_timeline"] = row
+            raw[name] = (stamps - stamps.min()).tolist()
+            stamps_path.write_text(json.dumps(raw))
+            print(f"{name}_timeline", json.dumps(row["timeline"]["phases"]), flush=True)
         args.out.write_text(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 

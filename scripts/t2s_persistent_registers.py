@@ -34,7 +34,7 @@ MAX_LEN = 560  # scripts/sweep_t2s_persistent.py's cache: 30 phones + 30 prompt 
 FLOAT32_POINTERS = {"xin_ptr", "part_m_ptr", "part_s_ptr", "part_acc_ptr", "sum1_ptr", "normed1_ptr", "hidden_ptr",
                     "sum2_ptr", "logits_ptr", "q_ptr"}
 INT32_POINTERS = {"counter_ptr", "error_ptr", "arrivals_ptr"}
-INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr"}
+INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr", "timeline_ptr"}
 INTEGERS = {"cache_layer_stride", "phase_layer"}
 # name -> the engine's knobs; every row on 132 programs (the default grid) and 8 warps unless named
 ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"fold_out": False},

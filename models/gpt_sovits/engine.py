@@ -223,6 +223,7 @@ class T2SEngine:
         self._slot_greedy = [True] * slots
         self._slot_reference_free = [False] * slots
         self._host_len = [0] * slots
+        self._host_steps_left = [0] * slots  # decode steps before a slot's request reaches its max_steps
         self._waiting: collections.deque[tuple[int, T2SRequest]] = collections.deque()
         self._results: dict[int, T2SResult] = {}
         self._request_ids = itertools.count()
@@ -510,6 +511,7 @@ class T2SEngine:
             self._slot_request[slot] = request_id
             self._slot_greedy[slot] = request.top_k == 1
             self._slot_reference_free[slot] = request.prompt_tokens is None
+            self._host_steps_left[slot] = request.max_steps - 1  # the prefill makes the first token
             self._host_len[slot] = request.phoneme_ids.shape[0] + (
                 0 if request.prompt_tokens is None else request.prompt_tokens.shape[0]
             )
@@ -518,10 +520,14 @@ class T2SEngine:
             self.prefill([slot for slot, _ in group], [request for _, request in group])
 
     def advance(self, num_steps: int) -> None:
-        """Run ``num_steps`` decode steps over the occupied slots with no host synchronisation."""
+        """Run ``num_steps`` decode steps over the occupied slots with no host synchronisation, fewer
+        when every occupied request reaches its ``max_steps`` sooner: steps after that would only be
+        thrown away (a 500-token request in steps of 16 ran 13 of them)."""
         occupied = self.occupied_slots()
         if not occupied:
             return
+        # At least one, so a caller looping until it reads the stop flags never loops on empty calls.
+        num_steps = max(1, min(num_steps, max(self._host_steps_left[slot] for slot in occupied)))
         batch = next(size for size in self.batch_buckets if size > occupied[-1])
         greedy = all(self._slot_greedy[slot] for slot in occupied)
         for _ in range(num_steps):
@@ -536,6 +542,7 @@ class T2SEngine:
                 self.decode_step(batch, bucket, greedy)
             for slot in occupied:
                 self._host_len[slot] += 1
+                self._host_steps_left[slot] -= 1
 
     def collect(self) -> list[int]:
         """Read the stop flags (one host sync), free the slots of stopped requests, return their ids."""

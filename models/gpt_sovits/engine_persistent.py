@@ -65,6 +65,7 @@ from models.gpt_sovits.engine_weights import (
     POSITION_TABLE_LEN,
     T2SWeights,
 )
+from models.gpt_sovits.step_timeline import StepLayout
 
 # One program per SM of an H200 or H100 SXM: with both folds 3,361 tokens/s against 3,263 on 128
 # (docs/results/h200_33_t2s_folds.json). A GPU with fewer SMs takes one per SM.
@@ -75,9 +76,14 @@ PERSISTENT = -1
 
 
 @triton.jit
-def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr):
-    """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op)."""
+def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, timeline_ptr,
+                  TIMELINE: tl.constexpr):
+    """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op). TIMELINE:
+    stamp the arrival and the release of grid barrier n = target / programs as events 2(n - 1) and
+    2(n - 1) + 1 (``_stamp``)."""
     if SYNC:
+        barrier = target // tl.num_programs(0)
+        _stamp(timeline_ptr, 2 * (barrier - 1), TIMELINE)
         tl.debug_barrier()  # the whole program's stores before its arrival
         if ASM:
             # Thread 0 alone: a fire-and-forget release add, then acquire loads until the count is
@@ -116,6 +122,18 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
         if seen < target:
             tl.atomic_max(error_ptr, 1)
         tl.debug_barrier()
+        _stamp(timeline_ptr, 2 * (barrier - 1) + 1, TIMELINE)
+
+
+@triton.jit
+def _stamp(timeline_ptr, event, TIMELINE: tl.constexpr):
+    """TIMELINE: the GPU's global nanosecond clock, now, into ``timeline_ptr`` (events, programs) at
+    (event, this program); otherwise nothing. A store, so it joins what the next release waits for."""
+    if TIMELINE:
+        pid = tl.program_id(0)
+        now = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False,
+                                        pack=1)
+        tl.store(timeline_ptr + event * tl.num_programs(0) + pid, now)
 
 
 @triton.jit
@@ -156,6 +174,7 @@ def _attend_phase(
     ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr,
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
+    timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -211,7 +230,7 @@ def _attend_phase(
         out_rows_w, out_rows, out_rows_ok = _head_out_rows(out_w_ptr, layer, pid, head, rank, D, HD, HD_PAD, H, CHUNKS,
                                                            OUT_ROWS, OUT_GROUPS)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     previous_sum2 = sum2_ptr + tl.maximum(layer - 1, 0) * SUM2_STRIDE
     x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, previous_sum2, norm2_w_ptr, norm2_b_ptr,
@@ -269,13 +288,15 @@ def _attend_phase(
         tl.store(part_m_ptr + part, best)
         tl.store(part_s_ptr + part, total)
         tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
+    _stamp(layer_stamps_ptr, 2 * layer, TIMELINE)  # the program's partial written
     if SPLIT_OUT:
         if SYNC:
             if is_chunk | is_key | is_value:
                 # The head's counter as a barrier of its CHUNKS + 2 programs: the arrival releases this
                 # program's partial, the wait acquires the others'. The target is a tensor, as the
                 # barrier's inline PTX takes one.
-                _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM)
+                _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM,
+                              timeline_ptr, False)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
                                    SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS)
@@ -284,6 +305,7 @@ def _attend_phase(
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                               PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE)
+    _stamp(layer_stamps_ptr, 2 * layer + 1, TIMELINE)  # and the head's out projection, where it was the last
 
 
 @triton.jit
@@ -425,6 +447,7 @@ def _out_phase(
     part_acc_ptr, sum1_ptr,
     D: tl.constexpr, H: tl.constexpr, H_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, BN: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < D
@@ -438,7 +461,7 @@ def _out_phase(
                 mask=w_ok, other=0.0)
     bias = tl.load(out_b_ptr + layer * D + col, mask=col_ok, other=0.0).to(tl.float32)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     c = tl.arange(0, PARTS_PAD)
     part_ok = h_ok[:, None] & (c < CHUNKS + 1)[None, :]
@@ -464,6 +487,7 @@ def _ffn1_phase(
     normed1_ptr, hidden_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < FFN
@@ -473,7 +497,7 @@ def _ffn1_phase(
                 mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # (BN, D_PAD)
     bias = tl.load(ffn1_b_ptr + layer * FFN + col, mask=col_ok, other=0.0).to(tl.float32)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
@@ -488,6 +512,7 @@ def _ffn2_phase(
     pid, layer, counter_ptr, error_ptr, target, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr, sum2_ptr,
     D: tl.constexpr, FFN: tl.constexpr, FFN_PAD: tl.constexpr, BN: tl.constexpr, SYNC: tl.constexpr,
     ASM: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < D
@@ -497,7 +522,7 @@ def _ffn2_phase(
                 mask=col_ok[:, None] & k_ok[None, :], other=0.0)  # (BN, FFN_PAD)
     bias = tl.load(ffn2_b_ptr + layer * D + col, mask=col_ok, other=0.0).to(tl.float32)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     hidden = tl.load(hidden_ptr + k, mask=k_ok, other=0.0, cache_modifier=".cg")
     out = tl.sum(w.to(tl.float32) * hidden[None, :], axis=1) + bias
@@ -511,6 +536,7 @@ def _ffn_phase(
     norm1_b_ptr, sum1_ptr, sum2_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
     added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
@@ -528,7 +554,7 @@ def _ffn_phase(
     lead = (dim * 0 + pid) == 0  # (D_PAD,): a vector, as the interpreter needs in a mask
     b2 = tl.load(ffn2_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)  # (D_PAD,)
@@ -544,6 +570,7 @@ def _logits_phase(
     pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
     SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < VOCAB
@@ -551,7 +578,7 @@ def _logits_phase(
     dim_ok = dim < D
     w = tl.load(predict_w_ptr + col[:, None] * D + dim[None, :], mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
 
-    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM)
+    _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE, dim, dim_ok, D, SUM2_REPLICAS)
     x = row_layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
@@ -574,6 +601,7 @@ def _t2s_step_kernel(
     PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -585,6 +613,9 @@ def _t2s_step_kernel(
     read (1 when unfolded)."""
     pid = tl.program_id(0)
     if PHASE == -1:
+        # TIMELINE: (events, PROGRAMS) stamps (step_timeline.py reads them): each grid barrier's arrival and
+        # release, then each layer's two attend stamps, then the end of the step.
+        layer_stamps = timeline_ptr + 2 * (LAYERS * PHASES + 1) * PROGRAMS
         for layer in range(LAYERS):
             # Barrier n (1-based) waits for n x PROGRAMS arrivals; every phase has one (at layer 0's
             # attend phase it costs a microsecond and keeps the count uniform).
@@ -596,33 +627,36 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
                            part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                           BN_OUT, True, ASM_BARRIER)
+                           BN_OUT, True, ASM_BARRIER, timeline_ptr, TIMELINE)
                 ffn_barrier = first + 2
             if FOLD_FFN:
                 _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
-                           BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS)
+                           BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
-                            EPS, True, ASM_BARRIER, SUM1_REPLICAS)
+                            EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE)
                 _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
-                            hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER)
+                            hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER, timeline_ptr,
+                            TIMELINE)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
-                      EPS, True, ASM_BARRIER, SUM2_REPLICAS)
+                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE)
+        _stamp(layer_stamps, 2 * LAYERS, TIMELINE)  # the step's end
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
                       cache_ptr, cache_layer_stride, xin_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, scale,
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
-                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS)
+                      PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
+                      timeline_ptr, timeline_ptr, False)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -636,21 +670,23 @@ def _t2s_step_kernel(
                                OUT_ROWS, OUT_GROUPS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
-                   part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False)
+                   part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
+                   timeline_ptr, False)
     elif PHASE == 2:
         _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
                     sum1_ptr + phase_layer * SUM1_STRIDE, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                    False, False, SUM1_REPLICAS)
+                    False, False, SUM1_REPLICAS, timeline_ptr, False)
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
-                    sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False)
+                    sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False, timeline_ptr, False)
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
                    norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
-                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS)
+                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
-                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS)
+                      D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS, timeline_ptr,
+                      False)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -688,7 +724,7 @@ class PersistentT2SEngine(TritonT2SEngine):
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
-                 late_key_score: bool = False, split_out: bool = False, **kwargs):
+                 late_key_score: bool = False, split_out: bool = False, timeline: bool = False, **kwargs):
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
@@ -763,11 +799,35 @@ class PersistentT2SEngine(TritonT2SEngine):
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # timeline: every step's kernel overwrites its stamps (step_timeline.py's layout); a placeholder otherwise.
+        stamps = StepLayout(config.num_layers, self.phase_names, programs).events if timeline else 1
+        self._timeline = torch.zeros((stamps, programs if timeline else 1), dtype=torch.int64, device=self.device)
+        self.timeline = timeline
 
     @staticmethod
     def least_programs(heads: int) -> int:
         """The smallest grid with a program for every role of every head: a chunk, the new k, the new v."""
         return 3 * heads
+
+    @property
+    def phase_names(self) -> tuple[str, ...]:
+        """A layer's phases, each opened by a grid barrier: attend, out (unless folded), one FFN phase or two."""
+        return ("attend",) + (() if self.fold_out else ("out",)) + (("ffn",) if self.fold_ffn else ("ffn1", "ffn2"))
+
+    def program_roles(self) -> list[str]:
+        """Each program's role in the attend phase (``_program_role``): chunk, key, value or idle."""
+        heads = self.config.num_heads
+        return [("chunk" if pid < heads * self.chunks else "key" if pid < heads * (self.chunks + 1)
+                 else "value" if pid < heads * (self.chunks + 2) else "idle") for pid in range(self.programs)]
+
+    def step_timeline(self) -> torch.Tensor:
+        """(events, programs) int64 on the host: the last persistent step's stamps, in nanoseconds of the
+        GPU's global timer (``timeline=True`` only; layout in models/gpt_sovits/step_timeline.py)."""
+        if not self.timeline:
+            raise RuntimeError("step_timeline needs an engine built with timeline=True")
+        if self.phased:
+            raise RuntimeError("a phased engine launches no persistent kernel, so nothing stamps the timeline")
+        return self._timeline.cpu()
 
     def barrier_timed_out(self) -> bool:
         """Whether any barrier gave up waiting (a grid larger than what fits at once)."""
@@ -791,12 +851,13 @@ class PersistentT2SEngine(TritonT2SEngine):
             MAX_POSITION=POSITION_TABLE_LEN,
             BN_OUT=_tile_width(d, self.programs), BN_FFN1=_tile_width(ffn, self.programs),
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
-            FOLD_FFN=self.fold_ffn, PHASES=4 - self.fold_ffn - self.fold_out,
+            FOLD_FFN=self.fold_ffn, PHASES=len(self.phase_names),
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=self.asm_barrier, FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
-            SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups)
+            SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
+            TIMELINE=self.timeline and phase == PERSISTENT)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
@@ -809,6 +870,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             w.predict_weight, cache, cache.stride(0), self._step_xin, self._part_m, self._part_s, self._part_acc,
             self._step_sum1, self._step_normed1, self._step_hidden, self._step_sum2, self._step_logits,
             1.0 / math.sqrt(self.config.head_dim), layer, arrivals_ptr=self._head_arrivals, q_ptr=self._step_q,
+            timeline_ptr=self._timeline,
             num_warps=self.step_warps, **self.kernel_constants(phase),
         )
 

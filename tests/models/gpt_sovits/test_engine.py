@@ -188,6 +188,30 @@ def test_continuous_batching_gives_each_request_its_tokens_alone():
     assert not engine.has_work()
 
 
+def test_a_decode_runs_no_step_past_the_max_steps_of_every_running_request():
+    """advance(16) with requests of 5 and 7 tokens runs 6 steps (the prefill made each one's first
+    token), and the tokens are those of a decode that reads its stop flags every step."""
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float64, "cpu")
+    generator = torch.Generator().manual_seed(5)
+    requests = [T2SRequest(torch.randint(0, config.phoneme_vocab_size, (6,), generator=generator),
+                           torch.randn(config.bert_feature_dim, 6, generator=generator), None, max_steps=tokens,
+                           eos_from_step=tokens) for tokens in (5, 7)]
+    stepwise = T2SEngine(weights, max_batch=2, max_len=64, sync_every=1).generate(requests)
+    engine = T2SEngine(weights, max_batch=2, max_len=64, sync_every=16)
+    for request in requests:
+        engine.submit(request)
+    engine.admit()
+    cache_len = engine.cache_len[:2].clone()
+    engine.advance(16)
+    assert (engine.cache_len[:2] - cache_len).tolist() == [6, 6]
+    engine.collect()
+    results = [engine.result(request_id) for request_id in (0, 1)]
+    assert [len(result.tokens) for result in results] == [5, 7]
+    assert all(torch.equal(one.tokens, other.tokens) for one, other in zip(results, stepwise))
+    assert not engine.has_work()
+
+
 def test_sampling_is_reproducible_with_a_seed_and_top_k_1_is_greedy():
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3, logit_std=1.0), torch.float32, "cpu")
@@ -439,6 +463,33 @@ def test_persistent_step_in_cuda_graphs_gives_the_official_tokens(fixture_model,
         result = engine.generate([request])[0]
         assert torch.equal(result.tokens, expected), name
         assert result.official_idx == idx, name
+    assert not engine.barrier_timed_out()
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_fixtures
+def test_a_stamped_persistent_step_keeps_the_official_tokens_and_times_every_phase(fixture_model):
+    """``timeline=True``: the stamps change no token, and the last step's table reads back as one row
+    per grid barrier whose spans add up to no more than the step."""
+    pytest.importorskip("triton")
+    from models.gpt_sovits.engine_persistent import (
+        PersistentT2SEngine,  # Triton is a GPU-machine-only package
+    )
+    from models.gpt_sovits.step_timeline import StepLayout, summarize
+
+    config, state_dict, cases = fixture_model
+    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
+    engine = PersistentT2SEngine(weights, max_batch=1, max_len=256, length_buckets=[256], sync_every=5,
+                                 programs=3 * config.num_heads, timeline=True)
+    engine.capture_graphs(greedy_modes=(True,))
+    for name, (request, expected, _) in fixture_requests(cases).items():
+        assert torch.equal(engine.generate([request])[0].tokens, expected), name
+    layout = StepLayout(config.num_layers, engine.phase_names, engine.programs)
+    summary = summarize(engine.step_timeline().numpy(), layout, engine.program_roles())
+    assert len(summary["rows"]) == layout.barriers
+    assert all(row["span_ns"] >= 0 and row["release_ns"] >= 0 for row in summary["rows"])
+    assert 0 < sum(row["span_ns"] for row in summary["rows"]) <= summary["step_ns"] < 10_000_000
     assert not engine.barrier_timed_out()
 
 
@@ -752,8 +803,9 @@ def test_split_out_refuses_the_knobs_it_replaces():
 def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     """ptxas (bundled with Triton, no GPU needed) on the persistent step kernel for sm_90a, with the
     official v2 shapes, the engine's own constexprs and a launch's alignment hints: the default folded
-    kernel and the ones with ``late_key_score`` and ``split_out`` fit one thread's 255 registers without
-    spilling; the split kernel compiles its in-kernel head barrier, which the interpreter never runs. A
+    kernel and the ones with ``late_key_score``, ``split_out`` and ``timeline`` fit one thread's 255 registers
+    without spilling; the split kernel compiles its in-kernel head barrier and the stamped one its timer reads,
+    which the interpreter never runs. A
     weight tile added across a barrier that does not fit fails here, before a GPU times it."""
     pytest.importorskip("triton")
     from scripts.t2s_persistent_registers import bundled_ptxas, compile_step, ptxas_report, step_engine
@@ -762,7 +814,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
         pytest.skip("this Triton wheel bundles no ptxas")
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
-    for knobs in ({}, {"late_key_score": True}, {"split_out": True}):
+    for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
