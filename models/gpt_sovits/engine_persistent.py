@@ -78,14 +78,42 @@ PERSISTENT = -1
 @triton.jit
 def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, timeline_ptr,
                   TIMELINE: tl.constexpr):
-    """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op). TIMELINE:
-    stamp the arrival and the release of grid barrier n = target / programs as events 2(n - 1) and
-    2(n - 1) + 1 (``_stamp``)."""
+    """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op). ASM: 0
+    Triton atomics, 1 inline PTX polling with acquire loads, 2 inline PTX polling with relaxed loads
+    and one acquire fence once the count is seen. TIMELINE: stamp the arrival and the release of grid
+    barrier n = target / programs as events 2(n - 1) and 2(n - 1) + 1 (``_stamp``)."""
     if SYNC:
         barrier = target // tl.num_programs(0)
         _stamp(timeline_ptr, 2 * (barrier - 1), TIMELINE)
         tl.debug_barrier()  # the whole program's stores before its arrival
-        if ASM:
+        if ASM == 2:
+            # As below, but the polls are relaxed loads and one fence gives the acquire, so no poll
+            # carries the acquire's cost.
+            seen = tl.inline_asm_elementwise(
+                """
+                {
+                .reg .pred p_lead, p_wait, p_give;
+                .reg .u32 t, n;
+                mov.u32 $0, $2;
+                mov.u32 t, %tid.x;
+                setp.eq.u32 p_lead, t, 0;
+                @!p_lead bra.uni DONE;
+                red.release.gpu.global.add.u32 [$1], 1;
+                mov.u32 n, 0;
+                WAIT:
+                ld.relaxed.gpu.global.u32 $0, [$1];
+                add.u32 n, n, 1;
+                setp.ge.u32 p_give, n, $3;
+                @p_give bra.uni DONE;
+                setp.lt.u32 p_wait, $0, $2;
+                @p_wait bra.uni WAIT;
+                fence.acq_rel.gpu;
+                DONE:
+                }
+                """,
+                "=r,l,r,r", [counter_ptr, target.to(tl.int32), tl.full((), SPIN_LIMIT, tl.int32)],
+                dtype=tl.int32, is_pure=False, pack=1)
+        elif ASM:
             # Thread 0 alone: a fire-and-forget release add, then acquire loads until the count is
             # reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
             seen = tl.inline_asm_elementwise(
@@ -174,7 +202,7 @@ def _attend_phase(
     ASM: tl.constexpr, FOLD_OUT: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr,
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
-    timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr,
+    timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -205,12 +233,13 @@ def _attend_phase(
     else:
         rows_a = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,)
     a_ok = j_ok & (pid_rows < H * CHUNKS + 2 * H)
-    w_a = tl.load(w_base + rows_a[:, None] * D + dim[None, :], mask=a_ok[:, None] & dim_ok[None, :], other=0.0)
+    w_a = tl.load(w_base + rows_a[:, None] * D + dim[None, :], mask=a_ok[:, None] & dim_ok[None, :], other=0.0,
+                  eviction_policy=STREAM_EVICT)
     bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
     if not LATE_KEY_SCORE:
         b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
         w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
-                      other=0.0)  # (HD_PAD, D_PAD)
+                      other=0.0, eviction_policy=STREAM_EVICT)  # (HD_PAD, D_PAD)
         bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
     token = tl.load(last_token_ptr)
     position = tl.minimum(tl.load(audio_pos_ptr), MAX_POSITION - 1)
@@ -242,7 +271,7 @@ def _attend_phase(
     if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
         # Issued here, when w_a is dead: its latency overlaps the program's attention work.
         has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
-        out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD)
+        out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
     else:
         out_columns = 0  # loaded by the head's last program after its arrival
     q = a * scale
@@ -304,7 +333,7 @@ def _attend_phase(
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
-                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE)
+                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT)
     _stamp(layer_stamps_ptr, 2 * layer + 1, TIMELINE)  # and the head's out projection, where it was the last
 
 
@@ -387,12 +416,13 @@ def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m
 
 @triton.jit
 def _head_out_columns(out_w_ptr, layer, head, rows_ok, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr,
-                      HD_PAD: tl.constexpr):
-    """W_o[:, head's HD columns] of the layer, (D_PAD, HD_PAD); rows where ``rows_ok`` is False read 0."""
+                      HD_PAD: tl.constexpr, EVICT: tl.constexpr):
+    """W_o[:, head's HD columns] of the layer, (D_PAD, HD_PAD); rows where ``rows_ok`` is False read 0.
+    EVICT: the load's L2 eviction policy ("" the default)."""
     dim = tl.arange(0, D_PAD)
     j = tl.arange(0, HD_PAD)
     return tl.load(out_w_ptr + layer * (D * D) + dim[:, None] * D + (head * HD + j)[None, :],
-                   mask=rows_ok[:, None] & (j < HD)[None, :], other=0.0)
+                   mask=rows_ok[:, None] & (j < HD)[None, :], other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -401,7 +431,7 @@ def _fold_out_of_head(
     q_ptr, new_slot,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-    LATE_KEY_SCORE: tl.constexpr,
+    LATE_KEY_SCORE: tl.constexpr, OUT_EVICT: tl.constexpr,
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
     the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
@@ -431,7 +461,7 @@ def _fold_out_of_head(
         if PREFETCH_OUT:
             w = out_columns
         else:
-            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD)  # (D_PAD, HD_PAD)
+            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
         out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
         lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
         bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
@@ -536,7 +566,7 @@ def _ffn_phase(
     norm1_b_ptr, sum1_ptr, sum2_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr,
 ):
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
     added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
@@ -546,10 +576,12 @@ def _ffn_phase(
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     w_ok = unit_ok[:, None] & dim_ok[None, :]
-    w1 = tl.load(ffn1_w_ptr + layer * (FFN * D) + unit[:, None] * D + dim[None, :], mask=w_ok, other=0.0)  # (BN, D_PAD)
+    w1 = tl.load(ffn1_w_ptr + layer * (FFN * D) + unit[:, None] * D + dim[None, :], mask=w_ok, other=0.0,
+                 eviction_policy=STREAM_EVICT)  # (BN, D_PAD)
     b1 = tl.load(ffn1_b_ptr + layer * FFN + unit, mask=unit_ok, other=0.0).to(tl.float32)
     # W_2 is (D, FFN): the program's columns, as (BN, D_PAD).
-    w2 = tl.load(ffn2_w_ptr + layer * (D * FFN) + dim[None, :] * FFN + unit[:, None], mask=w_ok, other=0.0)
+    w2 = tl.load(ffn2_w_ptr + layer * (D * FFN) + dim[None, :] * FFN + unit[:, None], mask=w_ok, other=0.0,
+                 eviction_policy=STREAM_EVICT)
     # Program 0 adds the bias and the residual once.
     lead = (dim * 0 + pid) == 0  # (D_PAD,): a vector, as the interpreter needs in a mask
     b2 = tl.load(ffn2_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
@@ -570,13 +602,14 @@ def _logits_phase(
     pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
     SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr,
 ):
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < VOCAB
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
-    w = tl.load(predict_w_ptr + col[:, None] * D + dim[None, :], mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+    w = tl.load(predict_w_ptr + col[:, None] * D + dim[None, :], mask=col_ok[:, None] & dim_ok[None, :], other=0.0,
+                eviction_policy=STREAM_EVICT)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
@@ -601,7 +634,7 @@ def _t2s_step_kernel(
     PHASE: tl.constexpr, ASM_BARRIER: tl.constexpr, arrivals_ptr, FOLD_OUT: tl.constexpr, SUM1_STRIDE: tl.constexpr,
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -627,7 +660,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
@@ -637,17 +670,18 @@ def _t2s_step_kernel(
             if FOLD_FFN:
                 _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
-                           BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE)
+                           BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE,
+                           STREAM_EVICT)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
                             EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE)
                 _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
-                            hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER, timeline_ptr,
-                            TIMELINE)
+                            hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER,
+                            timeline_ptr, TIMELINE)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
-                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE)
+                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT)
         _stamp(layer_stamps, 2 * LAYERS, TIMELINE)  # the step's end
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
@@ -656,7 +690,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -682,11 +716,11 @@ def _t2s_step_kernel(
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
                    norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
-                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False)
+                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False, STREAM_EVICT)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
                       D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS, timeline_ptr,
-                      False)
+                      False, STREAM_EVICT)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -724,7 +758,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
-                 late_key_score: bool = False, split_out: bool = False, timeline: bool = False, **kwargs):
+                 late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
+                 relaxed_polls: bool = False, out_in_l2: bool = False, **kwargs):
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
@@ -732,6 +767,10 @@ class PersistentT2SEngine(TritonT2SEngine):
         if (prefetch_out or late_key_score or split_out) and not fold_out:
             raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
                              "fold_out=True")
+        if relaxed_polls and not asm_barrier:
+            raise ValueError("relaxed_polls changes the inline-PTX barrier: it needs asm_barrier=True")
+        if out_in_l2 and not fold_out:
+            raise ValueError("out_in_l2 keeps the folded out projection's W_o in L2: it needs fold_out=True")
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
@@ -753,6 +792,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
+        self.relaxed_polls, self.out_in_l2 = relaxed_polls, out_in_l2
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -853,11 +893,12 @@ class PersistentT2SEngine(TritonT2SEngine):
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
             FOLD_FFN=self.fold_ffn, PHASES=len(self.phase_names),
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
-            ASM_BARRIER=self.asm_barrier, FOLD_OUT=self.fold_out,
+            ASM_BARRIER=2 if self.relaxed_polls else int(self.asm_barrier), FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
-            TIMELINE=self.timeline and phase == PERSISTENT)
+            TIMELINE=self.timeline and phase == PERSISTENT,
+            STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "")
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
