@@ -154,6 +154,57 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
 
 
 @triton.jit
+def _prefetch_lines(pointers, ok, fallback):
+    """Ask L2 for the 128-byte lines at ``pointers`` where ``ok`` (elsewhere the line of the valid
+    pointer ``fallback``): no register waits for them, so a tile asked for a phase early is an L2 hit
+    when its program loads it before the next barrier."""
+    safe = tl.where(ok, pointers, fallback)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [safe], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_attend_tile(pid, layer, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D: tl.constexpr,
+                          H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, CHUNKS: tl.constexpr,
+                          BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr):
+    """L2 lines of what ``_attend_phase`` of ``layer`` loads before its barrier: the program's W_qkv
+    rows (both tiles of a key program) and its chunk's first block of cached keys and values."""
+    is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
+    j = tl.arange(0, HD_PAD)
+    line = tl.arange(0, D // 64) * 64  # fp16 elements a 128-byte line apart
+    has_role = (j * 0 + pid) < H * CHUNKS + 2 * H
+    w_base = qkv_w_ptr + layer * (3 * D * D)
+    rows = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,): W_q rows, or W_v rows for the value program
+    ok = (has_role & (j < HD))[:, None] & (line >= 0)[None, :]
+    _prefetch_lines(w_base + rows[:, None] * D + line[None, :], ok, w_base)
+    key_ok = ((j * 0 + pid) >= H * CHUNKS) & ((j * 0 + pid) < H * CHUNKS + H) & (j < HD)
+    _prefetch_lines(w_base + (D + head * HD + j)[:, None] * D + line[None, :], key_ok[:, None] & (line >= 0)[None, :],
+                    w_base)
+    write_pos = tl.minimum(tl.load(cache_len_ptr), MAX_LEN - 1)
+    span = tl.cdiv(write_pos, CHUNKS)
+    lo = rank * span
+    position = lo + tl.arange(0, BLOCK_L)
+    position_ok = (position < tl.minimum(lo + span, write_pos)) & ((position * 0 + pid) < H * CHUNKS)
+    cache = cache_ptr + layer * cache_layer_stride + head * HD
+    _prefetch_lines(cache + position * (2 * D), position_ok, cache)  # the keys' 64 bytes a position
+    _prefetch_lines(cache + D + position * (2 * D), position_ok, cache)  # and the values'
+
+
+@triton.jit
+def _prefetch_ffn_tile(pid, layer, ffn1_w_ptr, ffn2_w_ptr, D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr,
+                       BN: tl.constexpr):
+    """L2 lines of the program's W_1 rows and W_2 columns in ``_ffn_phase`` of ``layer``."""
+    unit = pid * BN + tl.arange(0, BN)
+    line = tl.arange(0, D_PAD // 64) * 64
+    w1 = ffn1_w_ptr + layer * (FFN * D)
+    _prefetch_lines(w1 + unit[:, None] * D + line[None, :], (unit < FFN)[:, None] & (line < D)[None, :], w1)
+    dim = tl.arange(0, D_PAD)
+    w2 = ffn2_w_ptr + layer * (D * FFN)
+    first_unit = dim * 0 + pid * BN  # (D_PAD,): the program's W_2 columns start a 32-byte run in each row
+    _prefetch_lines(w2 + dim * FFN + first_unit, (dim < D) & (first_unit < FFN), w2)
+
+
+@triton.jit
 def _stamp(timeline_ptr, event, TIMELINE: tl.constexpr):
     """TIMELINE: the GPU's global nanosecond clock, now, into ``timeline_ptr`` (events, programs) at
     (event, this program); otherwise nothing. A store, so it joins what the next release waits for."""
@@ -635,6 +686,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
+    PREFETCH_L2: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -649,6 +701,8 @@ def _t2s_step_kernel(
         # TIMELINE: (events, PROGRAMS) stamps (step_timeline.py reads them): each grid barrier's arrival and
         # release, then each layer's two attend stamps, then the end of the step.
         layer_stamps = timeline_ptr + 2 * (LAYERS * PHASES + 1) * PROGRAMS
+        if PREFETCH_L2:
+            _prefetch_ffn_tile(pid, 0, ffn1_w_ptr, ffn2_w_ptr, D, D_PAD, FFN, BN_FFN1)
         for layer in range(LAYERS):
             # Barrier n (1-based) waits for n x PROGRAMS arrivals; every phase has one (at layer 0's
             # attend phase it costs a microsecond and keeps the count uniform).
@@ -661,6 +715,10 @@ def _t2s_step_kernel(
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
                           OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT)
+            if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
+                if layer + 1 < LAYERS:
+                    _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
+                                          H, HD, HD_PAD, CHUNKS, BLOCK_L, MAX_LEN)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,
@@ -672,6 +730,9 @@ def _t2s_step_kernel(
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
                            BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE,
                            STREAM_EVICT)
+                if PREFETCH_L2:
+                    if layer + 1 < LAYERS:
+                        _prefetch_ffn_tile(pid, layer + 1, ffn1_w_ptr, ffn2_w_ptr, D, D_PAD, FFN, BN_FFN1)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
@@ -759,7 +820,7 @@ class PersistentT2SEngine(TritonT2SEngine):
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
-                 relaxed_polls: bool = False, out_in_l2: bool = False, **kwargs):
+                 relaxed_polls: bool = False, out_in_l2: bool = False, prefetch_l2: bool = False, **kwargs):
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
@@ -769,6 +830,9 @@ class PersistentT2SEngine(TritonT2SEngine):
                              "fold_out=True")
         if relaxed_polls and not asm_barrier:
             raise ValueError("relaxed_polls changes the inline-PTX barrier: it needs asm_barrier=True")
+        if prefetch_l2 and not (fold_out and fold_ffn):
+            raise ValueError("prefetch_l2 asks L2 for the attend and FFN tiles a phase early: it needs fold_ffn=True "
+                             "and fold_out=True")
         if out_in_l2 and not fold_out:
             raise ValueError("out_in_l2 keeps the folded out projection's W_o in L2: it needs fold_out=True")
         if split_out and (prefetch_out or late_key_score):
@@ -792,7 +856,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
-        self.relaxed_polls, self.out_in_l2 = relaxed_polls, out_in_l2
+        self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -898,7 +962,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
-            STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "")
+            STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
+            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
