@@ -75,6 +75,38 @@ PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_
 PERSISTENT = -1
 
 
+def _barrier_ptx(poll: str, after: str) -> str:
+    """Thread 0's arrival and wait at a grid barrier as inline PTX: ``$1`` the counter, ``$2`` the
+    target, ``$3`` the poll limit, ``$0`` the count last seen. ``poll``: the load instruction that
+    polls; ``after``: what runs once the count is reached."""
+    return f"""
+    {{
+    .reg .pred p_lead, p_wait, p_give;
+    .reg .u32 t, n;
+    mov.u32 $0, $2;
+    mov.u32 t, %tid.x;
+    setp.eq.u32 p_lead, t, 0;
+    @!p_lead bra.uni DONE;
+    red.release.gpu.global.add.u32 [$1], 1;
+    mov.u32 n, 0;
+    WAIT:
+    {poll} $0, [$1];
+    add.u32 n, n, 1;
+    setp.ge.u32 p_give, n, $3;
+    @p_give bra.uni DONE;
+    setp.lt.u32 p_wait, $0, $2;
+    @p_wait bra.uni WAIT;
+    {after}
+    DONE:
+    }}
+    """
+
+
+_ACQUIRE_POLLS = tl.constexpr(_barrier_ptx("ld.acquire.gpu.global.u32", ""))
+# Relaxed polls and one fence: no poll carries the acquire's cost.
+_RELAXED_POLLS = tl.constexpr(_barrier_ptx("ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
+
+
 @triton.jit
 def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, timeline_ptr,
                   TIMELINE: tl.constexpr):
@@ -86,59 +118,13 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
         barrier = target // tl.num_programs(0)
         _stamp(timeline_ptr, 2 * (barrier - 1), TIMELINE)
         tl.debug_barrier()  # the whole program's stores before its arrival
-        if ASM == 2:
-            # As below, but the polls are relaxed loads and one fence gives the acquire, so no poll
-            # carries the acquire's cost.
-            seen = tl.inline_asm_elementwise(
-                """
-                {
-                .reg .pred p_lead, p_wait, p_give;
-                .reg .u32 t, n;
-                mov.u32 $0, $2;
-                mov.u32 t, %tid.x;
-                setp.eq.u32 p_lead, t, 0;
-                @!p_lead bra.uni DONE;
-                red.release.gpu.global.add.u32 [$1], 1;
-                mov.u32 n, 0;
-                WAIT:
-                ld.relaxed.gpu.global.u32 $0, [$1];
-                add.u32 n, n, 1;
-                setp.ge.u32 p_give, n, $3;
-                @p_give bra.uni DONE;
-                setp.lt.u32 p_wait, $0, $2;
-                @p_wait bra.uni WAIT;
-                fence.acq_rel.gpu;
-                DONE:
-                }
-                """,
-                "=r,l,r,r", [counter_ptr, target.to(tl.int32), tl.full((), SPIN_LIMIT, tl.int32)],
-                dtype=tl.int32, is_pure=False, pack=1)
-        elif ASM:
-            # Thread 0 alone: a fire-and-forget release add, then acquire loads until the count is
-            # reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
-            seen = tl.inline_asm_elementwise(
-                """
-                {
-                .reg .pred p_lead, p_wait, p_give;
-                .reg .u32 t, n;
-                mov.u32 $0, $2;
-                mov.u32 t, %tid.x;
-                setp.eq.u32 p_lead, t, 0;
-                @!p_lead bra.uni DONE;
-                red.release.gpu.global.add.u32 [$1], 1;
-                mov.u32 n, 0;
-                WAIT:
-                ld.acquire.gpu.global.u32 $0, [$1];
-                add.u32 n, n, 1;
-                setp.ge.u32 p_give, n, $3;
-                @p_give bra.uni DONE;
-                setp.lt.u32 p_wait, $0, $2;
-                @p_wait bra.uni WAIT;
-                DONE:
-                }
-                """,
-                "=r,l,r,r", [counter_ptr, target.to(tl.int32), tl.full((), SPIN_LIMIT, tl.int32)],
-                dtype=tl.int32, is_pure=False, pack=1)
+        if ASM:
+            # Thread 0 alone: a fire-and-forget release add, then polls until the count is reached (or
+            # SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
+            seen = tl.inline_asm_elementwise(_RELAXED_POLLS if ASM == 2 else _ACQUIRE_POLLS,
+                                             "=r,l,r,r", [counter_ptr, target.to(tl.int32),
+                                                          tl.full((), SPIN_LIMIT, tl.int32)],
+                                             dtype=tl.int32, is_pure=False, pack=1)
         else:
             tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
             seen = tl.load(counter_ptr, volatile=True)
