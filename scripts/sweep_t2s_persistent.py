@@ -10,8 +10,9 @@ default ``0``): the engine's ``prefetch_out``, only with the out phase folded. `
 ``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
 with the out phase folded. ``SPLIT`` (``0``, ``1``; default ``0``): its ``split_out``, only with the
 out phase folded and neither of the two before. ``RELAXED`` (``0``, ``1``): its ``relaxed_polls``,
-only with the PTX barrier. ``OUT_L2`` (``0``, ``1``): its ``out_in_l2``, only with the out phase
-folded. ``PREFETCH_L2`` (``0``, ``1``): its ``prefetch_l2``, only with both folds.
+only with the PTX barrier. ``OUT_L2`` (``0``, ``1``; default ``1``): its ``out_in_l2`` where the out
+phase is folded. ``PREFETCH_L2`` (``0``, ``1``): its ``prefetch_l2``, only with both folds.
+``ARRIVE`` (``0``, ``1``): its ``arrive_first``, only with the PTX barrier.
 ``KERNELS=1``: each persistent row also gets the GPU
 time per token of every kernel and memset of one whole decode (torch.profiler), beside the time a
 token takes: what the step spends outside the persistent kernel. ``TIMELINE=1``: each persistent row
@@ -119,7 +120,8 @@ def main() -> None:
     late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
     split_list = [value == "1" for value in os.environ.get("SPLIT", "0").split(",")]
     relaxed_list = [value == "1" for value in os.environ.get("RELAXED", "0").split(",")]
-    l2_list = [value == "1" for value in os.environ.get("OUT_L2", "0").split(",")]
+    l2_list = [value == "1" for value in os.environ.get("OUT_L2", "1").split(",")]
+    arrive_list = [value == "1" for value in os.environ.get("ARRIVE", "0").split(",")]
     l2_prefetch_list = [value == "1" for value in os.environ.get("PREFETCH_L2", "0").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
@@ -145,26 +147,27 @@ def main() -> None:
     result["eager_cuda_graphs_fp32"], reference32 = measure(engine(T2SEngine, torch.float32), request, None)
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
-    for asm, folds, programs, warps, prefetch, replicas, late, split, relaxed, out_l2, l2_prefetch in itertools.product(
-            asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list, late_list, split_list,
-            relaxed_list, l2_list, l2_prefetch_list):
+    for (asm, folds, programs, warps, prefetch, replicas, late, split, relaxed, out_l2, l2_prefetch,
+         arrive) in itertools.product(asm_list, folds_list, programs_list, warps_list, prefetch_list, replicas_list,
+                                      late_list, split_list, relaxed_list, l2_list, l2_prefetch_list, arrive_list):
+        out_l2 = out_l2 and "out" in folds  # the hint is the folded out projection's
         if l2_prefetch and folds != "ffn+out":
             continue  # the L2 prefetch follows the two-phase layer
-        if ((prefetch or late or split or out_l2) and "out" not in folds) or (replicas > 1 and folds == "none"):
+        if ((prefetch or late or split) and "out" not in folds) or (replicas > 1 and folds == "none"):
             continue  # knobs of a folded phase that is not folded here
-        if relaxed and not asm:
-            continue  # relaxed polls are the inline-PTX barrier's
+        if (relaxed or arrive) and not asm:
+            continue  # relaxed polls and the early arrival are the inline-PTX barrier's
         if split and (prefetch or late):
             continue  # split_out replaces both
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}")
                 + ("_late_key_score" if late else "") + ("_split_out" if split else "")
                 + ("_relaxed_polls" if relaxed else "") + ("_out_in_l2" if out_l2 else "")
-                + ("_prefetch_l2" if l2_prefetch else ""))
+                + ("_prefetch_l2" if l2_prefetch else "") + ("_arrive_first" if arrive else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
                  "sum_replicas": replicas, "late_key_score": late, "split_out": split, "relaxed_polls": relaxed,
-                 "out_in_l2": out_l2, "prefetch_l2": l2_prefetch}
+                 "out_in_l2": out_l2, "prefetch_l2": l2_prefetch, "arrive_first": arrive}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
         if os.environ.get("TIMELINE") == "1":

@@ -75,19 +75,13 @@ PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_
 PERSISTENT = -1
 
 
-def _barrier_ptx(poll: str, after: str) -> str:
-    """Thread 0's arrival and wait at a grid barrier as inline PTX: ``$1`` the counter, ``$2`` the
-    target, ``$3`` the poll limit, ``$0`` the count last seen. ``poll``: the load instruction that
-    polls; ``after``: what runs once the count is reached."""
-    return f"""
-    {{
-    .reg .pred p_lead, p_wait, p_give;
-    .reg .u32 t, n;
-    mov.u32 $0, $2;
-    mov.u32 t, %tid.x;
-    setp.eq.u32 p_lead, t, 0;
-    @!p_lead bra.uni DONE;
-    red.release.gpu.global.add.u32 [$1], 1;
+def _barrier_ptx(arrive: bool, poll: str | None, after: str = "") -> str:
+    """Thread 0's part of a grid barrier as inline PTX: ``$1`` the counter, ``$2`` the target, ``$3``
+    the poll limit, ``$0`` the count last seen (the target where it does not poll). ``arrive``: add
+    its arrival (a fire-and-forget release add); ``poll``: the load instruction that polls until the
+    count is reached, None for no wait; ``after``: what runs once it is reached."""
+    arrival = "red.release.gpu.global.add.u32 [$1], 1;" if arrive else ""
+    wait = "" if poll is None else f"""
     mov.u32 n, 0;
     WAIT:
     {poll} $0, [$1];
@@ -96,35 +90,76 @@ def _barrier_ptx(poll: str, after: str) -> str:
     @p_give bra.uni DONE;
     setp.lt.u32 p_wait, $0, $2;
     @p_wait bra.uni WAIT;
-    {after}
+    {after}"""
+    return f"""
+    {{
+    .reg .pred p_lead, p_wait, p_give;
+    .reg .u32 t, n;
+    mov.u32 $0, $2;
+    mov.u32 t, %tid.x;
+    setp.eq.u32 p_lead, t, 0;
+    @!p_lead bra.uni DONE;
+    {arrival}{wait}
     DONE:
     }}
     """
 
 
-_ACQUIRE_POLLS = tl.constexpr(_barrier_ptx("ld.acquire.gpu.global.u32", ""))
-# Relaxed polls and one fence: no poll carries the acquire's cost.
-_RELAXED_POLLS = tl.constexpr(_barrier_ptx("ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
+# ASM_BARRIER bits: PTX (else Triton atomics), relaxed polls and one fence (no poll carries the
+# acquire's cost), arrival before the next phase's tile loads (_grid_arrive).
+ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST = 1, 2, 4
+_ARRIVE = tl.constexpr(_barrier_ptx(True, None))
+_ACQUIRE_POLLS = tl.constexpr(_barrier_ptx(True, "ld.acquire.gpu.global.u32"))
+_RELAXED_POLLS = tl.constexpr(_barrier_ptx(True, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
+_ACQUIRE_WAIT = tl.constexpr(_barrier_ptx(False, "ld.acquire.gpu.global.u32"))
+_RELAXED_WAIT = tl.constexpr(_barrier_ptx(False, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
+
+
+@triton.jit
+def _grid_arrive(counter_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, timeline_ptr, TIMELINE: tl.constexpr):
+    """With SYNC and ASM's arrive-first bit: this program's arrival at grid barrier target / programs,
+    made before the phase issues its weight-tile loads, so their issue stalls delay no other program;
+    ``_grid_barrier`` then only waits. Otherwise nothing."""
+    if SYNC:
+        if (ASM & 4) != 0:
+            _stamp(timeline_ptr, 2 * (target // tl.num_programs(0) - 1), TIMELINE)
+            tl.debug_barrier()  # the whole program's stores before its arrival
+            _thread0_ptx(counter_ptr, target, _ARRIVE)
+
+
+@triton.jit
+def _thread0_ptx(counter_ptr, target, PTX: tl.constexpr):
+    """Run a ``_barrier_ptx`` block on ``counter_ptr`` and ``target``: the count its thread 0 last saw."""
+    return tl.inline_asm_elementwise(PTX, "=r,l,r,r", [counter_ptr, target.to(tl.int32),
+                                                       tl.full((), SPIN_LIMIT, tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
 def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, timeline_ptr,
                   TIMELINE: tl.constexpr):
     """Wait until every program has arrived ``target / programs`` times (SYNC False: no-op). ASM: 0
-    Triton atomics, 1 inline PTX polling with acquire loads, 2 inline PTX polling with relaxed loads
-    and one acquire fence once the count is seen. TIMELINE: stamp the arrival and the release of grid
-    barrier n = target / programs as events 2(n - 1) and 2(n - 1) + 1 (``_stamp``)."""
+    Triton atomics; else inline PTX (ASM_PTX), whose polls are relaxed loads and one acquire fence
+    with ASM_RELAXED (acquire loads without), and whose arrival ``_grid_arrive`` made already with
+    ASM_ARRIVE_FIRST. TIMELINE: stamp the arrival and the release of grid barrier n = target /
+    programs as events 2(n - 1) and 2(n - 1) + 1 (``_stamp``)."""
     if SYNC:
         barrier = target // tl.num_programs(0)
-        _stamp(timeline_ptr, 2 * (barrier - 1), TIMELINE)
-        tl.debug_barrier()  # the whole program's stores before its arrival
+        if (ASM & 4) == 0:
+            _stamp(timeline_ptr, 2 * (barrier - 1), TIMELINE)
+            tl.debug_barrier()  # the whole program's stores before its arrival
         if ASM:
-            # Thread 0 alone: a fire-and-forget release add, then polls until the count is reached (or
-            # SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
-            seen = tl.inline_asm_elementwise(_RELAXED_POLLS if ASM == 2 else _ACQUIRE_POLLS,
-                                             "=r,l,r,r", [counter_ptr, target.to(tl.int32),
-                                                          tl.full((), SPIN_LIMIT, tl.int32)],
-                                             dtype=tl.int32, is_pure=False, pack=1)
+            # Thread 0 alone: a fire-and-forget release add (unless made already), then polls until the
+            # count is reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
+            if (ASM & 4) != 0:
+                if (ASM & 2) != 0:
+                    seen = _thread0_ptx(counter_ptr, target, _RELAXED_WAIT)
+                else:
+                    seen = _thread0_ptx(counter_ptr, target, _ACQUIRE_WAIT)
+            elif (ASM & 2) != 0:
+                seen = _thread0_ptx(counter_ptr, target, _RELAXED_POLLS)
+            else:
+                seen = _thread0_ptx(counter_ptr, target, _ACQUIRE_POLLS)
         else:
             tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
             seen = tl.load(counter_ptr, volatile=True)
@@ -250,6 +285,7 @@ def _attend_phase(
     FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
     the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
     that is left to PHASE_HEAD_OUT's launch."""
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
     j = tl.arange(0, HD_PAD)
@@ -361,7 +397,7 @@ def _attend_phase(
                 # The head's counter as a barrier of its CHUNKS + 2 programs: the arrival releases this
                 # program's partial, the wait acquires the others'. The target is a tensor, as the
                 # barrier's inline PTX takes one.
-                _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM,
+                _grid_barrier(arrivals_ptr + layer * H + head, error_ptr, head * 0 + CHUNKS + 2, SYNC, ASM & 3,
                               timeline_ptr, False)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
@@ -516,6 +552,7 @@ def _out_phase(
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, BN: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr,
 ):
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < D
     h = tl.arange(0, H_PAD)
@@ -556,6 +593,7 @@ def _ffn1_phase(
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr,
 ):
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < FFN
     dim = tl.arange(0, D_PAD)
@@ -581,6 +619,7 @@ def _ffn2_phase(
     ASM: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr,
 ):
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < D
     k = tl.arange(0, FFN_PAD)
@@ -608,6 +647,7 @@ def _ffn_phase(
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
     added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
     before the step)."""
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     unit = pid * BN + tl.arange(0, BN)
     unit_ok = unit < FFN
     dim = tl.arange(0, D_PAD)
@@ -641,6 +681,7 @@ def _logits_phase(
     SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr,
 ):
+    _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
     col_ok = col < VOCAB
     dim = tl.arange(0, D_PAD)
@@ -806,7 +847,8 @@ class PersistentT2SEngine(TritonT2SEngine):
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
-                 relaxed_polls: bool = False, out_in_l2: bool = False, prefetch_l2: bool = False, **kwargs):
+                 relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
+                 arrive_first: bool = False, **kwargs):
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
@@ -814,13 +856,15 @@ class PersistentT2SEngine(TritonT2SEngine):
         if (prefetch_out or late_key_score or split_out) and not fold_out:
             raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
                              "fold_out=True")
-        if relaxed_polls and not asm_barrier:
-            raise ValueError("relaxed_polls changes the inline-PTX barrier: it needs asm_barrier=True")
+        if (relaxed_polls or arrive_first) and not asm_barrier:
+            raise ValueError("relaxed_polls and arrive_first change the inline-PTX barrier: they need "
+                             "asm_barrier=True")
         if prefetch_l2 and not (fold_out and fold_ffn):
             raise ValueError("prefetch_l2 asks L2 for the attend and FFN tiles a phase early: it needs fold_ffn=True "
                              "and fold_out=True")
         if out_in_l2 and not fold_out:
             raise ValueError("out_in_l2 keeps the folded out projection's W_o in L2: it needs fold_out=True")
+        out_in_l2 = fold_out if out_in_l2 is None else out_in_l2  # None: wherever the out phase is folded
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
@@ -843,6 +887,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
+        self.arrive_first = arrive_first
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -943,7 +988,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             BN_FFN2=_tile_width(d, self.programs), BN_VOCAB=_tile_width(config.vocab_size, self.programs),
             FOLD_FFN=self.fold_ffn, PHASES=len(self.phase_names),
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
-            ASM_BARRIER=2 if self.relaxed_polls else int(self.asm_barrier), FOLD_OUT=self.fold_out,
+            ASM_BARRIER=(ASM_PTX * self.asm_barrier) | (ASM_RELAXED * self.relaxed_polls)
+            | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,

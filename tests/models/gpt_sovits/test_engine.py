@@ -787,12 +787,13 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_l2_hints_and_relaxed_polls_give_the_logits_of_the_plain_folded_step(device):
-    """``out_in_l2`` (streamed weights loaded evict-first, W_o evict-last), ``prefetch_l2`` (each tile
-    asked of L2 a phase early) and ``relaxed_polls`` (the barrier's polls relaxed, one acquire fence)
-    change no arithmetic: the same request, six steps, logits equal up to float32 summation order and
-    the same tokens as the plain folded step. The interpreter has no L2 and no barrier (and runs no
-    prefetch), so on the CPU this checks the hints' plumbing only."""
+def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
+    """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
+    W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
+    barrier's polls relaxed, one acquire fence) and ``arrive_first`` (the arrival before the tile
+    loads) change no arithmetic: the same request, six steps, logits equal up to float32 summation
+    order and the same tokens as the folded step without any of them. The interpreter has no L2 and
+    no barrier (and runs no prefetch), so on the CPU this checks the knobs' plumbing only."""
     _triton_device_or_skip(device)
     from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
 
@@ -800,10 +801,12 @@ def test_l2_hints_and_relaxed_polls_give_the_logits_of_the_plain_folded_step(dev
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=13), torch.float32, device)
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
-                      for knobs in ({"out_in_l2": True, "relaxed_polls": True, "prefetch_l2": True}, {}))
+                      for knobs in ({"relaxed_polls": True, "prefetch_l2": True, "arrive_first": True},
+                                    {"out_in_l2": False}))
     constants = variant.kernel_constants(PERSISTENT)
     assert (constants["STREAM_EVICT"], constants["OUT_EVICT"], constants["ASM_BARRIER"], constants["PREFETCH_L2"]) == (
-        "evict_first", "evict_last", 2, True)
+        "evict_first", "evict_last", 1 | 2 | 4, True)
+    assert plain.kernel_constants(PERSISTENT)["OUT_EVICT"] == ""
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
@@ -816,7 +819,8 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
 
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
-    for knobs, message in (({"relaxed_polls": True, "asm_barrier": False}, "needs asm_barrier=True"),
+    for knobs, message in (({"relaxed_polls": True, "asm_barrier": False}, "need asm_barrier=True"),
+                           ({"arrive_first": True, "asm_barrier": False}, "need asm_barrier=True"),
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True")):
         with pytest.raises(ValueError, match=message):
@@ -853,7 +857,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
-                  {"out_in_l2": True}, {"prefetch_l2": True}):
+                  {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
