@@ -20,12 +20,13 @@ from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
-# The served engine runs a batch's frame stage in length groups of at least 16 rows (so up to 4 at
-# batch 64, one below 32): side by side in one call on an H100 (compiled FP16 graphs), batch 64 ran
-# at 1,481 sentences/s in four groups against 1,287 in one run (docs/results/h100_35_emotivoice_
-# groups4.json); on the H200, groups of 8 rows lost to groups of 16 (1,537 against 1,664,
-# h200_33_emotivoice_groups48.json). Two groups at batch 32 are untimed.
-SERVED_FRAME_GROUPS, SERVED_MIN_GROUP_ROWS = 4, 16
+# The served engine runs a batch's frame stage in up to 8 length groups of at least 16 rows (4 at
+# batch 64, 8 of 32 rows at 256, one below 32). Side by side on an H100 (compiled FP16 graphs):
+# batch 64 in four groups 1,481 sentences/s against 1,287 in one run (docs/results/h100_35_emotivoice_
+# groups4.json); batch 256 in eight groups of 32 rows 1,680 against 1,627 in sixteen of 16
+# (h100_36_emotivoice_groups8_rows32.json). On the H200, groups of 8 rows lost to groups of 16 at
+# batch 64 (1,537 against 1,664, h200_33_emotivoice_groups48.json). Two groups at batch 32 are untimed.
+SERVED_FRAME_GROUPS, SERVED_MIN_GROUP_ROWS = 8, 16
 
 
 class EngineVoice(VoiceOnEngine):

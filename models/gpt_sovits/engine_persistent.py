@@ -18,7 +18,9 @@ barrier between the phases that need the whole previous result:
 so four barriers a layer unfolded, two with both folds below. Each program issues the load of its
 next weight tile *before* it waits at a barrier: weights never depend on the step, so their memory
 latency hides behind the wait, and after the barrier only activations (in L2, written a phase ago)
-are on the critical path.
+are on the critical path. With ``arrive_first`` (on by default) it arrives at the barrier before it
+issues those loads: issuing a 32-64 KB tile stalls a program for about 0.6 us, and before an arrival
+that stall delays every program; the arrival's release then also waits on no tile load.
 
 ``fold_ffn`` (on by default) makes the two FFN phases one: each program takes
 a slice of the hidden units, relu(W_1 . + b_1) for them, then their columns of W_2 times that
@@ -36,7 +38,13 @@ varies in its last float32 bits from run to run, as sum 2 does under ``fold_ffn`
 On the H200 (full-size random weights, 500 greedy FP16 tokens, one call, scripts/sweep_t2s_persistent.py),
 tokens per second at 132 programs: 2,466 with four barriers a layer, 2,657 with ``fold_ffn``, 3,361
 with both folds (128 programs: 2,468, 2,626, 3,263); every row's tokens equal the fused FP16 step's
-(docs/results/h200_33_t2s_folds.json).
+(docs/results/h200_33_t2s_folds.json). Where a folded step's time goes was then read from the
+kernel's own timer (``timeline=True``, models/gpt_sovits/step_timeline.py; an H100, one call,
+docs/results/h100_36_t2s_timeline.json): an attend phase spans 8.7 us (2.1 of them before its barrier
+releases: the FFN's float atomics and the tile loads ahead of the arrival), an FFN phase 3.2 us
+(0.86 before release). The defaults since (an H100, one call, docs/results/h100_36_t2s_arrive_first.json):
+W_o kept in L2 (``out_in_l2``) 3,431 tokens/s, with ``arrive_first`` 3,772, and with the folded sums
+in 8 replicas too 3,995; every row's tokens equal the fused FP16 step's.
 
 A barrier is a counter in global memory: each program adds one (release) and polls until the
 counter reaches ``phase x programs`` (acquire). That needs every program resident at once, so the
@@ -70,6 +78,10 @@ from models.gpt_sovits.step_timeline import StepLayout
 # One program per SM of an H200 or H100 SXM: with both folds 3,361 tokens/s against 3,263 on 128
 # (docs/results/h200_33_t2s_folds.json). A GPU with fewer SMs takes one per SM.
 DEFAULT_PROGRAMS = 132
+# Each folded sum row kept as 8 rows that the programs add into in turn: with arrive_first, 4,006 tokens/s
+# on an H100 against 3,772 with one row and 3,852 with 16 (docs/results/h100_36_t2s_arrive_first.json,
+# h100_36_t2s_replicas.json).
+DEFAULT_SUM_REPLICAS = 8
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
 PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT = 0, 1, 2, 3, 4, 5, 6
 PERSISTENT = -1
@@ -841,14 +853,25 @@ class PersistentT2SEngine(TritonT2SEngine):
     launched, no 8-warp variant spills (scripts/t2s_persistent_registers.py). ``split_out`` (with
     ``fold_out``, instead of the two above): every program of a head loads a few rows of the head's W_o
     columns before the step's barrier, waits at the head's counter for the head's last partial, and adds
-    its rows of the head's out projection into sum 1, so no W_o load waits behind the last arrival."""
+    its rows of the head's out projection into sum 1, so no W_o load waits behind the last arrival.
+
+    Chosen by an H100's timeline (module docstring): ``sum_replicas`` None takes DEFAULT_SUM_REPLICAS
+    where a phase is folded. ``arrive_first`` (None: with the PTX barrier) arrives at each grid barrier
+    before issuing the next tile's loads. ``out_in_l2`` (None: with ``fold_out``) loads the streamed
+    weights evict-first and W_o, the one weight loaded after a barrier, evict-last, so it stays in L2
+    from step to step. Tried and left off (docs/results/h100_36_t2s_timeline.json): ``relaxed_polls``
+    (relaxed poll loads and one acquire fence; slower) and ``prefetch_l2`` (each phase's tile asked of
+    L2 a phase early; slower: more requests ahead of the arrival). ``timeline``: every step stamps its
+    barriers and attend phases (``step_timeline``)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
-                 fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int = 1,
+                 fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int | None = None,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
-                 arrive_first: bool = False, **kwargs):
+                 arrive_first: bool | None = None, **kwargs):
+        if sum_replicas is None:  # the default where a phase is folded, else one row
+            sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
@@ -856,6 +879,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         if (prefetch_out or late_key_score or split_out) and not fold_out:
             raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
                              "fold_out=True")
+        arrive_first = asm_barrier if arrive_first is None else arrive_first  # None: with the PTX barrier
         if (relaxed_polls or arrive_first) and not asm_barrier:
             raise ValueError("relaxed_polls and arrive_first change the inline-PTX barrier: they need "
                              "asm_barrier=True")

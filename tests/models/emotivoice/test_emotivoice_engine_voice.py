@@ -57,10 +57,11 @@ def test_the_family_hook_builds_it_and_refuses_what_it_cannot_run(voice):
 
 
 def test_the_served_engine_cuts_large_batches_into_length_groups_row_for_row(voice):
-    """The server's engine runs batches of 64 in four length groups, 32 in two, smaller ones in one
-    run; 32 mixed-length rows (two groups here, eager buckets) come out as the one-run engine's."""
+    """The server's engine runs batches of 64 in four length groups, 32 in two, 256 in eight of 32
+    rows, smaller ones in one run; 32 mixed-length rows (two groups here, eager buckets) come out as
+    the one-run engine's."""
     served, _, _ = bucketed_engine(voice, "eager", False, None, ())
-    assert [served.engine._groups(rows) for rows in (1, 16, 31, 32, 64, 128)] == [1, 1, 1, 2, 4, 4]
+    assert [served.engine._groups(rows) for rows in (1, 16, 31, 32, 64, 128, 256)] == [1, 1, 1, 2, 4, 8, 8]
     one_run = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
     texts = ["Hello there.", "The train leaves at nine tonight.", "Yes.", "A much longer sentence than the rest."]
     utterances = [utterance for text in texts for utterance in voice.text_to_utterances(text)]

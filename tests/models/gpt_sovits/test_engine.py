@@ -693,7 +693,7 @@ def test_the_folded_out_phase_gives_the_logits_of_the_out_phase(device, fold_ffn
     steps, each step's logits equal up to float32 summation order; both take the same tokens. In the
     interpreter the head's value program always arrives last; on a GPU any may."""
     _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+    from models.gpt_sovits.engine_persistent import DEFAULT_SUM_REPLICAS, PersistentT2SEngine
 
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=5), torch.float32, device)
@@ -703,7 +703,9 @@ def test_the_folded_out_phase_gives_the_logits_of_the_out_phase(device, fold_ffn
     request = other_shape_requests(config, 1)[0]
     for engine in engines:
         engine.prefill([0], [request])
-    assert engines[0]._step_sum1.shape == (config.num_layers, config.hidden_dim)
+    # The default replicas: one sum 1 row a head at most (one adder a head).
+    assert engines[0].sum1_replicas == min(DEFAULT_SUM_REPLICAS, config.num_heads)
+    assert engines[0]._step_sum1.shape == (config.num_layers, engines[0].sum1_replicas * config.hidden_dim)
     assert_same_steps(engines, 64)
     # Every head of every layer counted all of its programs once, at the last step.
     assert torch.equal(engines[0]._head_arrivals, torch.full_like(engines[0]._head_arrivals, engines[0].chunks + 2))
@@ -715,7 +717,7 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
     against the same step with the FFN as two phases: the same request, six steps, each step's
     logits equal up to float32 summation order; both take the same tokens."""
     _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
+    from models.gpt_sovits.engine_persistent import DEFAULT_SUM_REPLICAS, PersistentT2SEngine
 
     config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=3), torch.float32, device)
@@ -726,7 +728,7 @@ def test_the_folded_ffn_phase_gives_the_logits_of_the_two_phase_ffn(device):
     for engine in engines:
         engine.prefill([0], [request])
     assert engines[1]._step_sum2.shape == (config.hidden_dim,)  # the two-phase engine keeps one row
-    assert engines[0]._step_sum2.shape == (config.num_layers, config.hidden_dim)
+    assert engines[0]._step_sum2.shape == (config.num_layers, DEFAULT_SUM_REPLICAS * config.hidden_dim)
     assert_same_steps(engines, 64)
 
 
