@@ -5,20 +5,24 @@
     FOLDS=ffn,ffn+out PYTHONPATH=. python scripts/sweep_t2s_persistent.py --out $OUT/t2s_folds.json
 
 ``FOLDS``: which phases are folded away (engine_persistent.py's ``fold_ffn`` / ``fold_out``), each
-set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). ``PREFETCH`` (``0``, ``1``;
-default ``0``): the engine's ``prefetch_out``, only with the out phase folded. ``REPLICAS`` (default
-``1``): its ``sum_replicas``. ``LATE`` (``0``, ``1``; default ``0``): its ``late_key_score``, only
-with the out phase folded. ``SPLIT`` (``0``, ``1``; default ``0``): its ``split_out``, only with the
-out phase folded and neither of the two before. ``RELAXED`` (``0``, ``1``): its ``relaxed_polls``,
-only with the PTX barrier. ``OUT_L2`` (``0``, ``1``; default ``1``): its ``out_in_l2`` where the out
-phase is folded. ``PREFETCH_L2`` (``0``, ``1``): its ``prefetch_l2``, only with both folds.
-``ARRIVE`` (``0``, ``1``): its ``arrive_first``, only with the PTX barrier.
-``KERNELS=1``: each persistent row also gets the GPU
-time per token of every kernel and memset of one whole decode (torch.profiler), beside the time a
-token takes: what the step spends outside the persistent kernel. ``TIMELINE=1``: each persistent row
-is measured once more with the kernel stamping its barriers and attend work
-(``timeline=True``), and the decode's last step is summarized per phase
-(models/gpt_sovits/step_timeline.py); the stamps go beside ``--out`` as ``<stem>_stamps.json``.
+set one row: ``none``, ``ffn``, ``out`` or ``ffn+out`` (default ``none``). The other knobs, each a
+comma list of values and each row one combination:
+
+- ``PREFETCH`` (default ``0``): the engine's ``prefetch_out``, only with the out phase folded;
+- ``REPLICAS`` (unset: the engine's default, 8 rows where a phase is folded): ``sum_replicas``;
+- ``LATE`` (default ``0``): ``late_key_score``, only with the out phase folded;
+- ``SPLIT`` (default ``0``): ``split_out``, only with the out phase folded and neither of the two above;
+- ``RELAXED`` (default ``0``): ``relaxed_polls``, only with the PTX barrier;
+- ``OUT_L2`` (default ``1``): ``out_in_l2`` where the out phase is folded;
+- ``PREFETCH_L2`` (default ``0``): ``prefetch_l2``, only with both folds;
+- ``ARRIVE`` (default ``1``): ``arrive_first`` where the barrier is the PTX one.
+
+``KERNELS=1``: each persistent row also gets the GPU time per token of every kernel and memset of
+one whole decode (torch.profiler), beside the time a token takes: what the step spends outside the
+persistent kernel. ``TIMELINE=1``: each persistent row is measured once more with the kernel
+stamping its barriers and attend work (``timeline=True``), and the decode's last step is summarized
+per phase (models/gpt_sovits/step_timeline.py); the stamps go beside ``--out`` as
+``<stem>_stamps.json``.
 
     FOLDS=ffn+out PROGRAMS=132 PREFETCH=0,1 REPLICAS=1,8 LATE=0,1 PYTHONPATH=. \
         python scripts/sweep_t2s_persistent.py --out $OUT/t2s_prefetch.json
@@ -116,12 +120,13 @@ def main() -> None:
     asm_list = [value == "1" for value in os.environ.get("ASM", "1").split(",")]
     folds_list = os.environ.get("FOLDS", "none").split(",")
     prefetch_list = [value == "1" for value in os.environ.get("PREFETCH", "0").split(",")]
-    replicas_list = [int(value) for value in os.environ.get("REPLICAS", "1").split(",")]
+    # REPLICAS unset: the engine's default (None: DEFAULT_SUM_REPLICAS where a phase is folded)
+    replicas_list = [int(value) if value else None for value in os.environ.get("REPLICAS", "").split(",")]
     late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
     split_list = [value == "1" for value in os.environ.get("SPLIT", "0").split(",")]
     relaxed_list = [value == "1" for value in os.environ.get("RELAXED", "0").split(",")]
     l2_list = [value == "1" for value in os.environ.get("OUT_L2", "1").split(",")]
-    arrive_list = [value == "1" for value in os.environ.get("ARRIVE", "0").split(",")]
+    arrive_list = [value == "1" for value in os.environ.get("ARRIVE", "1").split(",")]
     l2_prefetch_list = [value == "1" for value in os.environ.get("PREFETCH_L2", "0").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
@@ -153,14 +158,15 @@ def main() -> None:
         out_l2 = out_l2 and "out" in folds  # the hint is the folded out projection's
         if l2_prefetch and folds != "ffn+out":
             continue  # the L2 prefetch follows the two-phase layer
-        if ((prefetch or late or split) and "out" not in folds) or (replicas > 1 and folds == "none"):
+        if ((prefetch or late or split) and "out" not in folds) or ((replicas or 1) > 1 and folds == "none"):
             continue  # knobs of a folded phase that is not folded here
-        if (relaxed or arrive) and not asm:
-            continue  # relaxed polls and the early arrival are the inline-PTX barrier's
+        arrive = arrive and asm  # the early arrival is the inline-PTX barrier's
+        if relaxed and not asm:
+            continue  # and so are relaxed polls
         if split and (prefetch or late):
             continue  # split_out replaces both
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
-                + ("_prefetch_out" if prefetch else "") + ("" if replicas == 1 else f"_replicas{replicas}")
+                + ("_prefetch_out" if prefetch else "") + ("" if replicas is None else f"_replicas{replicas}")
                 + ("_late_key_score" if late else "") + ("_split_out" if split else "")
                 + ("_relaxed_polls" if relaxed else "") + ("_out_in_l2" if out_l2 else "")
                 + ("_prefetch_l2" if l2_prefetch else "") + ("_arrive_first" if arrive else ""))
