@@ -198,20 +198,20 @@ def _prefetch_lines(pointers, ok, fallback):
 
 @triton.jit
 def _prefetch_attend_tile(pid, layer, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D: tl.constexpr,
-                          H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr, CHUNKS: tl.constexpr,
-                          BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr):
+                          D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
+                          CHUNKS: tl.constexpr, BLOCK_L: tl.constexpr, MAX_LEN: tl.constexpr):
     """L2 lines of what ``_attend_phase`` of ``layer`` loads before its barrier: the program's W_qkv
     rows (both tiles of a key program) and its chunk's first block of cached keys and values."""
     is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
     j = tl.arange(0, HD_PAD)
-    line = tl.arange(0, D // 64) * 64  # fp16 elements a 128-byte line apart
+    line = tl.arange(0, (D_PAD + 63) // 64) * 64  # fp16 elements a 128-byte line apart (at least one line)
     has_role = (j * 0 + pid) < H * CHUNKS + 2 * H
     w_base = qkv_w_ptr + layer * (3 * D * D)
     rows = tl.where(is_value, 2 * D, 0) + head * HD + j  # (HD_PAD,): W_q rows, or W_v rows for the value program
-    ok = (has_role & (j < HD))[:, None] & (line >= 0)[None, :]
+    ok = (has_role & (j < HD))[:, None] & (line < D)[None, :]
     _prefetch_lines(w_base + rows[:, None] * D + line[None, :], ok, w_base)
     key_ok = ((j * 0 + pid) >= H * CHUNKS) & ((j * 0 + pid) < H * CHUNKS + H) & (j < HD)
-    _prefetch_lines(w_base + (D + head * HD + j)[:, None] * D + line[None, :], key_ok[:, None] & (line >= 0)[None, :],
+    _prefetch_lines(w_base + (D + head * HD + j)[:, None] * D + line[None, :], key_ok[:, None] & (line < D)[None, :],
                     w_base)
     write_pos = tl.minimum(tl.load(cache_len_ptr), MAX_LEN - 1)
     span = tl.cdiv(write_pos, CHUNKS)
@@ -228,7 +228,7 @@ def _prefetch_ffn_tile(pid, layer, ffn1_w_ptr, ffn2_w_ptr, D: tl.constexpr, D_PA
                        BN: tl.constexpr):
     """L2 lines of the program's W_1 rows and W_2 columns in ``_ffn_phase`` of ``layer``."""
     unit = pid * BN + tl.arange(0, BN)
-    line = tl.arange(0, D_PAD // 64) * 64
+    line = tl.arange(0, (D_PAD + 63) // 64) * 64
     w1 = ffn1_w_ptr + layer * (FFN * D)
     _prefetch_lines(w1 + unit[:, None] * D + line[None, :], (unit < FFN)[:, None] & (line < D)[None, :], w1)
     dim = tl.arange(0, D_PAD)
@@ -757,7 +757,7 @@ def _t2s_step_kernel(
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
-                                          H, HD, HD_PAD, CHUNKS, BLOCK_L, MAX_LEN)
+                                          D_PAD, H, HD, HD_PAD, CHUNKS, BLOCK_L, MAX_LEN)
             ffn_barrier = first + 1
             if not FOLD_OUT:
                 _out_phase(pid, layer, counter_ptr, error_ptr, (first + 1) * PROGRAMS, out_w_ptr, out_b_ptr, xin_ptr,

@@ -844,6 +844,31 @@ def test_split_out_refuses_the_knobs_it_replaces():
                                 phased=True, split_out=True, **knobs)
 
 
+def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
+    """The persistent kernel compiled offline (Triton's own compiler, no GPU) for sm_90 at the test
+    shape (hidden 48: under one 128-byte line of FP16 a row), FP32 weights as the tests load them, with
+    every knob that adds code the interpreter never runs: the L2 prefetch once asked for no line of
+    a row narrower than 64 elements and failed only on the GPU."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine, _t2s_step_kernel
+    from scripts.t2s_persistent_registers import aligned_arguments, signature
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
+    types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
+    for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
+                  {"asm_barrier": False}):
+        engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
+                                     programs=4 * config.num_heads, phased=True, **knobs)
+        source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+        assert ("prefetch.global.L2" in ptx) == knobs.get("prefetch_l2", False), knobs
+
+
 def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     """ptxas (bundled with Triton, no GPU needed) on the persistent step kernel for sm_90a, with the
     official v2 shapes, the engine's own constexprs and a launch's alignment hints: the default folded
