@@ -2,7 +2,7 @@
 without a GPU: Triton compiles the kernel to PTX and its bundled ptxas reports what each thread
 uses (``ptxas -v``).
 
-    PYTHONPATH=. python scripts/t2s_persistent_registers.py --out docs/results/cpu_34_t2s_registers.json
+    PYTHONPATH=. python scripts/t2s_persistent_registers.py --out docs/results/cpu_36_t2s_registers.json
 
 Why: one program runs on each SM, so a thread may take up to 255 registers; whatever the kernel
 keeps live beyond that (the weight tiles each program loads before a grid barrier) goes to local
@@ -39,9 +39,11 @@ INTEGERS = {"cache_layer_stride", "phase_layer"}
 # name -> the engine's knobs; every row on 132 programs (the default grid) and 8 warps unless named
 ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"fold_out": False},
         "fold_ffn_out (default)": {}, "fold_ffn_out_w16": {"step_warps": 16}, "prefetch_out": {"prefetch_out": True},
-        "replicas8": {"sum_replicas": 8}, "late_key_score": {"late_key_score": True},
+        "replicas1": {"sum_replicas": 1}, "late_key_score": {"late_key_score": True},
         "late_key_score_prefetch_out": {"late_key_score": True, "prefetch_out": True},
-        "late_key_score_replicas8": {"late_key_score": True, "sum_replicas": 8}, "split_out": {"split_out": True}}
+        "split_out": {"split_out": True}, "arrive_after_loads": {"arrive_first": False},
+        "out_not_in_l2": {"out_in_l2": False}, "relaxed_polls": {"relaxed_polls": True},
+        "prefetch_l2": {"prefetch_l2": True}, "timeline": {"timeline": True}}
 
 
 def signature() -> dict[str, str]:
