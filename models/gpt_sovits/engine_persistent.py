@@ -118,7 +118,8 @@ def _barrier_ptx(arrive: bool, poll: str | None, after: str = "") -> str:
 
 
 # ASM_BARRIER bits: PTX (else Triton atomics), relaxed polls and one fence (no poll carries the
-# acquire's cost), arrival before the next phase's tile loads (_grid_arrive).
+# acquire's cost), arrival before the next phase's tile loads (_grid_arrive). The kernels test the
+# bits as literals (a plain int global cannot enter a Triton function): & 2 relaxed, & 4 arrive-first.
 ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST = 1, 2, 4
 _ARRIVE = tl.constexpr(_barrier_ptx(True, None))
 _ACQUIRE_POLLS = tl.constexpr(_barrier_ptx(True, "ld.acquire.gpu.global.u32"))
@@ -848,7 +849,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     loads only W_k and the head's last program scores the new key, so no program holds two weight
     tiles. None of the three pays on the H200 (500 FP16 tokens, one call, docs/results/
     h200_34_t2s_late_key_score.json): tokens/s 3,294 as the default, 3,334 with ``late_key_score``,
-    3,358 with 8 replicas, 2,925-3,064 with ``prefetch_out``; all three stay off. They were tried for
+    3,358 with 8 replicas, 2,925-3,064 with ``prefetch_out``; all three stayed off (8 replicas pay once
+    ``arrive_first`` is on, below). They were tried for
     register pressure, read from an offline compile without the launch's alignment hints; compiled as
     launched, no 8-warp variant spills (scripts/t2s_persistent_registers.py). ``split_out`` (with
     ``fold_out``, instead of the two above): every program of a head loads a few rows of the head's W_o
