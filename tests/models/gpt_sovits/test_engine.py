@@ -804,7 +804,7 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
                       for knobs in ({"relaxed_polls": True, "prefetch_l2": True, "arrive_first": True},
-                                    {"out_in_l2": False}))
+                                    {"out_in_l2": False, "arrive_first": False}))
     constants = variant.kernel_constants(PERSISTENT)
     assert (constants["STREAM_EVICT"], constants["OUT_EVICT"], constants["ASM_BARRIER"], constants["PREFETCH_L2"]) == (
         "evict_first", "evict_last", 1 | 2 | 4, True)
