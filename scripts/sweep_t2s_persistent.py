@@ -59,7 +59,7 @@ from models.gpt_sovits.engine_weights import (
     T2SWeights,
     random_state_dict,
 )
-from models.gpt_sovits.step_timeline import StepLayout, summarize
+from models.gpt_sovits.step_timeline import summarize
 from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 
 PHONES, PROMPT_TOKENS, TOKENS, REPEATS = 30, 30, 500, 5
@@ -79,8 +79,7 @@ def decode_seconds(engine: T2SEngine, request: T2SRequest) -> tuple[float, torch
 
 def step_kernels(engine: T2SEngine, request: T2SRequest) -> dict:
     """GPU microseconds per token of each kernel (and memset) over one whole decode, warm, and their
-    sum: what a token's time holds beside the gaps between them. Steps run in groups of the
-    engine's ``sync_every``, so a decode launches a few more steps than it keeps tokens."""
+    sum: what a token's time holds beside the gaps between them."""
     with profile(activities=[ProfilerActivity.CUDA]) as trace:
         decode_seconds(engine, request)
         torch.cuda.synchronize()
@@ -180,8 +179,7 @@ def main() -> None:
             timed = engine(PersistentT2SEngine, torch.float16, timeline=True, **knobs)
             row, _ = measure(timed, request, reference16)
             stamps = timed.step_timeline().numpy()  # the decode's last step
-            layout = StepLayout(timed.config.num_layers, timed.phase_names, timed.programs)
-            row["timeline"] = summarize(stamps, layout, timed.program_roles())
+            row["timeline"] = summarize(stamps, timed.step_layout, timed.program_roles())
             result[f"{name}_timeline"] = row
             raw[name] = (stamps - stamps.min()).tolist()
             stamps_path.write_text(json.dumps(raw))

@@ -961,7 +961,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
         # timeline: every step's kernel overwrites its stamps (step_timeline.py's layout); a placeholder otherwise.
-        stamps = StepLayout(config.num_layers, self.phase_names, programs).events if timeline else 1
+        stamps = self.step_layout.events if timeline else 1
         self._timeline = torch.zeros((stamps, programs if timeline else 1), dtype=torch.int64, device=self.device)
         self.timeline = timeline
 
@@ -974,6 +974,11 @@ class PersistentT2SEngine(TritonT2SEngine):
     def phase_names(self) -> tuple[str, ...]:
         """A layer's phases, each opened by a grid barrier: attend, out (unless folded), one FFN phase or two."""
         return ("attend",) + (() if self.fold_out else ("out",)) + (("ffn",) if self.fold_ffn else ("ffn1", "ffn2"))
+
+    @property
+    def step_layout(self) -> StepLayout:
+        """Which row of the timeline's stamp table holds which event, for this engine's phases and grid."""
+        return StepLayout(self.config.num_layers, self.phase_names, self.programs)
 
     def program_roles(self) -> list[str]:
         """Each program's role in the attend phase (``_program_role``): chunk, key, value or idle."""

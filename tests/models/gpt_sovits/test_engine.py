@@ -476,7 +476,7 @@ def test_a_stamped_persistent_step_keeps_the_official_tokens_and_times_every_pha
     from models.gpt_sovits.engine_persistent import (
         PersistentT2SEngine,  # Triton is a GPU-machine-only package
     )
-    from models.gpt_sovits.step_timeline import StepLayout, summarize
+    from models.gpt_sovits.step_timeline import summarize
 
     config, state_dict, cases = fixture_model
     weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cuda")
@@ -485,9 +485,8 @@ def test_a_stamped_persistent_step_keeps_the_official_tokens_and_times_every_pha
     engine.capture_graphs(greedy_modes=(True,))
     for name, (request, expected, _) in fixture_requests(cases).items():
         assert torch.equal(engine.generate([request])[0].tokens, expected), name
-    layout = StepLayout(config.num_layers, engine.phase_names, engine.programs)
-    summary = summarize(engine.step_timeline().numpy(), layout, engine.program_roles())
-    assert len(summary["rows"]) == layout.barriers
+    summary = summarize(engine.step_timeline().numpy(), engine.step_layout, engine.program_roles())
+    assert len(summary["rows"]) == engine.step_layout.barriers == config.num_layers * 2 + 1
     assert all(row["span_ns"] >= 0 and row["release_ns"] >= 0 for row in summary["rows"])
     assert 0 < sum(row["span_ns"] for row in summary["rows"]) <= summary["step_ns"] < 10_000_000
     assert not engine.barrier_timed_out()
