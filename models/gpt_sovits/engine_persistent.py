@@ -67,7 +67,7 @@ import torch
 import triton
 import triton.language as tl
 
-from models.gpt_sovits.engine_triton import TritonT2SEngine, row_layer_norm
+from models.gpt_sovits.engine_triton import TritonT2SEngine, layer_norm_with
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
@@ -260,10 +260,44 @@ def _replica_sum(row_ptr, dim, ok, D: tl.constexpr, REPLICAS: tl.constexpr):
 
 
 @triton.jit
-def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr,
-                 D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr, REPLICAS: tl.constexpr):
+def _norm_params(weight_ptr, bias_ptr, dim, ok, HOIST: tl.constexpr):
+    """HOIST: a LayerNorm's scale and shift (D_PAD,) float32, loaded where this is called (before a
+    phase's grid barrier, so their latency hides behind the wait); otherwise zeros that
+    ``_phase_layer_norm`` does not read."""
+    if HOIST:
+        gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+        beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    else:
+        gamma = dim * 0.0
+        beta = dim * 0.0
+    return gamma, beta
+
+
+@triton.jit
+def _phase_layer_norm(values, ok, gamma, beta, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr,
+                      HOIST: tl.constexpr):
+    """LayerNorm of a (D_PAD,) row after a grid barrier. HOIST: with ``gamma`` and ``beta`` from
+    ``_norm_params``. Otherwise the loads of the scale and shift follow the row's two reductions, as
+    they were first written: each reduction ends in a block barrier, which no load crosses, so those
+    loads then add a memory round trip to the phase's critical path (kept to measure that)."""
+    if HOIST:
+        normed = layer_norm_with(values, ok, gamma, beta, D, EPS)
+    else:
+        mean = tl.sum(values, axis=0) / D
+        centred = tl.where(ok, values - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + EPS)
+        late_gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+        late_beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+        normed = tl.where(ok, centred * rstd * late_gamma + late_beta, 0.0)
+    return normed
+
+
+@triton.jit
+def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr, gamma, beta,
+                 D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr, REPLICAS: tl.constexpr,
+                 HOIST: tl.constexpr):
     """The layer's input row (D_PAD,): the token's embedding at layer 0, else LayerNorm 2 of the
-    previous layer's sum (``REPLICAS`` rows)."""
+    previous layer's sum (``REPLICAS`` rows); ``gamma``, ``beta``: that norm's, with HOIST."""
     dim = tl.arange(0, D_PAD)
     ok = dim < D
     if layer == 0:
@@ -271,7 +305,8 @@ def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, 
         x += tl.load(positions_ptr + position * D + dim, mask=ok, other=0.0).to(tl.float32)
     else:
         summed = _replica_sum(sum_ptr, dim, ok, D, REPLICAS)
-        x = row_layer_norm(summed, ok, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D, dim, D, EPS)
+        x = _phase_layer_norm(summed, ok, gamma, beta, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D,
+                              dim, D, EPS, HOIST)
     return x
 
 
@@ -288,6 +323,7 @@ def _attend_phase(
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
+    HOIST: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -344,12 +380,14 @@ def _attend_phase(
     if SPLIT_OUT:
         out_rows_w, out_rows, out_rows_ok = _head_out_rows(out_w_ptr, layer, pid, head, rank, D, HD, HD_PAD, H, CHUNKS,
                                                            OUT_ROWS, OUT_GROUPS)
+    norm_row = tl.maximum(layer - 1, 0) * D  # LayerNorm 2 of the previous layer (unused at layer 0)
+    gamma, beta = _norm_params(norm2_w_ptr + norm_row, norm2_b_ptr + norm_row, dim, dim_ok, HOIST)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     previous_sum2 = sum2_ptr + tl.maximum(layer - 1, 0) * SUM2_STRIDE
     x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, previous_sum2, norm2_w_ptr, norm2_b_ptr,
-                     D, D_PAD, EPS, SUM2_REPLICAS)  # (D_PAD,)
+                     gamma, beta, D, D_PAD, EPS, SUM2_REPLICAS, HOIST)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     # (HD_PAD,): q; v for the value program; k for the key program under LATE_KEY_SCORE
@@ -414,12 +452,12 @@ def _attend_phase(
                               timeline_ptr, False)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS)
+                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST)
     elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
-                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT)
+                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT, HOIST)
     _stamp(layer_stamps_ptr, 2 * layer + 1, TIMELINE)  # and the head's out projection, where it was the last
 
 
@@ -438,16 +476,22 @@ def _head_partial_scores(head, part_m_ptr, part_s_ptr, PARTS: tl.constexpr, CHUN
 
 @triton.jit
 def _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr,
-                         HD: tl.constexpr, HD_PAD: tl.constexpr):
+                         HD: tl.constexpr, HD_PAD: tl.constexpr, HOIST: tl.constexpr):
     """The head's attention output (HD_PAD,) from its CHUNKS + 1 softmax partials: ``best`` and
-    ``total`` (PARTS_PAD,) their maxima and weight sums, their weighted values read through L2."""
+    ``total`` (PARTS_PAD,) their maxima and weight sums, their weighted values read through L2.
+    HOIST: those values are loaded before the maximum is reduced, whose block barrier a later load
+    would wait behind."""
     c = tl.arange(0, PARTS_PAD)
     c_ok = c < CHUNKS + 1
     part = head * (CHUNKS + 1) + c
     j = tl.arange(0, HD_PAD)
+    acc_pointers = part_acc_ptr + part[:, None] * HD + j[None, :]
+    acc_ok = c_ok[:, None] & (j < HD)[None, :]
+    if HOIST:
+        acc = tl.load(acc_pointers, mask=acc_ok, other=0.0, cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
     factor = tl.where(c_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
-    acc = tl.load(part_acc_ptr + part[:, None] * HD + j[None, :], mask=c_ok[:, None] & (j < HD)[None, :], other=0.0,
-                  cache_modifier=".cg")  # (PARTS_PAD, HD_PAD)
+    if not HOIST:
+        acc = tl.load(acc_pointers, mask=acc_ok, other=0.0, cache_modifier=".cg")
     return tl.sum(acc * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)
 
 
@@ -483,18 +527,22 @@ def _head_out_rows(out_w_ptr, layer, pid, head, rank, D: tl.constexpr, HD: tl.co
 def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
                        sum1_ptr, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
                        CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr):
+                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr, HOIST: tl.constexpr):
     """SPLIT_OUT, once every partial of the head is written: the program's rows of W_o[:, head] times
     the head's attention, added into the layer's sum 1 row (the lead head adds those rows' bias and
-    layer input ``x`` (D_PAD,) too)."""
+    layer input ``x`` (D_PAD,) too). HOIST: the bias is loaded with the partials, not after the product."""
+    lead = (rows * 0 + head) == 0
+    bias_pointers = out_b_ptr + layer * D + rows
+    if HOIST:
+        bias = tl.load(bias_pointers, mask=rows_ok & lead, other=0.0).to(tl.float32)
     best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
-    attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
+    attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
     out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (OUT_ROWS,)
     # x's entries at the rows: D_PAD = OUT_GROUPS x OUT_ROWS, one group a rank.
     groups = tl.reshape(x, (OUT_GROUPS, OUT_ROWS))
     x_rows = tl.sum(tl.where((tl.arange(0, OUT_GROUPS) == rank)[:, None], groups, 0.0), axis=0)  # (OUT_ROWS,)
-    lead = (rows * 0 + head) == 0
-    bias = tl.load(out_b_ptr + layer * D + rows, mask=rows_ok & lead, other=0.0).to(tl.float32)
+    if not HOIST:
+        bias = tl.load(bias_pointers, mask=rows_ok & lead, other=0.0).to(tl.float32)
     out += tl.where(lead, bias + x_rows, 0.0)
     row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
     tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
@@ -517,19 +565,31 @@ def _fold_out_of_head(
     q_ptr, new_slot,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-    LATE_KEY_SCORE: tl.constexpr, OUT_EVICT: tl.constexpr,
+    LATE_KEY_SCORE: tl.constexpr, OUT_EVICT: tl.constexpr, HOIST: tl.constexpr,
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
     the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
     layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already. With
     LATE_KEY_SCORE the new position's partial (score q . k_new, weight 1) is made here from the q of
-    the head's chunk 0 and the k the key program wrote at ``new_slot``."""
+    the head's chunk 0 and the k the key program wrote at ``new_slot``. HOIST: the last arrival
+    issues its W_o tile and bias loads first, so they travel with the partials' loads instead of
+    waiting behind the merge's block barriers."""
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
         tl.debug_barrier()  # the acquire before any thread reads the other programs' partials
         j = tl.arange(0, HD_PAD)
         j_ok = j < HD
+        dim = tl.arange(0, D_PAD)
+        dim_ok = dim < D
+        lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
+        bias_pointers = out_b_ptr + layer * D + dim
+        if HOIST:
+            if PREFETCH_OUT:
+                w = out_columns
+            else:
+                w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
+            bias = tl.load(bias_pointers, mask=dim_ok & lead, other=0.0).to(tl.float32)
         if LATE_KEY_SCORE:
             # The new position's slot (c == CHUNKS) is filled here.
             best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS, CHUNKS, PARTS_PAD)
@@ -541,16 +601,15 @@ def _fold_out_of_head(
             total = tl.where(c == CHUNKS, 1.0, total)
         else:
             best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
-        attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD)
-        dim = tl.arange(0, D_PAD)
-        dim_ok = dim < D
-        if PREFETCH_OUT:
-            w = out_columns
-        else:
-            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
+        attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
+        if not HOIST:
+            if PREFETCH_OUT:
+                w = out_columns
+            else:
+                w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
         out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
-        lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
-        bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
+        if not HOIST:
+            bias = tl.load(bias_pointers, mask=dim_ok & lead, other=0.0).to(tl.float32)
         out += tl.where(lead, bias + x, 0.0)
         # Heads spread over the replicas: fewer float atomics queue on each address.
         row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
@@ -604,7 +663,7 @@ def _ffn1_phase(
     normed1_ptr, hidden_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, HOIST: tl.constexpr,
 ):
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
@@ -614,11 +673,13 @@ def _ffn1_phase(
     w = tl.load(ffn1_w_ptr + layer * (FFN * D) + col[:, None] * D + dim[None, :],
                 mask=col_ok[:, None] & dim_ok[None, :], other=0.0)  # (BN, D_PAD)
     bias = tl.load(ffn1_b_ptr + layer * FFN + col, mask=col_ok, other=0.0).to(tl.float32)
+    gamma, beta = _norm_params(norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, dim_ok, HOIST)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
-    x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)
+    x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS,
+                          HOIST)
     if pid == 0:
         tl.store(normed1_ptr + dim, x, mask=dim_ok)
     hidden = tl.maximum(tl.sum(w.to(tl.float32) * x[None, :], axis=1) + bias, 0.0)
@@ -655,7 +716,7 @@ def _ffn_phase(
     norm1_b_ptr, sum1_ptr, sum2_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, HOIST: tl.constexpr,
 ):
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
     added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
@@ -675,11 +736,13 @@ def _ffn_phase(
     # Program 0 adds the bias and the residual once.
     lead = (dim * 0 + pid) == 0  # (D_PAD,): a vector, as the interpreter needs in a mask
     b2 = tl.load(ffn2_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
+    gamma, beta = _norm_params(norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, dim_ok, HOIST)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
-    x = row_layer_norm(summed, dim_ok, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS)  # (D_PAD,)
+    x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS,
+                          HOIST)  # (D_PAD,)
     hidden = tl.maximum(tl.sum(w1.to(tl.float32) * x[None, :], axis=1) + b1, 0.0)  # (BN,)
     partial = tl.sum(w2.to(tl.float32) * hidden[:, None], axis=0)  # (D_PAD,)
     partial += tl.where(lead, b2 + x, 0.0)
@@ -692,7 +755,7 @@ def _logits_phase(
     pid, counter_ptr, error_ptr, target, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
     SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, HOIST: tl.constexpr,
 ):
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
@@ -701,11 +764,13 @@ def _logits_phase(
     dim_ok = dim < D
     w = tl.load(predict_w_ptr + col[:, None] * D + dim[None, :], mask=col_ok[:, None] & dim_ok[None, :], other=0.0,
                 eviction_policy=STREAM_EVICT)
+    norm_w, norm_b = norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D
+    gamma, beta = _norm_params(norm_w, norm_b, dim, dim_ok, HOIST)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE, dim, dim_ok, D, SUM2_REPLICAS)
-    x = row_layer_norm(summed, dim_ok, norm2_w_ptr + (LAYERS - 1) * D, norm2_b_ptr + (LAYERS - 1) * D, dim, D, EPS)
+    x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm_w, norm_b, dim, D, EPS, HOIST)
     tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
 
 
@@ -726,7 +791,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    PREFETCH_L2: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -754,7 +819,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
@@ -769,20 +834,20 @@ def _t2s_step_kernel(
                 _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
                            BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE,
-                           STREAM_EVICT)
+                           STREAM_EVICT, HOIST_LOADS)
                 if PREFETCH_L2:
                     if layer + 1 < LAYERS:
                         _prefetch_ffn_tile(pid, layer + 1, ffn1_w_ptr, ffn2_w_ptr, D, D_PAD, FFN, BN_FFN1)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
-                            EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE)
+                            EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE, HOIST_LOADS)
                 _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
                             hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER,
                             timeline_ptr, TIMELINE)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
-                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT)
+                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT, HOIST_LOADS)
         _stamp(layer_stamps, 2 * LAYERS, TIMELINE)  # the step's end
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
@@ -791,7 +856,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -802,7 +867,7 @@ def _t2s_step_kernel(
             x = tl.load(xin_ptr + dim, mask=dim < D, other=0.0)
             _add_head_out_rows(head, rank, phase_layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr,
                                part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
-                               OUT_ROWS, OUT_GROUPS)
+                               OUT_ROWS, OUT_GROUPS, HOIST_LOADS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
@@ -810,18 +875,18 @@ def _t2s_step_kernel(
     elif PHASE == 2:
         _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
                     sum1_ptr + phase_layer * SUM1_STRIDE, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                    False, False, SUM1_REPLICAS, timeline_ptr, False)
+                    False, False, SUM1_REPLICAS, timeline_ptr, False, HOIST_LOADS)
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
                     sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False, timeline_ptr, False)
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
                    norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
-                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False, STREAM_EVICT)
+                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False, STREAM_EVICT, HOIST_LOADS)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
                       D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS, timeline_ptr,
-                      False, STREAM_EVICT)
+                      False, STREAM_EVICT, HOIST_LOADS)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -864,14 +929,19 @@ class PersistentT2SEngine(TritonT2SEngine):
     from step to step. Tried and left off (docs/results/h100_36_t2s_timeline.json): ``relaxed_polls``
     (relaxed poll loads and one acquire fence; slower) and ``prefetch_l2`` (each phase's tile asked of
     L2 a phase early; slower: more requests ahead of the arrival). ``timeline``: every step stamps its
-    barriers and attend phases (``step_timeline``)."""
+    barriers and attend phases (``step_timeline``). ``hoist_loads`` (on by default; read from the compiled
+    kernel's SASS, scripts/t2s_persistent_registers.py's offline compile): every load that needs no
+    result of the phase is issued before the first block barrier that follows it (a LayerNorm's scale and
+    shift before the grid barrier, the head's W_o tile, out bias and weighted values alongside the
+    partials' scores). Off, the loads sit where the arithmetic first needs them, after reductions whose
+    block barriers no load crosses: each is then one more memory round trip on the critical path."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int | None = None,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
-                 arrive_first: bool | None = None, **kwargs):
+                 arrive_first: bool | None = None, hoist_loads: bool = True, **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -913,7 +983,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
-        self.arrive_first = arrive_first
+        self.arrive_first, self.hoist_loads = arrive_first, hoist_loads
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1026,7 +1096,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
-            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT)
+            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked

@@ -172,11 +172,20 @@ def _attention_kernel(
 @triton.jit
 def row_layer_norm(values, ok, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr):
     """LayerNorm of one (D_PAD,) float32 row whose padding is masked by ``ok``."""
+    gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
+    return layer_norm_with(values, ok, gamma, beta, D, EPS)
+
+
+@triton.jit
+def layer_norm_with(values, ok, gamma, beta, D: tl.constexpr, EPS: tl.constexpr):
+    """LayerNorm of one (D_PAD,) float32 row whose padding is masked by ``ok``, with its scale
+    ``gamma`` and shift ``beta`` (D_PAD,) float32 already loaded: a caller on a latency-bound path
+    loads them early, since a load placed after the row's two reductions waits a memory round trip
+    behind them."""
     mean = tl.sum(values, axis=0) / D
     centred = tl.where(ok, values - mean, 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / D + EPS)
-    gamma = tl.load(weight_ptr + dim, mask=ok, other=0.0).to(tl.float32)
-    beta = tl.load(bias_ptr + dim, mask=ok, other=0.0).to(tl.float32)
     return tl.where(ok, centred * rstd * gamma + beta, 0.0)
 
 

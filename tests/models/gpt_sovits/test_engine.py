@@ -791,9 +791,10 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
-    barrier's polls relaxed, one acquire fence) and ``arrive_first`` (the arrival before the tile
-    loads) change no arithmetic: the same request, six steps, logits equal up to float32 summation
-    order and the same tokens as the folded step without any of them. The interpreter has no L2 and
+    barrier's polls relaxed, one acquire fence), ``arrive_first`` (the arrival before the tile
+    loads) and ``hoist_loads`` (loads issued before the block barriers that follow them) change no
+    arithmetic: the same request, six steps, logits equal up to float32 summation order and the same
+    tokens as the folded step without any of them. The interpreter has no L2 and
     no barrier (and runs no prefetch), so on the CPU this checks the knobs' plumbing only."""
     _triton_device_or_skip(device)
     from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
@@ -803,10 +804,11 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
                       for knobs in ({"relaxed_polls": True, "prefetch_l2": True, "arrive_first": True},
-                                    {"out_in_l2": False, "arrive_first": False}))
+                                    {"out_in_l2": False, "arrive_first": False, "hoist_loads": False}))
     constants = variant.kernel_constants(PERSISTENT)
     assert (constants["STREAM_EVICT"], constants["OUT_EVICT"], constants["ASM_BARRIER"], constants["PREFETCH_L2"]) == (
         "evict_first", "evict_last", 1 | 2 | 4, True)
+    assert constants["HOIST_LOADS"] and not plain.kernel_constants(PERSISTENT)["HOIST_LOADS"]
     assert plain.kernel_constants(PERSISTENT)["OUT_EVICT"] == ""
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
@@ -860,7 +862,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -883,7 +885,8 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
-                  {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}):
+                  {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
+                  {"prefetch_out": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
