@@ -572,8 +572,8 @@ def _fold_out_of_head(
     layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already. With
     LATE_KEY_SCORE the new position's partial (score q . k_new, weight 1) is made here from the q of
     the head's chunk 0 and the k the key program wrote at ``new_slot``. HOIST: the last arrival
-    issues its W_o tile and bias loads first, so they travel with the partials' loads instead of
-    waiting behind the merge's block barriers."""
+    issues its bias load first, so it travels with the partials' loads instead of waiting behind the
+    merge's block barriers."""
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
@@ -585,10 +585,6 @@ def _fold_out_of_head(
         lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
         bias_pointers = out_b_ptr + layer * D + dim
         if HOIST:
-            if PREFETCH_OUT:
-                w = out_columns
-            else:
-                w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
             bias = tl.load(bias_pointers, mask=dim_ok & lead, other=0.0).to(tl.float32)
         if LATE_KEY_SCORE:
             # The new position's slot (c == CHUNKS) is filled here.
@@ -602,11 +598,13 @@ def _fold_out_of_head(
         else:
             best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
         attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
-        if not HOIST:
-            if PREFETCH_OUT:
-                w = out_columns
-            else:
-                w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
+        # The W_o tile is loaded after the merge, even with HOIST: its 64 KB issued beside the partials'
+        # loads queue ahead of the merge's shared-memory reductions in the SM's load/store pipe, and that
+        # made the out projection 1.4 us slower a layer on an H100 (docs/results/h100_37_t2s_hoist.json).
+        if PREFETCH_OUT:
+            w = out_columns
+        else:
+            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
         out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
         if not HOIST:
             bias = tl.load(bias_pointers, mask=dim_ok & lead, other=0.0).to(tl.float32)
@@ -930,11 +928,12 @@ class PersistentT2SEngine(TritonT2SEngine):
     (relaxed poll loads and one acquire fence; slower) and ``prefetch_l2`` (each phase's tile asked of
     L2 a phase early; slower: more requests ahead of the arrival). ``timeline``: every step stamps its
     barriers and attend phases (``step_timeline``). ``hoist_loads`` (on by default; read from the compiled
-    kernel's SASS, scripts/t2s_persistent_registers.py's offline compile): every load that needs no
-    result of the phase is issued before the first block barrier that follows it (a LayerNorm's scale and
-    shift before the grid barrier, the head's W_o tile, out bias and weighted values alongside the
-    partials' scores). Off, the loads sit where the arithmetic first needs them, after reductions whose
-    block barriers no load crosses: each is then one more memory round trip on the critical path."""
+    kernel's SASS, scripts/t2s_persistent_registers.py's offline compile): the small loads that need no
+    result of the phase are issued before the first block barrier that follows them (a LayerNorm's scale
+    and shift before the grid barrier, the out bias and the partials' weighted values beside the
+    partials' scores). Off, they sit where the arithmetic first needs them, after reductions whose block
+    barriers no load crosses: each is then one more memory round trip on the critical path. The head's
+    64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
