@@ -360,8 +360,22 @@ def _attend_phase(
     bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
     if not LATE_KEY_SCORE:
         b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
-        w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
-                      other=0.0, eviction_policy=STREAM_EVICT)  # (HD_PAD, D_PAD)
+        w_k_pointers = w_base + (D + head * HD + j)[:, None] * D + dim[None, :]
+        if VALUE_OUT:
+            # The value program's second tile is W_o[:, head] transposed, (HD_PAD, D_PAD), in the registers
+            # that the key program's W_k takes: it holds the out projection's weights before the barrier.
+            if is_value:
+                w_b = tl.load(out_w_ptr + layer * (D * D) + dim[None, :] * D + (head * HD + j)[:, None],
+                              mask=j_ok[:, None] & dim_ok[None, :], other=0.0, eviction_policy=OUT_EVICT)
+            else:
+                w_b = tl.load(w_k_pointers, mask=b_ok[:, None] & dim_ok[None, :], other=0.0,
+                              eviction_policy=STREAM_EVICT)
+            value_lead = ((dim * 0 + head) == 0) & ((dim * 0 + pid) >= H * CHUNKS + H) & (
+                (dim * 0 + pid) < H * CHUNKS + 2 * H)  # (D_PAD,): the lead head's value program
+            out_bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & value_lead, other=0.0).to(tl.float32)
+        else:
+            w_b = tl.load(w_k_pointers, mask=b_ok[:, None] & dim_ok[None, :], other=0.0,
+                          eviction_policy=STREAM_EVICT)  # (HD_PAD, D_PAD)
         bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
     token = tl.load(last_token_ptr)
     position = tl.minimum(tl.load(audio_pos_ptr), MAX_POSITION - 1)
@@ -457,9 +471,9 @@ def _attend_phase(
         if is_chunk | is_key | is_value:
             if is_value:
                 if SYNC:  # one phase a launch: PHASE_VALUE_OUT's launch does it
-                    _value_out_of_head(head, layer, x, arrivals_ptr, error_ptr, out_w_ptr, out_b_ptr, part_m_ptr,
-                                       part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                                       SUM1_REPLICAS, OUT_EVICT, ASM, True, HOIST)
+                    _value_out_of_head(head, layer, x, w_b, out_bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr,
+                                       part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
+                                       SUM1_REPLICAS, ASM, True, HOIST)
             else:
                 tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
                 if SYNC:
@@ -627,22 +641,21 @@ def _fold_out_of_head(
 
 @triton.jit
 def _value_out_of_head(
-    head, layer, x, arrivals_ptr, error_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr,
+    head, layer, x, w_t, bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr, OUT_EVICT: tl.constexpr,
-    ASM: tl.constexpr, WAIT: tl.constexpr, HOIST: tl.constexpr,
+    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr, ASM: tl.constexpr,
+    WAIT: tl.constexpr, HOIST: tl.constexpr,
 ):
     """VALUE_OUT: the head's value program adds W_o[:, head] . attention(head) into its replica of the
-    layer's sum 1 row. It loads the W_o tile and the bias first, while the head's chunk programs still
-    attend (its own work, one projection, ends early), then (WAIT) polls the head's counter until the
-    CHUNKS chunks and the key program have arrived; without WAIT (one phase a launch) every partial is
-    written already. Against ``_fold_out_of_head``: the tile load leaves the critical path, and the
-    last partial's arrival is a fire-and-forget add instead of an atomic whose count comes back."""
+    layer's sum 1 row, from ``w_t`` = W_o[:, head] transposed (HD_PAD, D_PAD) and the out ``bias``
+    (D_PAD,) (zeros but for the lead head), both loaded before the step's barrier. Its own work, one
+    projection, ends early; then (WAIT) it polls the head's counter until the CHUNKS chunks and the key
+    program have arrived; without WAIT (one phase a launch) every partial is written already. Against
+    ``_fold_out_of_head``: no tile load on the critical path, and the last partial's arrival is a
+    fire-and-forget add instead of an atomic whose count comes back."""
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
-    w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
     lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
-    bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
     tl.debug_barrier()  # this program's own partial (its v) written before any thread reads it back
     if WAIT:
         # PTX polls: the count is a tensor, as the inline PTX takes one
@@ -655,7 +668,7 @@ def _value_out_of_head(
         tl.debug_barrier()  # the acquire before any thread reads the other programs' partials
     best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
     attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
-    out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1) + tl.where(lead, bias + x, 0.0)  # (D_PAD,)
+    out = tl.sum(w_t.to(tl.float32) * attention[:, None], axis=0) + tl.where(lead, bias + x, 0.0)  # (D_PAD,)
     row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
     tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
 
@@ -918,10 +931,16 @@ def _t2s_step_kernel(
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
         if is_value:
             dim = tl.arange(0, D_PAD)
-            x = tl.load(xin_ptr + dim, mask=dim < D, other=0.0)
-            _value_out_of_head(head, phase_layer, x, arrivals_ptr, error_ptr, out_w_ptr, out_b_ptr, part_m_ptr,
-                               part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                               SUM1_REPLICAS, OUT_EVICT, False, False, HOIST_LOADS)
+            dim_ok = dim < D
+            j = tl.arange(0, HD_PAD)
+            x = tl.load(xin_ptr + dim, mask=dim_ok, other=0.0)
+            w_t = tl.load(out_w_ptr + phase_layer * (D * D) + dim[None, :] * D + (head * HD + j)[:, None],
+                          mask=(j < HD)[:, None] & dim_ok[None, :], other=0.0)  # (HD_PAD, D_PAD)
+            bias = tl.load(out_b_ptr + phase_layer * D + dim, mask=dim_ok & ((dim * 0 + head) == 0),
+                           other=0.0).to(tl.float32)
+            _value_out_of_head(head, phase_layer, x, w_t, bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr,
+                               part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
+                               False, False, HOIST_LOADS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
