@@ -83,7 +83,7 @@ DEFAULT_PROGRAMS = 132
 # h100_36_t2s_replicas.json).
 DEFAULT_SUM_REPLICAS = 8
 SPIN_LIMIT = tl.constexpr(1 << 24)  # polls before a barrier gives up: far beyond any real wait (~1 us)
-PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT, PHASE_VALUE_OUT = range(8)
+PHASE_ATTEND, PHASE_OUT, PHASE_FFN1, PHASE_FFN2, PHASE_LOGITS, PHASE_FFN, PHASE_HEAD_OUT = 0, 1, 2, 3, 4, 5, 6
 PERSISTENT = -1
 
 
@@ -323,7 +323,7 @@ def _attend_phase(
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    HOIST: tl.constexpr, VALUE_OUT: tl.constexpr,
+    HOIST: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -360,22 +360,8 @@ def _attend_phase(
     bias_a = tl.load(b_base + rows_a, mask=j_ok, other=0.0).to(tl.float32)
     if not LATE_KEY_SCORE:
         b_ok = j_ok & (pid_rows >= H * CHUNKS) & (pid_rows < H * CHUNKS + H)
-        w_k_pointers = w_base + (D + head * HD + j)[:, None] * D + dim[None, :]
-        if VALUE_OUT:
-            # The value program's second tile is W_o[:, head] transposed, (HD_PAD, D_PAD), in the registers
-            # that the key program's W_k takes: it holds the out projection's weights before the barrier.
-            if is_value:
-                w_b = tl.load(out_w_ptr + layer * (D * D) + dim[None, :] * D + (head * HD + j)[:, None],
-                              mask=j_ok[:, None] & dim_ok[None, :], other=0.0, eviction_policy=OUT_EVICT)
-            else:
-                w_b = tl.load(w_k_pointers, mask=b_ok[:, None] & dim_ok[None, :], other=0.0,
-                              eviction_policy=STREAM_EVICT)
-            value_lead = ((dim * 0 + head) == 0) & ((dim * 0 + pid) >= H * CHUNKS + H) & (
-                (dim * 0 + pid) < H * CHUNKS + 2 * H)  # (D_PAD,): the lead head's value program
-            out_bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & value_lead, other=0.0).to(tl.float32)
-        else:
-            w_b = tl.load(w_k_pointers, mask=b_ok[:, None] & dim_ok[None, :], other=0.0,
-                          eviction_policy=STREAM_EVICT)  # (HD_PAD, D_PAD)
+        w_b = tl.load(w_base + (D + head * HD + j)[:, None] * D + dim[None, :], mask=b_ok[:, None] & dim_ok[None, :],
+                      other=0.0, eviction_policy=STREAM_EVICT)  # (HD_PAD, D_PAD)
         bias_b = tl.load(b_base + D + head * HD + j, mask=j_ok, other=0.0).to(tl.float32)
     token = tl.load(last_token_ptr)
     position = tl.minimum(tl.load(audio_pos_ptr), MAX_POSITION - 1)
@@ -467,17 +453,6 @@ def _attend_phase(
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
                                    SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST)
-    elif VALUE_OUT:
-        if is_chunk | is_key | is_value:
-            if is_value:
-                if SYNC:  # one phase a launch: PHASE_VALUE_OUT's launch does it
-                    _value_out_of_head(head, layer, x, w_b, out_bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr,
-                                       part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                                       SUM1_REPLICAS, ASM, True, HOIST)
-            else:
-                tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
-                if SYNC:
-                    _thread0_ptx(arrivals_ptr + layer * H + head, head * 0 + CHUNKS + 1, _ARRIVE)
     elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
@@ -637,40 +612,6 @@ def _fold_out_of_head(
         # Heads spread over the replicas: fewer float atomics queue on each address.
         row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
         tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _value_out_of_head(
-    head, layer, x, w_t, bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr, part_acc_ptr, sum1_ptr,
-    D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-    CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr, ASM: tl.constexpr,
-    WAIT: tl.constexpr, HOIST: tl.constexpr,
-):
-    """VALUE_OUT: the head's value program adds W_o[:, head] . attention(head) into its replica of the
-    layer's sum 1 row, from ``w_t`` = W_o[:, head] transposed (HD_PAD, D_PAD) and the out ``bias``
-    (D_PAD,) (zeros but for the lead head), both loaded before the step's barrier. Its own work, one
-    projection, ends early; then (WAIT) it polls the head's counter until the CHUNKS chunks and the key
-    program have arrived; without WAIT (one phase a launch) every partial is written already. Against
-    ``_fold_out_of_head``: no tile load on the critical path, and the last partial's arrival is a
-    fire-and-forget add instead of an atomic whose count comes back."""
-    dim = tl.arange(0, D_PAD)
-    dim_ok = dim < D
-    lead = (dim * 0 + head) == 0  # (D_PAD,): the lead head adds the bias and the layer input once
-    tl.debug_barrier()  # this program's own partial (its v) written before any thread reads it back
-    if WAIT:
-        # PTX polls: the count is a tensor, as the inline PTX takes one
-        if (ASM & 2) != 0:
-            seen = _thread0_ptx(arrivals_ptr + layer * H + head, head * 0 + CHUNKS + 1, _RELAXED_WAIT)
-        else:
-            seen = _thread0_ptx(arrivals_ptr + layer * H + head, head * 0 + CHUNKS + 1, _ACQUIRE_WAIT)
-        if seen < CHUNKS + 1:
-            tl.atomic_max(error_ptr, 1)
-        tl.debug_barrier()  # the acquire before any thread reads the other programs' partials
-    best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
-    attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
-    out = tl.sum(w_t.to(tl.float32) * attention[:, None], axis=0) + tl.where(lead, bias + x, 0.0)  # (D_PAD,)
-    row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
-    tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -848,7 +789,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, VALUE_OUT: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -876,8 +817,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS,
-                          VALUE_OUT)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
@@ -914,7 +854,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, VALUE_OUT)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -926,21 +866,6 @@ def _t2s_step_kernel(
             _add_head_out_rows(head, rank, phase_layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr,
                                part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
                                OUT_ROWS, OUT_GROUPS, HOIST_LOADS)
-    elif PHASE == 7:
-        # VALUE_OUT's out projection, one launch after the attend phase wrote every partial and the layer input.
-        is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
-        if is_value:
-            dim = tl.arange(0, D_PAD)
-            dim_ok = dim < D
-            j = tl.arange(0, HD_PAD)
-            x = tl.load(xin_ptr + dim, mask=dim_ok, other=0.0)
-            w_t = tl.load(out_w_ptr + phase_layer * (D * D) + dim[None, :] * D + (head * HD + j)[:, None],
-                          mask=(j < HD)[:, None] & dim_ok[None, :], other=0.0)  # (HD_PAD, D_PAD)
-            bias = tl.load(out_b_ptr + phase_layer * D + dim, mask=dim_ok & ((dim * 0 + head) == 0),
-                           other=0.0).to(tl.float32)
-            _value_out_of_head(head, phase_layer, x, w_t, bias, arrivals_ptr, error_ptr, part_m_ptr, part_s_ptr,
-                               part_acc_ptr, sum1_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
-                               False, False, HOIST_LOADS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
@@ -1008,18 +933,20 @@ class PersistentT2SEngine(TritonT2SEngine):
     and shift before the grid barrier, the out bias and the partials' weighted values beside the
     partials' scores). Off, they sit where the arithmetic first needs them, after reductions whose block
     barriers no load crosses: each is then one more memory round trip on the critical path. The head's
-    64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why). ``value_out`` (with ``fold_out``,
-    instead of ``prefetch_out``, ``late_key_score`` and ``split_out``): each head's value program, not its
-    last arrival, does the head's out projection: its own work ends early, so it loads the W_o tile while
-    the chunks attend and then waits at the head's counter, whose other arrivals become fire-and-forget
-    adds."""
+    64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why). Handing each head's out
+    projection to a program that waits for it (the head's value program, whose own work ends early,
+    polling the head's counter with W_o loaded after its projection or held from before the barrier)
+    was slower than the last arrival making it: 3,739-3,843 and 3,484-3,490 tokens/s against 4,107-4,249
+    for the default in the same calls on an H100 (docs/results/h100_37_t2s_value_out_*.json, code at
+    commits e8a76ef and 8238da8): the waiting program finished its projection 1.4-2.4 us after the
+    chunks' last partial."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int | None = None,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
-                 arrive_first: bool | None = None, hoist_loads: bool = True, value_out: bool = False, **kwargs):
+                 arrive_first: bool | None = None, hoist_loads: bool = True, **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -1039,12 +966,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         if out_in_l2 and not fold_out:
             raise ValueError("out_in_l2 keeps the folded out projection's W_o in L2: it needs fold_out=True")
         out_in_l2 = fold_out if out_in_l2 is None else out_in_l2  # None: wherever the out phase is folded
-        if value_out and not fold_out:
-            raise ValueError("value_out gives the folded out projection to each head's value program: it needs "
-                             "fold_out=True")
-        if value_out and (prefetch_out or late_key_score or split_out):
-            raise ValueError("value_out gives each head's out projection to its value program: it replaces "
-                             "prefetch_out, late_key_score and split_out")
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
@@ -1067,7 +988,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
-        self.arrive_first, self.hoist_loads, self.value_out = arrive_first, hoist_loads, value_out
+        self.arrive_first, self.hoist_loads = arrive_first, hoist_loads
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1180,8 +1101,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
-            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,
-            VALUE_OUT=self.value_out)
+            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
@@ -1206,7 +1126,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         self._step_zeroed.zero_()  # the folded sums, the head arrivals and the barrier counter
         if self.phased:
             phases = ((PHASE_ATTEND,) + ((PHASE_HEAD_OUT,) if self.split_out else ())
-                      + ((PHASE_VALUE_OUT,) if self.value_out else ())
                       + (() if self.fold_out else (PHASE_OUT,))
                       + ((PHASE_FFN,) if self.fold_ffn else (PHASE_FFN1, PHASE_FFN2)))
             for layer in range(self.config.num_layers):

@@ -788,26 +788,6 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_the_value_programs_out_projection_gives_the_logits_of_the_plain_folded_step(device):
-    """``value_out``: each head's out projection made by its value program after it waits at the head's
-    counter, against the plain folded step (the head's last arrival makes it): the same request, six
-    steps, logits equal up to float32 summation order and the same tokens. On the CPU each phase is a
-    launch, and the value programs' projections a launch of their own after the attend phase."""
-    _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PersistentT2SEngine
-
-    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
-    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=17), torch.float32, device)
-    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
-                                          programs=5 * config.num_heads, phased=device == "cpu", **knobs)
-                      for knobs in ({"value_out": True}, {}))
-    request = other_shape_requests(config, 1)[0]
-    for engine in (variant, plain):
-        engine.prefill([0], [request])
-    assert_same_steps([variant, plain], 64)
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
@@ -863,11 +843,6 @@ def test_split_out_refuses_the_knobs_it_replaces():
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, split_out=True, **knobs)
-    for knobs, message in (({"fold_out": False}, "needs fold_out=True"), ({"split_out": True}, "replaces"),
-                           ({"prefetch_out": True}, "replaces"), ({"late_key_score": True}, "replaces")):
-        with pytest.raises(ValueError, match=message):
-            PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
-                                phased=True, value_out=True, **knobs)
 
 
 def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
@@ -887,8 +862,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"value_out": True, "relaxed_polls": True}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -912,7 +886,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"value_out": True}):
+                  {"prefetch_out": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
