@@ -274,13 +274,28 @@ def _norm_params(weight_ptr, bias_ptr, dim, ok, HOIST: tl.constexpr):
 
 
 @triton.jit
+def _add_pairs(a, b, c, d):
+    """tl.reduce's combine for two sums carried together."""
+    return a + c, b + d
+
+
+@triton.jit
 def _phase_layer_norm(values, ok, gamma, beta, weight_ptr, bias_ptr, dim, D: tl.constexpr, EPS: tl.constexpr,
-                      HOIST: tl.constexpr):
+                      HOIST: tl.constexpr, ONE_PASS: tl.constexpr):
     """LayerNorm of a (D_PAD,) row after a grid barrier. HOIST: with ``gamma`` and ``beta`` from
     ``_norm_params``. Otherwise the loads of the scale and shift follow the row's two reductions, as
     they were first written: each reduction ends in a block barrier, which no load crosses, so those
-    loads then add a memory round trip to the phase's critical path (kept to measure that)."""
-    if HOIST:
+    loads then add a memory round trip to the phase's critical path (kept to measure that). ONE_PASS:
+    the mean and the variance from one reduction of (x, x^2), E[x^2] - mean^2, instead of a reduction
+    for the mean and another for the centred squares: each reduction across the program's warps costs
+    shared-memory exchanges behind block barriers (3 of them fewer a LayerNorm in the compiled kernel),
+    for a variance whose float32 rounding differs."""
+    if ONE_PASS:  # with HOIST (the engine checks): the sum and the sum of squares in one reduction
+        total, squares = tl.reduce((values, values * values), 0, _add_pairs)
+        mean = total / D
+        rstd = 1.0 / tl.sqrt(tl.maximum(squares / D - mean * mean, 0.0) + EPS)
+        normed = tl.where(ok, (values - mean) * rstd * gamma + beta, 0.0)
+    elif HOIST:
         normed = layer_norm_with(values, ok, gamma, beta, D, EPS)
     else:
         mean = tl.sum(values, axis=0) / D
@@ -295,7 +310,7 @@ def _phase_layer_norm(values, ok, gamma, beta, weight_ptr, bias_ptr, dim, D: tl.
 @triton.jit
 def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, norm_w_ptr, norm_b_ptr, gamma, beta,
                  D: tl.constexpr, D_PAD: tl.constexpr, EPS: tl.constexpr, REPLICAS: tl.constexpr,
-                 HOIST: tl.constexpr):
+                 HOIST: tl.constexpr, ONE_PASS: tl.constexpr):
     """The layer's input row (D_PAD,): the token's embedding at layer 0, else LayerNorm 2 of the
     previous layer's sum (``REPLICAS`` rows); ``gamma``, ``beta``: that norm's, with HOIST."""
     dim = tl.arange(0, D_PAD)
@@ -306,7 +321,7 @@ def _layer_input(layer, token, position, embedding_ptr, positions_ptr, sum_ptr, 
     else:
         summed = _replica_sum(sum_ptr, dim, ok, D, REPLICAS)
         x = _phase_layer_norm(summed, ok, gamma, beta, norm_w_ptr + (layer - 1) * D, norm_b_ptr + (layer - 1) * D,
-                              dim, D, EPS, HOIST)
+                              dim, D, EPS, HOIST, ONE_PASS)
     return x
 
 
@@ -323,7 +338,7 @@ def _attend_phase(
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    HOIST: tl.constexpr,
+    HOIST: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -387,7 +402,7 @@ def _attend_phase(
 
     previous_sum2 = sum2_ptr + tl.maximum(layer - 1, 0) * SUM2_STRIDE
     x = _layer_input(layer, token, position, embedding_ptr, positions_ptr, previous_sum2, norm2_w_ptr, norm2_b_ptr,
-                     gamma, beta, D, D_PAD, EPS, SUM2_REPLICAS, HOIST)  # (D_PAD,)
+                     gamma, beta, D, D_PAD, EPS, SUM2_REPLICAS, HOIST, ONE_PASS)  # (D_PAD,)
     if pid == 0:
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     # (HD_PAD,): q; v for the value program; k for the key program under LATE_KEY_SCORE
@@ -661,7 +676,7 @@ def _ffn1_phase(
     normed1_ptr, hidden_ptr,
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-    timeline_ptr, TIMELINE: tl.constexpr, HOIST: tl.constexpr,
+    timeline_ptr, TIMELINE: tl.constexpr, HOIST: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
@@ -677,7 +692,7 @@ def _ffn1_phase(
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS,
-                          HOIST)
+                          HOIST, ONE_PASS)
     if pid == 0:
         tl.store(normed1_ptr + dim, x, mask=dim_ok)
     hidden = tl.maximum(tl.sum(w.to(tl.float32) * x[None, :], axis=1) + bias, 0.0)
@@ -715,6 +730,7 @@ def _ffn_phase(
     D: tl.constexpr, D_PAD: tl.constexpr, FFN: tl.constexpr, BN: tl.constexpr, EPS: tl.constexpr,
     SYNC: tl.constexpr, ASM: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, HOIST: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
     """Both FFN products for the program's ``BN`` hidden units; the partial of sum 2 is atomically
     added into the program's replica (pid mod SUM2_REPLICAS) of the layer's sum 2 row (zeroed
@@ -740,7 +756,7 @@ def _ffn_phase(
 
     summed = _replica_sum(sum1_ptr, dim, dim_ok, D, SUM1_REPLICAS)
     x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm1_w_ptr + layer * D, norm1_b_ptr + layer * D, dim, D, EPS,
-                          HOIST)  # (D_PAD,)
+                          HOIST, ONE_PASS)  # (D_PAD,)
     hidden = tl.maximum(tl.sum(w1.to(tl.float32) * x[None, :], axis=1) + b1, 0.0)  # (BN,)
     partial = tl.sum(w2.to(tl.float32) * hidden[:, None], axis=0)  # (D_PAD,)
     partial += tl.where(lead, b2 + x, 0.0)
@@ -754,6 +770,7 @@ def _logits_phase(
     D: tl.constexpr, D_PAD: tl.constexpr, VOCAB: tl.constexpr, LAYERS: tl.constexpr, BN: tl.constexpr,
     SUM2_STRIDE: tl.constexpr, EPS: tl.constexpr, SYNC: tl.constexpr, ASM: tl.constexpr, SUM2_REPLICAS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, HOIST: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     col = pid * BN + tl.arange(0, BN)
@@ -768,7 +785,7 @@ def _logits_phase(
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
     summed = _replica_sum(sum2_ptr + (LAYERS - 1) * SUM2_STRIDE, dim, dim_ok, D, SUM2_REPLICAS)
-    x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm_w, norm_b, dim, D, EPS, HOIST)
+    x = _phase_layer_norm(summed, dim_ok, gamma, beta, norm_w, norm_b, dim, D, EPS, HOIST, ONE_PASS)
     tl.store(logits_ptr + col, tl.sum(w.to(tl.float32) * x[None, :], axis=1), mask=col_ok)
 
 
@@ -789,7 +806,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, ONE_PASS_NORM: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -817,7 +834,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
@@ -832,20 +849,22 @@ def _t2s_step_kernel(
                 _ffn_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                            ffn2_w_ptr, ffn2_b_ptr, norm1_w_ptr, norm1_b_ptr, layer_sum1, sum2_ptr, D, D_PAD, FFN,
                            BN_FFN1, EPS, True, ASM_BARRIER, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, TIMELINE,
-                           STREAM_EVICT, HOIST_LOADS)
+                           STREAM_EVICT, HOIST_LOADS, ONE_PASS_NORM)
                 if PREFETCH_L2:
                     if layer + 1 < LAYERS:
                         _prefetch_ffn_tile(pid, layer + 1, ffn1_w_ptr, ffn2_w_ptr, D, D_PAD, FFN, BN_FFN1)
             else:
                 _ffn1_phase(pid, layer, counter_ptr, error_ptr, ffn_barrier * PROGRAMS, ffn1_w_ptr, ffn1_b_ptr,
                             norm1_w_ptr, norm1_b_ptr, layer_sum1, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1,
-                            EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE, HOIST_LOADS)
+                            EPS, True, ASM_BARRIER, SUM1_REPLICAS, timeline_ptr, TIMELINE, HOIST_LOADS,
+                            ONE_PASS_NORM)
                 _ffn2_phase(pid, layer, counter_ptr, error_ptr, (ffn_barrier + 1) * PROGRAMS, ffn2_w_ptr, ffn2_b_ptr,
                             hidden_ptr, normed1_ptr, sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, True, ASM_BARRIER,
                             timeline_ptr, TIMELINE)
         _logits_phase(pid, counter_ptr, error_ptr, (LAYERS * PHASES + 1) * PROGRAMS + pid * 0, predict_w_ptr,
                       norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr, D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE,
-                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT, HOIST_LOADS)
+                      EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT, HOIST_LOADS,
+                      ONE_PASS_NORM)
         _stamp(layer_stamps, 2 * LAYERS, TIMELINE)  # the step's end
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
@@ -854,7 +873,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -873,18 +892,19 @@ def _t2s_step_kernel(
     elif PHASE == 2:
         _ffn1_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, norm1_w_ptr, norm1_b_ptr,
                     sum1_ptr + phase_layer * SUM1_STRIDE, normed1_ptr, hidden_ptr, D, D_PAD, FFN, BN_FFN1, EPS,
-                    False, False, SUM1_REPLICAS, timeline_ptr, False, HOIST_LOADS)
+                    False, False, SUM1_REPLICAS, timeline_ptr, False, HOIST_LOADS, ONE_PASS_NORM)
     elif PHASE == 3:
         _ffn2_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn2_w_ptr, ffn2_b_ptr, hidden_ptr, normed1_ptr,
                     sum2_ptr, D, FFN, FFN_PAD, BN_FFN2, False, False, timeline_ptr, False)
     elif PHASE == 5:
         _ffn_phase(pid, phase_layer, counter_ptr, error_ptr, 0, ffn1_w_ptr, ffn1_b_ptr, ffn2_w_ptr, ffn2_b_ptr,
                    norm1_w_ptr, norm1_b_ptr, sum1_ptr + phase_layer * SUM1_STRIDE, sum2_ptr, D, D_PAD, FFN, BN_FFN1,
-                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False, STREAM_EVICT, HOIST_LOADS)
+                   EPS, False, False, SUM1_REPLICAS, SUM2_REPLICAS, timeline_ptr, False, STREAM_EVICT, HOIST_LOADS,
+                   ONE_PASS_NORM)
     else:
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
                       D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS, timeline_ptr,
-                      False, STREAM_EVICT, HOIST_LOADS)
+                      False, STREAM_EVICT, HOIST_LOADS, ONE_PASS_NORM)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -933,7 +953,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     and shift before the grid barrier, the out bias and the partials' weighted values beside the
     partials' scores). Off, they sit where the arithmetic first needs them, after reductions whose block
     barriers no load crosses: each is then one more memory round trip on the critical path. The head's
-    64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why). Handing each head's out
+    64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why). ``one_pass_norm`` (with
+    ``hoist_loads``): each LayerNorm's mean and variance from one reduction (``_phase_layer_norm``). Handing each head's out
     projection to a program that waits for it (the head's value program, whose own work ends early,
     polling the head's counter with W_o loaded after its projection or held from before the barrier)
     was slower than the last arrival making it: 3,739-3,843 and 3,484-3,490 tokens/s against 4,107-4,249
@@ -946,7 +967,8 @@ class PersistentT2SEngine(TritonT2SEngine):
                  fold_out: bool = True, prefetch_out: bool = False, sum_replicas: int | None = None,
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
-                 arrive_first: bool | None = None, hoist_loads: bool = True, **kwargs):
+                 arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
+                 **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -966,6 +988,8 @@ class PersistentT2SEngine(TritonT2SEngine):
         if out_in_l2 and not fold_out:
             raise ValueError("out_in_l2 keeps the folded out projection's W_o in L2: it needs fold_out=True")
         out_in_l2 = fold_out if out_in_l2 is None else out_in_l2  # None: wherever the out phase is folded
+        if one_pass_norm and not hoist_loads:
+            raise ValueError("one_pass_norm is a form of the hoisted LayerNorm: it needs hoist_loads=True")
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
@@ -988,7 +1012,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
-        self.arrive_first, self.hoist_loads = arrive_first, hoist_loads
+        self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1101,7 +1125,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
-            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads)
+            PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,
+            ONE_PASS_NORM=self.one_pass_norm)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
