@@ -954,7 +954,9 @@ class PersistentT2SEngine(TritonT2SEngine):
     partials' scores). Off, they sit where the arithmetic first needs them, after reductions whose block
     barriers no load crosses: each is then one more memory round trip on the critical path. The head's
     64 KB W_o tile stays after the merge (``_fold_out_of_head`` says why). ``one_pass_norm`` (with
-    ``hoist_loads``): each LayerNorm's mean and variance from one reduction (``_phase_layer_norm``). Handing each head's out
+    ``hoist_loads``): each LayerNorm's mean and variance from one reduction (``_phase_layer_norm``); off, as
+    4,189 against 4,193 tokens/s side by side on an H100 is within the spread, though the kernel's timeline
+    puts each phase 0.13 us shorter a layer (docs/results/h100_37_t2s_one_pass_norm.json). Handing each head's out
     projection to a program that waits for it (the head's value program, whose own work ends early,
     polling the head's counter with W_o loaded after its projection or held from before the barrier)
     was slower than the last arrival making it: 3,739-3,843 and 3,484-3,490 tokens/s against 4,107-4,249
