@@ -613,9 +613,9 @@ def _fold_out_of_head(
         else:
             best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
         attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
-        # The W_o tile is loaded after the merge, even with HOIST: its 64 KB issued beside the partials'
-        # loads queue ahead of the merge's shared-memory reductions in the SM's load/store pipe, and that
-        # made the out projection 1.4 us slower a layer on an H100 (docs/results/h100_37_t2s_hoist.json).
+        # The W_o tile is loaded after the merge, even with HOIST: issued beside the partials' loads it
+        # made the out projection 1.4 us slower a layer on an H100 (docs/results/h100_37_t2s_hoist.json),
+        # most likely as its 64 KB of loads queue ahead of the merge's shared-memory reductions.
         if PREFETCH_OUT:
             w = out_columns
         else:
