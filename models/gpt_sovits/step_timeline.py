@@ -84,7 +84,7 @@ def phase_rows(stamps: np.ndarray, layout: StepLayout, roles: list[str]) -> list
         raise ValueError(f"stamps of shape {stamps.shape}, the layout expects {(layout.events, layout.programs)}")
     if len(roles) != layout.programs:
         raise ValueError(f"{len(roles)} roles for {layout.programs} programs")
-    stamps = stamps.astype(np.int64)
+    stamps = np.asarray(stamps, dtype=np.int64)  # no copy when the table is int64 already
     rows = []
     for barrier in range(1, layout.barriers + 1):
         name, layer = layout.phase_of(barrier)
@@ -114,6 +114,7 @@ def summarize(stamps: np.ndarray, layout: StepLayout, roles: list[str]) -> dict:
     """Per phase kind, the median over its layers of every ``phase_rows`` field and how often each role
     was the critical program; the step's time from the first arrival to the last end; the timer's
     resolution."""
+    stamps = np.asarray(stamps, dtype=np.int64)
     rows = phase_rows(stamps, layout, roles)
     kinds: dict[str, dict] = {}
     for name in dict.fromkeys(row["phase"] for row in rows):
@@ -124,6 +125,5 @@ def summarize(stamps: np.ndarray, layout: StepLayout, roles: list[str]) -> dict:
                                                for key in fields},
                        "span_ns_total": sum(row["span_ns"] for row in mine),
                        "critical_roles": dict(Counter(row["critical_role"] for row in mine))}
-    stamps = stamps.astype(np.int64)
     step_ns = int(stamps[layout.end].max() - stamps[layout.arrival(1)].min())
     return {"step_ns": step_ns, "timer_resolution_ns": timer_resolution_ns(stamps), "phases": kinds, "rows": rows}
