@@ -788,6 +788,32 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("programs_per_head,sum_replicas", [(4, 1), (5, 3)])
+def test_projected_partials_give_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas):
+    """The folded step with each head's partials projected by W_o in the programs that made them
+    (the head's last program then weighs rows of the hidden width) against the plain folded step,
+    where the last program projects the merged attention: the same request, six steps, each step's
+    logits equal up to float32 summation order, the same tokens. The partials' buffer holds rows of
+    the hidden width, so a merge that read them as head-width rows would fail here. At five programs
+    a head the W_o tile is loaded after each program's own product (``project_tile_late``)."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=17), torch.float32, device)
+    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
+                                          programs=programs_per_head * config.num_heads, phased=device == "cpu",
+                                          sum_replicas=sum_replicas, **knobs)
+                      for knobs in ({"project_partials": True, "project_tile_late": programs_per_head == 5}, {}))
+    assert variant.kernel_constants(PERSISTENT)["PROJECT_PARTS"] == (2 if programs_per_head == 5 else 1)
+    assert variant._part_acc.shape[-1] == config.hidden_dim and plain._part_acc.shape[-1] == config.head_dim
+    request = other_shape_requests(config, 1)[0]
+    for engine in (variant, plain):
+        engine.prefill([0], [request])
+    assert_same_steps([variant, plain], 64)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
@@ -829,7 +855,12 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"arrive_first": True, "asm_barrier": False}, "need asm_barrier=True"),
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
-                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True")):
+                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
+                           ({"project_partials": True, "fold_out": False}, "needs fold_out=True"),
+                           ({"project_partials": True, "split_out": True}, "replaces split_out"),
+                           ({"project_partials": True, "prefetch_out": True}, "replaces split_out, prefetch_out"),
+                           ({"project_partials": True, "late_key_score": True}, "and late_key_score"),
+                           ({"project_tile_late": True}, "needs project_partials=True")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -866,7 +897,8 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
+                  {"project_partials": True, "timeline": True}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -890,7 +922,8 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}, {"project_partials": True},
+                  {"project_partials": True, "project_tile_late": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
