@@ -338,7 +338,7 @@ def _attend_phase(
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    HOIST: tl.constexpr, ONE_PASS: tl.constexpr, PROJECT_PARTS: tl.constexpr,
+    HOIST: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -348,10 +348,7 @@ def _attend_phase(
     q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself. SPLIT_OUT (with
     FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
     the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
-    that is left to PHASE_HEAD_OUT's launch. PROJECT_PARTS (with FOLD_OUT): each chunk program and the
-    value program load the head's W_o columns (1: before the barrier; 2: once their q or v product is
-    done) and write their partial already projected, W_o[:, head] . acc (D,), into ``part_acc_ptr``
-    (rows of D, not HD), so the head's last program only weighs and adds (D,) rows."""
+    that is left to PHASE_HEAD_OUT's launch."""
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
@@ -398,13 +395,6 @@ def _attend_phase(
     if SPLIT_OUT:
         out_rows_w, out_rows, out_rows_ok = _head_out_rows(out_w_ptr, layer, pid, head, rank, D, HD, HD_PAD, H, CHUNKS,
                                                            OUT_ROWS, OUT_GROUPS)
-    # PROJECT_PARTS: the programs whose partial has values project it, the chunks and the value
-    # program (the key program gives the new position's score only).
-    pid_dims = dim * 0 + pid  # (D_PAD,)
-    projects = (pid_dims < H * CHUNKS) | ((pid_dims >= H * CHUNKS + H) & (pid_dims < H * CHUNKS + 2 * H))
-    if PROJECT_PARTS == 1:
-        part_out_w = _head_out_columns(out_w_ptr, layer, head, projects & dim_ok, D, D_PAD, HD, HD_PAD,
-                                       OUT_EVICT)  # (D_PAD, HD_PAD)
     norm_row = tl.maximum(layer - 1, 0) * D  # LayerNorm 2 of the previous layer (unused at layer 0)
     gamma, beta = _norm_params(norm2_w_ptr + norm_row, norm2_b_ptr + norm_row, dim, dim_ok, HOIST)
 
@@ -417,14 +407,12 @@ def _attend_phase(
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     # (HD_PAD,): q; v for the value program; k for the key program under LATE_KEY_SCORE
     a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a
-    if PROJECT_PARTS == 2:  # issued once w_a is dead: fewer registers held across the barrier
-        part_out_w = _head_out_columns(out_w_ptr, layer, head, projects & dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
-    if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
+    if PREFETCH_OUT == 1:  # the engine allows it only with FOLD_OUT
         # Issued here, when w_a is dead: its latency overlaps the program's attention work.
         has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
         out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
     else:
-        out_columns = 0  # loaded by the head's last program after its arrival
+        out_columns = 0  # loaded by _fold_out_of_head
     q = a * scale
     part = head * (CHUNKS + 1) + chunk
     new_slot = cache + write_pos * (2 * D)
@@ -440,11 +428,7 @@ def _attend_phase(
     if is_value:
         v = a.to(cache_ptr.dtype.element_ty)
         tl.store(new_slot + D + j, v, mask=j_ok)
-        if PROJECT_PARTS:
-            projected = tl.sum(part_out_w.to(tl.float32) * v.to(tl.float32)[None, :], axis=1)  # (D_PAD,)
-            tl.store(part_acc_ptr + part * D + dim, projected, mask=dim_ok)
-        else:
-            tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
+        tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
     if is_chunk:
         if LATE_KEY_SCORE:
             if chunk == 0:
@@ -471,11 +455,7 @@ def _attend_phase(
                 best = new_best
         tl.store(part_m_ptr + part, best)
         tl.store(part_s_ptr + part, total)
-        if PROJECT_PARTS:
-            projected = tl.sum(part_out_w.to(tl.float32) * acc[None, :], axis=1)  # (D_PAD,)
-            tl.store(part_acc_ptr + part * D + dim, projected, mask=dim_ok)
-        else:
-            tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
+        tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
     _stamp(layer_stamps_ptr, 2 * layer, TIMELINE)  # the program's partial written
     if SPLIT_OUT:
         if SYNC:
@@ -492,7 +472,7 @@ def _attend_phase(
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
-                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT, HOIST, PROJECT_PARTS)
+                              PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT, HOIST)
     _stamp(layer_stamps_ptr, 2 * layer + 1, TIMELINE)  # and the head's out projection, where it was the last
 
 
@@ -600,16 +580,20 @@ def _fold_out_of_head(
     q_ptr, new_slot,
     D: tl.constexpr, D_PAD: tl.constexpr, H: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
     CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-    LATE_KEY_SCORE: tl.constexpr, OUT_EVICT: tl.constexpr, HOIST: tl.constexpr, PROJECT_PARTS: tl.constexpr,
+    LATE_KEY_SCORE: tl.constexpr, OUT_EVICT: tl.constexpr, HOIST: tl.constexpr,
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
     the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
-    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already. With
+    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT == 1 loaded it already; with
+    PREFETCH_OUT == 2 every program issues its load here, before it counts its arrival, so the last
+    arrival's tile travels during the count's round trip instead of after its merge. With
     LATE_KEY_SCORE the new position's partial (score q . k_new, weight 1) is made here from the q of
     the head's chunk 0 and the k the key program wrote at ``new_slot``. HOIST: the last arrival
     issues its bias load first, so it travels with the partials' loads instead of waiting behind the
-    merge's block barriers. PROJECT_PARTS: the partials come projected (rows of D), so the last arrival
-    weighs and adds them and loads no W_o tile."""
+    merge's block barriers."""
+    if PREFETCH_OUT == 2:
+        out_columns = _head_out_columns(out_w_ptr, layer, head, tl.arange(0, D_PAD) < D, D, D_PAD, HD, HD_PAD,
+                                        OUT_EVICT)  # (D_PAD, HD_PAD)
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
@@ -633,34 +617,21 @@ def _fold_out_of_head(
             total = tl.where(c == CHUNKS, 1.0, total)
         else:
             best, total = _head_partial_scores(head, part_m_ptr, part_s_ptr, CHUNKS + 1, CHUNKS, PARTS_PAD)
-        if PROJECT_PARTS:
-            # (D_PAD,): the merge over rows of D, W_o already applied by each partial's program.
-            out = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, D, D_PAD, HOIST)
+        attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
+        # The W_o tile is loaded after the merge, even with HOIST: issued beside the partials' loads it
+        # made the out projection 1.4 us slower a layer on an H100 (docs/results/h100_37_t2s_hoist.json),
+        # most likely as its 32 KB of loads queue ahead of the merge's shared-memory reductions.
+        if PREFETCH_OUT:
+            w = out_columns
         else:
-            attention = _merge_head_partials(head, best, total, part_acc_ptr, CHUNKS, PARTS_PAD, HD, HD_PAD, HOIST)
-            out = _head_out_of(attention, out_w_ptr, layer, head, out_columns, dim_ok, D, D_PAD, HD, HD_PAD,
-                               PREFETCH_OUT, OUT_EVICT)
+            w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
+        out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
         if not HOIST:
             bias = tl.load(bias_pointers, mask=dim_ok & lead, other=0.0).to(tl.float32)
         out += tl.where(lead, bias + x, 0.0)
         # Heads spread over the replicas: fewer float atomics queue on each address.
         row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
         tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _head_out_of(attention, out_w_ptr, layer, head, out_columns, dim_ok, D: tl.constexpr, D_PAD: tl.constexpr,
-                 HD: tl.constexpr, HD_PAD: tl.constexpr, PREFETCH_OUT: tl.constexpr, OUT_EVICT: tl.constexpr):
-    """W_o[:, head] . attention (D_PAD,) for the head's attention (HD_PAD,); ``out_columns`` that tile
-    when PREFETCH_OUT loaded it already."""
-    # The W_o tile is loaded after the merge, even with HOIST: issued beside the partials' loads it
-    # made the out projection 1.4 us slower a layer on an H100 (docs/results/h100_37_t2s_hoist.json),
-    # most likely as its 32 KB of loads queue ahead of the merge's shared-memory reductions.
-    if PREFETCH_OUT:
-        w = out_columns
-    else:
-        w = _head_out_columns(out_w_ptr, layer, head, dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)  # (D_PAD, HD_PAD)
-    return tl.sum(w.to(tl.float32) * attention[None, :], axis=1)  # (D_PAD,)
 
 
 @triton.jit
@@ -840,7 +811,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, ONE_PASS_NORM: tl.constexpr, PROJECT_PARTS: tl.constexpr,
+    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, ONE_PASS_NORM: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -868,8 +839,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS,
-                          ONE_PASS_NORM, PROJECT_PARTS)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
@@ -908,8 +878,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM,
-                      PROJECT_PARTS)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -1006,16 +975,19 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 project_partials: bool = False, project_tile_late: bool = False, **kwargs):
+                 out_tile_before_arrival: bool = False, **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
             raise ValueError("sum_replicas spreads the atomics of a folded phase: it needs fold_ffn or fold_out")
-        if (prefetch_out or late_key_score or split_out) and not fold_out:
-            raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
-                             "fold_out=True")
+        if (prefetch_out or late_key_score or split_out or out_tile_before_arrival) and not fold_out:
+            raise ValueError("prefetch_out, late_key_score, split_out and out_tile_before_arrival change the folded "
+                             "out phase: they need fold_out=True")
+        if out_tile_before_arrival and (prefetch_out or split_out):
+            raise ValueError("out_tile_before_arrival loads the head's W_o tile at its arrival: prefetch_out loads it "
+                             "earlier and split_out shares it out, so it takes neither")
         arrive_first = asm_barrier if arrive_first is None else arrive_first  # None: with the PTX barrier
         if (relaxed_polls or arrive_first) and not asm_barrier:
             raise ValueError("relaxed_polls and arrive_first change the inline-PTX barrier: they need "
@@ -1031,12 +1003,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
-        if project_partials and (not fold_out or split_out or prefetch_out or late_key_score):
-            raise ValueError("project_partials has each head's partials projected by W_o before the head's last "
-                             "program merges them: it needs fold_out=True and replaces split_out, prefetch_out "
-                             "and late_key_score")
-        if project_tile_late and not project_partials:
-            raise ValueError("project_tile_late moves the W_o tile of project_partials: it needs project_partials=True")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -1057,7 +1023,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
-        self.project_partials, self.project_tile_late = project_partials, project_tile_late
+        self.out_tile_before_arrival = out_tile_before_arrival
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1102,8 +1068,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         # late_key_score: each head's q, for its new key's score (otherwise never written).
         self._step_q = scratch(heads, config.head_dim) if late_key_score else scratch(1)
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
-        # Each partial's weighted values: (head_dim,), or already projected by W_o under project_partials (d,).
-        self._part_acc = scratch(heads, self.chunks + 1, d if project_partials else config.head_dim)
+        self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
         # timeline: every step's kernel overwrites its stamps (step_timeline.py's layout); a placeholder otherwise.
         stamps = self.step_layout.events if timeline else 1
@@ -1166,13 +1131,14 @@ class PersistentT2SEngine(TritonT2SEngine):
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=(ASM_PTX * self.asm_barrier) | (ASM_RELAXED * self.relaxed_polls)
             | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
-            SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
+            SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0,
+            PREFETCH_OUT=2 if self.out_tile_before_arrival else int(self.prefetch_out),
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
             PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,
-            ONE_PASS_NORM=self.one_pass_norm, PROJECT_PARTS=(1 + self.project_tile_late) * self.project_partials)
+            ONE_PASS_NORM=self.one_pass_norm)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked

@@ -788,37 +788,12 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("programs_per_head,sum_replicas", [(4, 1), (5, 3)])
-def test_projected_partials_give_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas):
-    """The folded step with each head's partials projected by W_o in the programs that made them
-    (the head's last program then weighs rows of the hidden width) against the plain folded step,
-    where the last program projects the merged attention: the same request, six steps, each step's
-    logits equal up to float32 summation order, the same tokens. The partials' buffer holds rows of
-    the hidden width, so a merge that read them as head-width rows would fail here. At five programs
-    a head the W_o tile is loaded after each program's own product (``project_tile_late``)."""
-    _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
-
-    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
-    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=17), torch.float32, device)
-    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
-                                          programs=programs_per_head * config.num_heads, phased=device == "cpu",
-                                          sum_replicas=sum_replicas, **knobs)
-                      for knobs in ({"project_partials": True, "project_tile_late": programs_per_head == 5}, {}))
-    assert variant.kernel_constants(PERSISTENT)["PROJECT_PARTS"] == (2 if programs_per_head == 5 else 1)
-    assert variant._part_acc.shape[-1] == config.hidden_dim and plain._part_acc.shape[-1] == config.head_dim
-    request = other_shape_requests(config, 1)[0]
-    for engine in (variant, plain):
-        engine.prefill([0], [request])
-    assert_same_steps([variant, plain], 64)
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
     barrier's polls relaxed, one acquire fence), ``arrive_first`` (the arrival before the tile
-    loads) and ``hoist_loads`` (loads issued before the block barriers that follow them) change no
+    loads), ``hoist_loads`` (loads issued before the block barriers that follow them) and
+    ``out_tile_before_arrival`` (every head program's W_o tile loaded before it counts its arrival) change no
     arithmetic, and ``one_pass_norm`` (each LayerNorm's statistics from one reduction) only its float32
     rounding: the same request, six steps, logits equal up to float32 summation order and the same
     tokens as the folded step without any of them. The interpreter has no L2 and
@@ -831,7 +806,7 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
                       for knobs in ({"relaxed_polls": True, "prefetch_l2": True, "arrive_first": True,
-                                     "one_pass_norm": True},
+                                     "one_pass_norm": True, "out_tile_before_arrival": True},
                                     {"out_in_l2": False, "arrive_first": False, "hoist_loads": False}))
     constants = variant.kernel_constants(PERSISTENT)
     assert (constants["STREAM_EVICT"], constants["OUT_EVICT"], constants["ASM_BARRIER"], constants["PREFETCH_L2"]) == (
@@ -839,6 +814,7 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     assert constants["HOIST_LOADS"] and not plain.kernel_constants(PERSISTENT)["HOIST_LOADS"]
     assert constants["ONE_PASS_NORM"] and not plain.kernel_constants(PERSISTENT)["ONE_PASS_NORM"]
     assert plain.kernel_constants(PERSISTENT)["OUT_EVICT"] == ""
+    assert (constants["PREFETCH_OUT"], plain.kernel_constants(PERSISTENT)["PREFETCH_OUT"]) == (2, 0)
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
@@ -856,11 +832,9 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
                            ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
-                           ({"project_partials": True, "fold_out": False}, "needs fold_out=True"),
-                           ({"project_partials": True, "split_out": True}, "replaces split_out"),
-                           ({"project_partials": True, "prefetch_out": True}, "replaces split_out, prefetch_out"),
-                           ({"project_partials": True, "late_key_score": True}, "and late_key_score"),
-                           ({"project_tile_late": True}, "needs project_partials=True")):
+                           ({"out_tile_before_arrival": True, "fold_out": False}, "need fold_out=True"),
+                           ({"out_tile_before_arrival": True, "prefetch_out": True}, "takes neither"),
+                           ({"out_tile_before_arrival": True, "split_out": True}, "takes neither")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -898,7 +872,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
                   {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"project_partials": True, "timeline": True}):
+                  {"out_tile_before_arrival": True, "late_key_score": True}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -922,8 +896,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}, {"project_partials": True},
-                  {"project_partials": True, "project_tile_late": True}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}, {"out_tile_before_arrival": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
