@@ -407,12 +407,12 @@ def _attend_phase(
         tl.store(xin_ptr + dim, x, mask=dim_ok)
     # (HD_PAD,): q; v for the value program; k for the key program under LATE_KEY_SCORE
     a = tl.sum(w_a.to(tl.float32) * x[None, :], axis=1) + bias_a
-    if PREFETCH_OUT == 1:  # the engine allows it only with FOLD_OUT
+    if PREFETCH_OUT:  # the engine allows it only with FOLD_OUT
         # Issued here, when w_a is dead: its latency overlaps the program's attention work.
         has_role = (dim * 0 + pid) < H * CHUNKS + 2 * H  # (D_PAD,)
         out_columns = _head_out_columns(out_w_ptr, layer, head, has_role & dim_ok, D, D_PAD, HD, HD_PAD, OUT_EVICT)
     else:
-        out_columns = 0  # loaded by _fold_out_of_head
+        out_columns = 0  # loaded by the head's last program after its arrival
     q = a * scale
     part = head * (CHUNKS + 1) + chunk
     new_slot = cache + write_pos * (2 * D)
@@ -584,16 +584,11 @@ def _fold_out_of_head(
 ):
     """Count this program's arrival at its head; the head's last arrival (of CHUNKS chunk programs,
     the key and the value program) adds W_o[:, head] . attention(head) into its replica of the
-    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT == 1 loaded it already; with
-    PREFETCH_OUT == 2 every program issues its load here, before it counts its arrival, so the last
-    arrival's tile travels during the count's round trip instead of after its merge. With
+    layer's sum 1 row. ``out_columns``: that W_o tile when PREFETCH_OUT loaded it already. With
     LATE_KEY_SCORE the new position's partial (score q . k_new, weight 1) is made here from the q of
     the head's chunk 0 and the k the key program wrote at ``new_slot``. HOIST: the last arrival
     issues its bias load first, so it travels with the partials' loads instead of waiting behind the
     merge's block barriers."""
-    if PREFETCH_OUT == 2:
-        out_columns = _head_out_columns(out_w_ptr, layer, head, tl.arange(0, D_PAD) < D, D, D_PAD, HD, HD_PAD,
-                                        OUT_EVICT)  # (D_PAD, HD_PAD)
     tl.debug_barrier()  # every thread's partial stores before the arrival (released by the add)
     arrived = tl.atomic_add(arrivals_ptr + layer * H + head, 1, sem="acq_rel", scope="gpu")
     if arrived == CHUNKS + 1:
@@ -975,19 +970,16 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 out_tile_before_arrival: bool = False, **kwargs):
+                 **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
             raise ValueError(f"sum_replicas {sum_replicas!r} must be an int >= 1")
         if sum_replicas > 1 and not (fold_ffn or fold_out):
             raise ValueError("sum_replicas spreads the atomics of a folded phase: it needs fold_ffn or fold_out")
-        if (prefetch_out or late_key_score or split_out or out_tile_before_arrival) and not fold_out:
-            raise ValueError("prefetch_out, late_key_score, split_out and out_tile_before_arrival change the folded "
-                             "out phase: they need fold_out=True")
-        if out_tile_before_arrival and (prefetch_out or split_out):
-            raise ValueError("out_tile_before_arrival loads the head's W_o tile at its arrival: prefetch_out loads it "
-                             "earlier and split_out shares it out, so it takes neither")
+        if (prefetch_out or late_key_score or split_out) and not fold_out:
+            raise ValueError("prefetch_out, late_key_score and split_out change the folded out phase: they need "
+                             "fold_out=True")
         arrive_first = asm_barrier if arrive_first is None else arrive_first  # None: with the PTX barrier
         if (relaxed_polls or arrive_first) and not asm_barrier:
             raise ValueError("relaxed_polls and arrive_first change the inline-PTX barrier: they need "
@@ -1023,7 +1015,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
-        self.out_tile_before_arrival = out_tile_before_arrival
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1131,8 +1122,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=(ASM_PTX * self.asm_barrier) | (ASM_RELAXED * self.relaxed_polls)
             | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
-            SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0,
-            PREFETCH_OUT=2 if self.out_tile_before_arrival else int(self.prefetch_out),
+            SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,

@@ -792,8 +792,7 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
     barrier's polls relaxed, one acquire fence), ``arrive_first`` (the arrival before the tile
-    loads), ``hoist_loads`` (loads issued before the block barriers that follow them) and
-    ``out_tile_before_arrival`` (every head program's W_o tile loaded before it counts its arrival) change no
+    loads) and ``hoist_loads`` (loads issued before the block barriers that follow them) change no
     arithmetic, and ``one_pass_norm`` (each LayerNorm's statistics from one reduction) only its float32
     rounding: the same request, six steps, logits equal up to float32 summation order and the same
     tokens as the folded step without any of them. The interpreter has no L2 and
@@ -806,7 +805,7 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=4 * config.num_heads, phased=device == "cpu", **knobs)
                       for knobs in ({"relaxed_polls": True, "prefetch_l2": True, "arrive_first": True,
-                                     "one_pass_norm": True, "out_tile_before_arrival": True},
+                                     "one_pass_norm": True},
                                     {"out_in_l2": False, "arrive_first": False, "hoist_loads": False}))
     constants = variant.kernel_constants(PERSISTENT)
     assert (constants["STREAM_EVICT"], constants["OUT_EVICT"], constants["ASM_BARRIER"], constants["PREFETCH_L2"]) == (
@@ -814,7 +813,6 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     assert constants["HOIST_LOADS"] and not plain.kernel_constants(PERSISTENT)["HOIST_LOADS"]
     assert constants["ONE_PASS_NORM"] and not plain.kernel_constants(PERSISTENT)["ONE_PASS_NORM"]
     assert plain.kernel_constants(PERSISTENT)["OUT_EVICT"] == ""
-    assert (constants["PREFETCH_OUT"], plain.kernel_constants(PERSISTENT)["PREFETCH_OUT"]) == (2, 0)
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
@@ -831,10 +829,7 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"arrive_first": True, "asm_barrier": False}, "need asm_barrier=True"),
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
-                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
-                           ({"out_tile_before_arrival": True, "fold_out": False}, "need fold_out=True"),
-                           ({"out_tile_before_arrival": True, "prefetch_out": True}, "takes neither"),
-                           ({"out_tile_before_arrival": True, "split_out": True}, "takes neither")):
+                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -871,8 +866,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"out_tile_before_arrival": True, "late_key_score": True}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -896,7 +890,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}, {"out_tile_before_arrival": True}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
