@@ -11,7 +11,8 @@ comma list of values and each row one combination:
 - ``PREFETCH`` (default ``0``): the engine's ``prefetch_out``, only with the out phase folded;
 - ``REPLICAS`` (unset: the engine's default, 8 rows where a phase is folded): ``sum_replicas``;
 - ``LATE`` (default ``0``): ``late_key_score``, only with the out phase folded;
-- ``SPLIT`` (default ``0``): ``split_out``, only with the out phase folded and neither of the two above;
+- ``SPLIT`` (default ``0``): ``split_out`` (``1``; ``stores``: with ``split_out_stores``), only with the
+  out phase folded and neither of the two above;
 - ``RELAXED`` (default ``0``): ``relaxed_polls``, only with the PTX barrier;
 - ``OUT_L2`` (default ``1``): ``out_in_l2`` where the out phase is folded;
 - ``PREFETCH_L2`` (default ``0``): ``prefetch_l2``, only with both folds;
@@ -124,7 +125,9 @@ def main() -> None:
     # REPLICAS unset: the engine's default (None: DEFAULT_SUM_REPLICAS where a phase is folded)
     replicas_list = [int(value) if value else None for value in os.environ.get("REPLICAS", "").split(",")]
     late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
-    split_list = [value == "1" for value in os.environ.get("SPLIT", "0").split(",")]
+    split_list = os.environ.get("SPLIT", "0").split(",")
+    if unknown := sorted(set(split_list) - {"0", "1", "stores"}):
+        parser.error(f"SPLIT: unknown {unknown}; use 0, 1 or stores")
     relaxed_list = [value == "1" for value in os.environ.get("RELAXED", "0").split(",")]
     l2_list = [value == "1" for value in os.environ.get("OUT_L2", "1").split(",")]
     arrive_list = [value == "1" for value in os.environ.get("ARRIVE", "1").split(",")]
@@ -163,6 +166,7 @@ def main() -> None:
         out_l2 = out_l2 and "out" in folds  # the hint is the folded out projection's
         if l2_prefetch and folds != "ffn+out":
             continue  # the L2 prefetch follows the two-phase layer
+        split_stores, split = split == "stores", split != "0"
         if ((prefetch or late or split) and "out" not in folds) or ((replicas or 1) > 1 and folds == "none"):
             continue  # knobs of a folded phase that is not folded here
         arrive = arrive and asm  # the early arrival is the inline-PTX barrier's
@@ -175,12 +179,14 @@ def main() -> None:
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas is None else f"_replicas{replicas}")
                 + ("_late_key_score" if late else "") + ("_split_out" if split else "")
+                + ("_stores" if split_stores else "")
                 + ("_relaxed_polls" if relaxed else "") + ("_out_in_l2" if out_l2 else "")
                 + ("_prefetch_l2" if l2_prefetch else "") + ("_arrive_first" if arrive else "")
                 + ("" if hoist else "_loads_not_hoisted") + ("_one_pass_norm" if one_pass else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
-                 "sum_replicas": replicas, "late_key_score": late, "split_out": split, "relaxed_polls": relaxed,
+                 "sum_replicas": replicas, "late_key_score": late, "split_out": split, "split_out_stores": split_stores,
+                 "relaxed_polls": relaxed,
                  "out_in_l2": out_l2, "prefetch_l2": l2_prefetch, "arrive_first": arrive, "hoist_loads": hoist,
                  "one_pass_norm": one_pass}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)

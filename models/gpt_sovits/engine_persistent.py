@@ -347,8 +347,9 @@ def _attend_phase(
     (with FOLD_OUT): the key program loads W_k rows only and writes k; chunk 0 of the head writes its
     q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself. SPLIT_OUT (with
     FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
-    the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
-    that is left to PHASE_HEAD_OUT's launch."""
+    the head's out projection (W_o rows loaded before the barrier), with float atomics (1) or, each head
+    owning a replica of sum 1, plain stores (2); without SYNC (one phase a launch) that is left to
+    PHASE_HEAD_OUT's launch."""
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
@@ -467,7 +468,7 @@ def _attend_phase(
                               timeline_ptr, False)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST)
+                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST, SPLIT_OUT == 2)
     elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
@@ -542,10 +543,11 @@ def _head_out_rows(out_w_ptr, layer, pid, head, rank, D: tl.constexpr, HD: tl.co
 def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
                        sum1_ptr, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
                        CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr, HOIST: tl.constexpr):
+                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr, HOIST: tl.constexpr, STORE: tl.constexpr):
     """SPLIT_OUT, once every partial of the head is written: the program's rows of W_o[:, head] times
     the head's attention, added into the layer's sum 1 row (the lead head adds those rows' bias and
-    layer input ``x`` (D_PAD,) too). HOIST: the bias is loaded with the partials, not after the product."""
+    layer input ``x`` (D_PAD,) too). HOIST: the bias is loaded with the partials, not after the product.
+    STORE (SUM1_REPLICAS == H): each head owns a replica, so its rows are stored, not added."""
     lead = (rows * 0 + head) == 0
     bias_pointers = out_b_ptr + layer * D + rows
     if HOIST:
@@ -560,7 +562,10 @@ def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m
         bias = tl.load(bias_pointers, mask=rows_ok & lead, other=0.0).to(tl.float32)
     out += tl.where(lead, bias + x_rows, 0.0)
     row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
-    tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
+    if STORE:
+        tl.store(row + rows, out, mask=rows_ok)
+    else:
+        tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -884,7 +889,7 @@ def _t2s_step_kernel(
             x = tl.load(xin_ptr + dim, mask=dim < D, other=0.0)
             _add_head_out_rows(head, rank, phase_layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr,
                                part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
-                               OUT_ROWS, OUT_GROUPS, HOIST_LOADS)
+                               OUT_ROWS, OUT_GROUPS, HOIST_LOADS, SPLIT_OUT == 2)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
@@ -939,6 +944,8 @@ class PersistentT2SEngine(TritonT2SEngine):
     ``fold_out``, instead of the two above): every program of a head loads a few rows of the head's W_o
     columns before the step's barrier, waits at the head's counter for the head's last partial, and adds
     its rows of the head's out projection into sum 1, so no W_o load waits behind the last arrival.
+    ``split_out_stores`` (with ``split_out``): sum 1 kept as one row a head (``sum_replicas`` aside), so
+    each program stores its rows instead of adding them: the phase ends in plain stores, not atomics.
 
     Chosen by an H100's timeline (module docstring): ``sum_replicas`` None takes DEFAULT_SUM_REPLICAS
     where a phase is folded. ``arrive_first`` (None: with the PTX barrier) arrives at each grid barrier
@@ -970,7 +977,7 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 **kwargs):
+                 split_out_stores: bool = False, **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -995,6 +1002,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
+        if split_out_stores and not split_out:
+            raise ValueError("split_out_stores stores split_out's rows into a sum 1 row per head: it needs "
+                             "split_out=True")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -1012,12 +1022,14 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.phased = phased
         self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
-        self.late_key_score, self.split_out = late_key_score, split_out
+        self.late_key_score, self.split_out, self.split_out_stores = late_key_score, split_out, split_out_stores
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
+        if split_out_stores:  # a row a head, each written once: stores instead of float atomics
+            self.sum1_replicas = heads
         self.sum2_replicas = sum_replicas if fold_ffn else 1
         self.chunks = programs // heads - 2
         self.step_block = attention_block
@@ -1124,7 +1136,8 @@ class PersistentT2SEngine(TritonT2SEngine):
             | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
-            SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
+            SPLIT_OUT=(1 + self.split_out_stores) * self.split_out, OUT_GROUPS=out_groups,
+            OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
             PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,
