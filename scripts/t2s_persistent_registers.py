@@ -44,7 +44,8 @@ ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"f
         "split_out": {"split_out": True}, "split_out_stores": {"split_out": True, "split_out_stores": True}, "arrive_after_loads": {"arrive_first": False},
         "out_not_in_l2": {"out_in_l2": False}, "relaxed_polls": {"relaxed_polls": True},
         "prefetch_l2": {"prefetch_l2": True}, "timeline": {"timeline": True},
-        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True}}
+        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True},
+        "barrier_counters8": {"barrier_counters": 8}}
 
 
 def signature() -> dict[str, str]:

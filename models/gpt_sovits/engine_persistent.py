@@ -117,15 +117,72 @@ def _barrier_ptx(arrive: bool, poll: str | None, after: str = "") -> str:
     """
 
 
+def _spread_barrier_ptx(arrive: bool, wait: bool) -> str:
+    """A grid barrier on ``$4`` counters, 128 bytes apart from ``$1``: thread 0 adds its program's
+    arrival to counter ``ctaid mod $4`` (``arrive``); lanes t < $4 of warp 0 each poll counter t until it
+    holds its share of target ``$2`` (``wait``; ``$3`` polls at most), and the warp votes. ``$0``: the
+    target, or 0 where a poll gave up. Arrivals that land together then queue on $4 addresses, not one."""
+    arrival = """
+    setp.eq.u32 p_lead, t, 0;
+    @!p_lead bra SKIP;
+    mov.u32 k, %ctaid.x;
+    rem.u32 k, k, $4;
+    mul.wide.u32 off, k, 128;
+    add.u64 a, $1, off;
+    red.release.gpu.global.add.u32 [a], 1;
+    SKIP:""" if arrive else ""
+    polls = """
+    setp.eq.u32 p_mine, t, t;
+    setp.lt.u32 p_poll, t, $4;
+    @!p_poll bra VOTE;
+    mov.u32 np, %nctaid.x;
+    div.u32 idx, $2, np;
+    sub.u32 share, np, 1;
+    sub.u32 share, share, t;
+    div.u32 share, share, $4;
+    add.u32 share, share, 1;
+    mul.lo.u32 goal, idx, share;
+    mul.wide.u32 off, t, 128;
+    add.u64 a, $1, off;
+    mov.u32 n, 0;
+    WAIT:
+    ld.acquire.gpu.global.u32 c, [a];
+    add.u32 n, n, 1;
+    setp.ge.u32 p_mine, c, goal;
+    setp.ge.u32 p_give, n, $3;
+    @p_give bra VOTE;
+    @!p_mine bra WAIT;
+    VOTE:
+    vote.sync.all.pred p_all, p_mine, 0xffffffff;
+    @!p_all mov.u32 $0, 0;""" if wait else ""
+    return f"""
+    {{
+    .reg .pred p_lead, p_poll, p_mine, p_give, p_all, p_out;
+    .reg .u32 t, k, np, idx, share, goal, n, c;
+    .reg .u64 off, a;
+    mov.u32 $0, $2;
+    mov.u32 t, %tid.x;
+    setp.ge.u32 p_out, t, 32;
+    @p_out bra DONE;{arrival}{polls}
+    DONE:
+    }}
+    """
+
+
 # ASM_BARRIER bits: PTX (else Triton atomics), relaxed polls and one fence (no poll carries the
-# acquire's cost), arrival before the next phase's tile loads (_grid_arrive). The kernels test the
-# bits as literals (a plain int global cannot enter a Triton function): & 2 relaxed, & 4 arrive-first.
-ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST = 1, 2, 4
+# acquire's cost), arrival before the next phase's tile loads (_grid_arrive); from bit 3 on, the
+# number of counters a spread barrier uses (0: one counter, the plain barrier). The kernels test the
+# bits as literals (a plain int global cannot enter a Triton function): & 2 relaxed, & 4 arrive-first,
+# >> 3 counters.
+ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST, ASM_COUNTERS_SHIFT = 1, 2, 4, 3
 _ARRIVE = tl.constexpr(_barrier_ptx(True, None))
 _ACQUIRE_POLLS = tl.constexpr(_barrier_ptx(True, "ld.acquire.gpu.global.u32"))
 _RELAXED_POLLS = tl.constexpr(_barrier_ptx(True, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
 _ACQUIRE_WAIT = tl.constexpr(_barrier_ptx(False, "ld.acquire.gpu.global.u32"))
 _RELAXED_WAIT = tl.constexpr(_barrier_ptx(False, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
+_SPREAD_ARRIVE = tl.constexpr(_spread_barrier_ptx(True, False))
+_SPREAD_POLLS = tl.constexpr(_spread_barrier_ptx(True, True))
+_SPREAD_WAIT = tl.constexpr(_spread_barrier_ptx(False, True))
 
 
 @triton.jit
@@ -137,7 +194,10 @@ def _grid_arrive(counter_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, tim
         if (ASM & 4) != 0:
             _stamp(timeline_ptr, 2 * (target // tl.num_programs(0) - 1), TIMELINE)
             tl.debug_barrier()  # the whole program's stores before its arrival
-            _thread0_ptx(counter_ptr, target, _ARRIVE)
+            if (ASM >> 3) != 0:
+                _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_ARRIVE)
+            else:
+                _thread0_ptx(counter_ptr, target, _ARRIVE)
 
 
 @triton.jit
@@ -145,6 +205,16 @@ def _thread0_ptx(counter_ptr, target, PTX: tl.constexpr):
     """Run a ``_barrier_ptx`` block on ``counter_ptr`` and ``target``: the count its thread 0 last saw."""
     return tl.inline_asm_elementwise(PTX, "=r,l,r,r", [counter_ptr, target.to(tl.int32),
                                                        tl.full((), SPIN_LIMIT, tl.int32)],
+                                     dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _spread_ptx(counter_ptr, target, COUNTERS: tl.constexpr, PTX: tl.constexpr):
+    """Run a ``_spread_barrier_ptx`` block over COUNTERS counters from ``counter_ptr``: the target, or 0
+    where a poll gave up."""
+    return tl.inline_asm_elementwise(PTX, "=r,l,r,r,r", [counter_ptr, target.to(tl.int32),
+                                                         tl.full((), SPIN_LIMIT, tl.int32),
+                                                         tl.full((), COUNTERS, tl.int32)],
                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -164,7 +234,12 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
         if ASM:
             # Thread 0 alone: a fire-and-forget release add (unless made already), then polls until the
             # count is reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
-            if (ASM & 4) != 0:
+            if (ASM >> 3) != 0:
+                if (ASM & 4) != 0:
+                    seen = _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_WAIT)
+                else:
+                    seen = _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_POLLS)
+            elif (ASM & 4) != 0:
                 if (ASM & 2) != 0:
                     seen = _thread0_ptx(counter_ptr, target, _RELAXED_WAIT)
                 else:
@@ -977,7 +1052,7 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 split_out_stores: bool = False, **kwargs):
+                 split_out_stores: bool = False, barrier_counters: int = 1, **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -1002,6 +1077,11 @@ class PersistentT2SEngine(TritonT2SEngine):
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
+        if not isinstance(barrier_counters, int) or not 1 <= barrier_counters <= 32:
+            raise ValueError(f"barrier_counters {barrier_counters!r} must be an int from 1 to 32 (one poller a lane)")
+        if barrier_counters > 1 and (not asm_barrier or relaxed_polls):
+            raise ValueError("barrier_counters spreads the inline-PTX barrier's acquire polls: it needs "
+                             "asm_barrier=True and relaxed_polls=False")
         if split_out_stores and not split_out:
             raise ValueError("split_out_stores stores split_out's rows into a sum 1 row per head: it needs "
                              "split_out=True")
@@ -1020,7 +1100,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.programs = programs
         self.step_warps = step_warps
         self.phased = phased
-        self.asm_barrier = asm_barrier
+        self.asm_barrier, self.barrier_counters = asm_barrier, barrier_counters
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
         self.late_key_score, self.split_out, self.split_out_stores = late_key_score, split_out, split_out_stores
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
@@ -1060,7 +1140,9 @@ class PersistentT2SEngine(TritonT2SEngine):
         sum1_shape = (config.num_layers, self.sum1_replicas * d) if fold_out else (d,)
         sum2_shape = (config.num_layers, self.sum2_replicas * d) if fold_ffn else (d,)
         arrivals_shape = (config.num_layers if fold_out else 1, heads)
-        sizes = [math.prod(shape) for shape in (sum1_shape, sum2_shape, arrivals_shape, (1,))]
+        # The barrier: one counter, or barrier_counters of them 128 bytes (32 int32) apart.
+        barrier_shape = (32 * barrier_counters,) if barrier_counters > 1 else (1,)
+        sizes = [math.prod(shape) for shape in (sum1_shape, sum2_shape, arrivals_shape, barrier_shape)]
         self._step_zeroed = torch.zeros(sum(sizes), dtype=torch.int32, device=self.device)
         sum1, sum2, arrivals, barrier = torch.split(self._step_zeroed, sizes)
         self._step_sum1 = sum1.view(torch.float32).view(sum1_shape)  # int32 and float32: the same 4 bytes
@@ -1133,7 +1215,9 @@ class PersistentT2SEngine(TritonT2SEngine):
             FOLD_FFN=self.fold_ffn, PHASES=len(self.phase_names),
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=(ASM_PTX * self.asm_barrier) | (ASM_RELAXED * self.relaxed_polls)
-            | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
+            | (ASM_ARRIVE_FIRST * self.arrive_first)
+            | ((self.barrier_counters if self.barrier_counters > 1 else 0) << ASM_COUNTERS_SHIFT),
+            FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
             SPLIT_OUT=(1 + self.split_out_stores) * self.split_out, OUT_GROUPS=out_groups,

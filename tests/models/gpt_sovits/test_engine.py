@@ -823,6 +823,33 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     assert_same_steps([variant, plain], 64)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("counters,arrive_first", [(3, True), (8, False)])
+def test_a_barrier_on_spread_counters_gives_the_logits_of_the_one_counter_step(device, counters, arrive_first):
+    """The grid barrier with each program's arrival added to one of ``barrier_counters`` counters and
+    warp 0's lanes polling one each (3: a count that does not divide the grid, so the counters hold
+    unequal shares) against the one-counter barrier: the same request, six steps, logits equal up to
+    float32 summation order, the same tokens, no barrier timed out. On the CPU the phased launches
+    have no barrier, so this checks the knob's plumbing and the counters' buffer only."""
+    _triton_device_or_skip(device)
+    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
+
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=19), torch.float32, device)
+    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
+                                          programs=4 * config.num_heads, phased=device == "cpu",
+                                          arrive_first=arrive_first, **knobs)
+                      for knobs in ({"barrier_counters": counters}, {}))
+    assert variant.kernel_constants(PERSISTENT)["ASM_BARRIER"] >> 3 == counters
+    assert plain.kernel_constants(PERSISTENT)["ASM_BARRIER"] >> 3 == 0
+    assert variant._barrier.numel() == 32 * counters and plain._barrier.numel() == 1
+    request = other_shape_requests(config, 1)[0]
+    for engine in (variant, plain):
+        engine.prefill([0], [request])
+    assert_same_steps([variant, plain], 64)
+    assert not variant.barrier_timed_out()
+
+
 def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
@@ -834,7 +861,12 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
                            ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
-                           ({"split_out_stores": True}, "needs split_out=True")):
+                           ({"split_out_stores": True}, "needs split_out=True"),
+                           ({"barrier_counters": 0}, "an int from 1 to 32"),
+                           ({"barrier_counters": 33}, "an int from 1 to 32"),
+                           ({"barrier_counters": 4, "asm_barrier": False, "arrive_first": False},
+                            "needs asm_barrier=True"),
+                           ({"barrier_counters": 4, "relaxed_polls": True}, "relaxed_polls=False")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -872,7 +904,8 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
                   {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"split_out": True, "split_out_stores": True}):
+                  {"split_out": True, "split_out_stores": True},
+                  {"barrier_counters": 3, "timeline": True}, {"barrier_counters": 4, "arrive_first": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -897,7 +930,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"split_out": True, "split_out_stores": True},
                   {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}, {"barrier_counters": 8}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
