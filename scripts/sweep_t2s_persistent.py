@@ -11,15 +11,13 @@ comma list of values and each row one combination:
 - ``PREFETCH`` (default ``0``): the engine's ``prefetch_out``, only with the out phase folded;
 - ``REPLICAS`` (unset: the engine's default, 8 rows where a phase is folded): ``sum_replicas``;
 - ``LATE`` (default ``0``): ``late_key_score``, only with the out phase folded;
-- ``SPLIT`` (default ``0``): ``split_out`` (``1``; ``stores``: with ``split_out_stores``), only with the
-  out phase folded and neither of the two above;
+- ``SPLIT`` (default ``0``): ``split_out``, only with the out phase folded and neither of the two above;
 - ``RELAXED`` (default ``0``): ``relaxed_polls``, only with the PTX barrier;
 - ``OUT_L2`` (default ``1``): ``out_in_l2`` where the out phase is folded;
 - ``PREFETCH_L2`` (default ``0``): ``prefetch_l2``, only with both folds;
 - ``ARRIVE`` (default ``1``): ``arrive_first`` where the barrier is the PTX one;
 - ``HOIST`` (default ``1``): ``hoist_loads``;
-- ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``;
-- ``COUNTERS`` (default ``1``): ``barrier_counters``, only with the PTX barrier and acquire polls.
+- ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``.
 
 ``KERNELS=1``: each persistent row also gets the GPU time per token of every kernel and memset of
 one whole decode (torch.profiler), beside the time a token takes: what the step spends outside the
@@ -126,16 +124,13 @@ def main() -> None:
     # REPLICAS unset: the engine's default (None: DEFAULT_SUM_REPLICAS where a phase is folded)
     replicas_list = [int(value) if value else None for value in os.environ.get("REPLICAS", "").split(",")]
     late_list = [value == "1" for value in os.environ.get("LATE", "0").split(",")]
-    split_list = os.environ.get("SPLIT", "0").split(",")
-    if unknown := sorted(set(split_list) - {"0", "1", "stores"}):
-        parser.error(f"SPLIT: unknown {unknown}; use 0, 1 or stores")
+    split_list = [value == "1" for value in os.environ.get("SPLIT", "0").split(",")]
     relaxed_list = [value == "1" for value in os.environ.get("RELAXED", "0").split(",")]
     l2_list = [value == "1" for value in os.environ.get("OUT_L2", "1").split(",")]
     arrive_list = [value == "1" for value in os.environ.get("ARRIVE", "1").split(",")]
     l2_prefetch_list = [value == "1" for value in os.environ.get("PREFETCH_L2", "0").split(",")]
     hoist_list = [value == "1" for value in os.environ.get("HOIST", "1").split(",")]
     one_pass_list = [value == "1" for value in os.environ.get("ONE_PASS", "0").split(",")]
-    counters_list = [int(value) for value in os.environ.get("COUNTERS", "1").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
 
@@ -161,15 +156,13 @@ def main() -> None:
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
     for (asm, folds, programs, warps, prefetch, replicas, late, split, relaxed, out_l2, l2_prefetch,
-         arrive, hoist, one_pass, counters) in itertools.product(asm_list, folds_list, programs_list, warps_list,
-                                                                 prefetch_list, replicas_list, late_list, split_list,
-                                                                 relaxed_list, l2_list, l2_prefetch_list,
-                                                                 arrive_list, hoist_list, one_pass_list,
-                                                                 counters_list):
+         arrive, hoist, one_pass) in itertools.product(asm_list, folds_list, programs_list, warps_list,
+                                                       prefetch_list, replicas_list, late_list, split_list,
+                                                       relaxed_list, l2_list, l2_prefetch_list, arrive_list,
+                                                       hoist_list, one_pass_list):
         out_l2 = out_l2 and "out" in folds  # the hint is the folded out projection's
         if l2_prefetch and folds != "ffn+out":
             continue  # the L2 prefetch follows the two-phase layer
-        split_stores, split = split == "stores", split != "0"
         if ((prefetch or late or split) and "out" not in folds) or ((replicas or 1) > 1 and folds == "none"):
             continue  # knobs of a folded phase that is not folded here
         arrive = arrive and asm  # the early arrival is the inline-PTX barrier's
@@ -179,23 +172,17 @@ def main() -> None:
             continue  # split_out replaces both
         if one_pass and not hoist:
             continue  # the one-pass LayerNorm is the hoisted one's
-        if counters > 1 and (relaxed or not asm):
-            continue  # spread counters are the PTX barrier's, with acquire polls
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas is None else f"_replicas{replicas}")
                 + ("_late_key_score" if late else "") + ("_split_out" if split else "")
-                + ("_stores" if split_stores else "")
                 + ("_relaxed_polls" if relaxed else "") + ("_out_in_l2" if out_l2 else "")
                 + ("_prefetch_l2" if l2_prefetch else "") + ("_arrive_first" if arrive else "")
-                + ("" if hoist else "_loads_not_hoisted") + ("_one_pass_norm" if one_pass else "")
-                + (f"_counters{counters}" if counters > 1 else ""))
+                + ("" if hoist else "_loads_not_hoisted") + ("_one_pass_norm" if one_pass else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
-                 "sum_replicas": replicas, "late_key_score": late, "split_out": split, "split_out_stores": split_stores,
-                 "relaxed_polls": relaxed,
+                 "sum_replicas": replicas, "late_key_score": late, "split_out": split, "relaxed_polls": relaxed,
                  "out_in_l2": out_l2, "prefetch_l2": l2_prefetch, "arrive_first": arrive, "hoist_loads": hoist,
-                 "one_pass_norm": one_pass,
-                 "barrier_counters": counters}
+                 "one_pass_norm": one_pass}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
         if os.environ.get("TIMELINE") == "1":

@@ -41,11 +41,10 @@ ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"f
         "fold_ffn_out (default)": {}, "fold_ffn_out_w16": {"step_warps": 16}, "prefetch_out": {"prefetch_out": True},
         "replicas1": {"sum_replicas": 1}, "late_key_score": {"late_key_score": True},
         "late_key_score_prefetch_out": {"late_key_score": True, "prefetch_out": True},
-        "split_out": {"split_out": True}, "split_out_stores": {"split_out": True, "split_out_stores": True}, "arrive_after_loads": {"arrive_first": False},
+        "split_out": {"split_out": True}, "arrive_after_loads": {"arrive_first": False},
         "out_not_in_l2": {"out_in_l2": False}, "relaxed_polls": {"relaxed_polls": True},
         "prefetch_l2": {"prefetch_l2": True}, "timeline": {"timeline": True},
-        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True},
-        "barrier_counters8": {"barrier_counters": 8}}
+        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True}}
 
 
 def signature() -> dict[str, str]:

@@ -117,72 +117,15 @@ def _barrier_ptx(arrive: bool, poll: str | None, after: str = "") -> str:
     """
 
 
-def _spread_barrier_ptx(arrive: bool, wait: bool) -> str:
-    """A grid barrier on ``$4`` counters, 128 bytes apart from ``$1``: thread 0 adds its program's
-    arrival to counter ``ctaid mod $4`` (``arrive``); lanes t < $4 of warp 0 each poll counter t until it
-    holds its share of target ``$2`` (``wait``; ``$3`` polls at most), and the warp votes. ``$0``: the
-    target, or 0 where a poll gave up. Arrivals that land together then queue on $4 addresses, not one."""
-    arrival = """
-    setp.eq.u32 p_lead, t, 0;
-    @!p_lead bra SKIP;
-    mov.u32 k, %ctaid.x;
-    rem.u32 k, k, $4;
-    mul.wide.u32 off, k, 128;
-    add.u64 a, $1, off;
-    red.release.gpu.global.add.u32 [a], 1;
-    SKIP:""" if arrive else ""
-    polls = """
-    setp.eq.u32 p_mine, t, t;
-    setp.lt.u32 p_poll, t, $4;
-    @!p_poll bra VOTE;
-    mov.u32 np, %nctaid.x;
-    div.u32 idx, $2, np;
-    sub.u32 share, np, 1;
-    sub.u32 share, share, t;
-    div.u32 share, share, $4;
-    add.u32 share, share, 1;
-    mul.lo.u32 goal, idx, share;
-    mul.wide.u32 off, t, 128;
-    add.u64 a, $1, off;
-    mov.u32 n, 0;
-    WAIT:
-    ld.acquire.gpu.global.u32 c, [a];
-    add.u32 n, n, 1;
-    setp.ge.u32 p_mine, c, goal;
-    setp.ge.u32 p_give, n, $3;
-    @p_give bra VOTE;
-    @!p_mine bra WAIT;
-    VOTE:
-    vote.sync.all.pred p_all, p_mine, 0xffffffff;
-    @!p_all mov.u32 $0, 0;""" if wait else ""
-    return f"""
-    {{
-    .reg .pred p_lead, p_poll, p_mine, p_give, p_all, p_out;
-    .reg .u32 t, k, np, idx, share, goal, n, c;
-    .reg .u64 off, a;
-    mov.u32 $0, $2;
-    mov.u32 t, %tid.x;
-    setp.ge.u32 p_out, t, 32;
-    @p_out bra DONE;{arrival}{polls}
-    DONE:
-    }}
-    """
-
-
 # ASM_BARRIER bits: PTX (else Triton atomics), relaxed polls and one fence (no poll carries the
-# acquire's cost), arrival before the next phase's tile loads (_grid_arrive); from bit 3 on, the
-# number of counters a spread barrier uses (0: one counter, the plain barrier). The kernels test the
-# bits as literals (a plain int global cannot enter a Triton function): & 2 relaxed, & 4 arrive-first,
-# >> 3 counters.
-ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST, ASM_COUNTERS_SHIFT = 1, 2, 4, 3
+# acquire's cost), arrival before the next phase's tile loads (_grid_arrive). The kernels test the
+# bits as literals (a plain int global cannot enter a Triton function): & 2 relaxed, & 4 arrive-first.
+ASM_PTX, ASM_RELAXED, ASM_ARRIVE_FIRST = 1, 2, 4
 _ARRIVE = tl.constexpr(_barrier_ptx(True, None))
 _ACQUIRE_POLLS = tl.constexpr(_barrier_ptx(True, "ld.acquire.gpu.global.u32"))
 _RELAXED_POLLS = tl.constexpr(_barrier_ptx(True, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
 _ACQUIRE_WAIT = tl.constexpr(_barrier_ptx(False, "ld.acquire.gpu.global.u32"))
 _RELAXED_WAIT = tl.constexpr(_barrier_ptx(False, "ld.relaxed.gpu.global.u32", "fence.acq_rel.gpu;"))
-_SPREAD_ARRIVE = tl.constexpr(_spread_barrier_ptx(True, False))
-_SPREAD_POLLS = tl.constexpr(_spread_barrier_ptx(True, True))
-_SPREAD_WAIT = tl.constexpr(_spread_barrier_ptx(False, True))
 
 
 @triton.jit
@@ -194,10 +137,7 @@ def _grid_arrive(counter_ptr, target, SYNC: tl.constexpr, ASM: tl.constexpr, tim
         if (ASM & 4) != 0:
             _stamp(timeline_ptr, 2 * (target // tl.num_programs(0) - 1), TIMELINE)
             tl.debug_barrier()  # the whole program's stores before its arrival
-            if (ASM >> 3) != 0:
-                _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_ARRIVE)
-            else:
-                _thread0_ptx(counter_ptr, target, _ARRIVE)
+            _thread0_ptx(counter_ptr, target, _ARRIVE)
 
 
 @triton.jit
@@ -205,16 +145,6 @@ def _thread0_ptx(counter_ptr, target, PTX: tl.constexpr):
     """Run a ``_barrier_ptx`` block on ``counter_ptr`` and ``target``: the count its thread 0 last saw."""
     return tl.inline_asm_elementwise(PTX, "=r,l,r,r", [counter_ptr, target.to(tl.int32),
                                                        tl.full((), SPIN_LIMIT, tl.int32)],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _spread_ptx(counter_ptr, target, COUNTERS: tl.constexpr, PTX: tl.constexpr):
-    """Run a ``_spread_barrier_ptx`` block over COUNTERS counters from ``counter_ptr``: the target, or 0
-    where a poll gave up."""
-    return tl.inline_asm_elementwise(PTX, "=r,l,r,r,r", [counter_ptr, target.to(tl.int32),
-                                                         tl.full((), SPIN_LIMIT, tl.int32),
-                                                         tl.full((), COUNTERS, tl.int32)],
                                      dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -234,12 +164,7 @@ def _grid_barrier(counter_ptr, error_ptr, target, SYNC: tl.constexpr, ASM: tl.co
         if ASM:
             # Thread 0 alone: a fire-and-forget release add (unless made already), then polls until the
             # count is reached (or SPIN_LIMIT polls); the other threads wait for it at the closing barrier.
-            if (ASM >> 3) != 0:
-                if (ASM & 4) != 0:
-                    seen = _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_WAIT)
-                else:
-                    seen = _spread_ptx(counter_ptr, target, ASM >> 3, _SPREAD_POLLS)
-            elif (ASM & 4) != 0:
+            if (ASM & 4) != 0:
                 if (ASM & 2) != 0:
                     seen = _thread0_ptx(counter_ptr, target, _RELAXED_WAIT)
                 else:
@@ -422,9 +347,8 @@ def _attend_phase(
     (with FOLD_OUT): the key program loads W_k rows only and writes k; chunk 0 of the head writes its
     q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself. SPLIT_OUT (with
     FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
-    the head's out projection (W_o rows loaded before the barrier), with float atomics (1) or, each head
-    owning a replica of sum 1, plain stores (2); without SYNC (one phase a launch) that is left to
-    PHASE_HEAD_OUT's launch."""
+    the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
+    that is left to PHASE_HEAD_OUT's launch."""
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
@@ -543,7 +467,7 @@ def _attend_phase(
                               timeline_ptr, False)
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
-                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST, SPLIT_OUT == 2)
+                                   SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST)
     elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
@@ -618,11 +542,10 @@ def _head_out_rows(out_w_ptr, layer, pid, head, rank, D: tl.constexpr, HD: tl.co
 def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr, part_acc_ptr,
                        sum1_ptr, D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
                        CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr,
-                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr, HOIST: tl.constexpr, STORE: tl.constexpr):
+                       OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr, HOIST: tl.constexpr):
     """SPLIT_OUT, once every partial of the head is written: the program's rows of W_o[:, head] times
     the head's attention, added into the layer's sum 1 row (the lead head adds those rows' bias and
-    layer input ``x`` (D_PAD,) too). HOIST: the bias is loaded with the partials, not after the product.
-    STORE (SUM1_REPLICAS == H): each head owns a replica, so its rows are stored, not added."""
+    layer input ``x`` (D_PAD,) too). HOIST: the bias is loaded with the partials, not after the product."""
     lead = (rows * 0 + head) == 0
     bias_pointers = out_b_ptr + layer * D + rows
     if HOIST:
@@ -637,10 +560,7 @@ def _add_head_out_rows(head, rank, layer, x, w, rows, rows_ok, out_b_ptr, part_m
         bias = tl.load(bias_pointers, mask=rows_ok & lead, other=0.0).to(tl.float32)
     out += tl.where(lead, bias + x_rows, 0.0)
     row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
-    if STORE:
-        tl.store(row + rows, out, mask=rows_ok)
-    else:
-        tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
+    tl.atomic_add(row + rows, out, mask=rows_ok, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -964,7 +884,7 @@ def _t2s_step_kernel(
             x = tl.load(xin_ptr + dim, mask=dim < D, other=0.0)
             _add_head_out_rows(head, rank, phase_layer, x, w, rows, rows_ok, out_b_ptr, part_m_ptr, part_s_ptr,
                                part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS,
-                               OUT_ROWS, OUT_GROUPS, HOIST_LOADS, SPLIT_OUT == 2)
+                               OUT_ROWS, OUT_GROUPS, HOIST_LOADS)
     elif PHASE == 1:
         _out_phase(pid, phase_layer, counter_ptr, error_ptr, 0, out_w_ptr, out_b_ptr, xin_ptr, part_m_ptr,
                    part_s_ptr, part_acc_ptr, sum1_ptr, D, H, H_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, BN_OUT, False, False,
@@ -1019,8 +939,6 @@ class PersistentT2SEngine(TritonT2SEngine):
     ``fold_out``, instead of the two above): every program of a head loads a few rows of the head's W_o
     columns before the step's barrier, waits at the head's counter for the head's last partial, and adds
     its rows of the head's out projection into sum 1, so no W_o load waits behind the last arrival.
-    ``split_out_stores`` (with ``split_out``): sum 1 kept as one row a head (``sum_replicas`` aside), so
-    each program stores its rows instead of adding them: the phase ends in plain stores, not atomics.
 
     Chosen by an H100's timeline (module docstring): ``sum_replicas`` None takes DEFAULT_SUM_REPLICAS
     where a phase is folded. ``arrive_first`` (None: with the PTX barrier) arrives at each grid barrier
@@ -1044,7 +962,16 @@ class PersistentT2SEngine(TritonT2SEngine):
     was slower than the last arrival making it: 3,739-3,843 and 3,484-3,490 tokens/s against 4,107-4,249
     for the default in the same calls on an H100 (docs/results/h100_37_t2s_value_out_*.json, code at
     commits e8a76ef and 8238da8): by the kernel's timeline, the waiting program's projection ended 6.9
-    and 6.4 us after the barrier's release, the last arrival's 5.5 us."""
+    and 6.4 us after the barrier's release, the last arrival's 5.5 us.
+
+    Four more shapes were measured slower on an H100 and removed (docs/results/h100_38_t2s_*.json; each row's
+    tokens equal the fused FP16 step's): every program projecting its own partial by W_o, so the last arrival
+    only weighs rows of D (3,408-3,466 tokens/s against 4,105; commit 4ff46bd); every head program issuing the
+    W_o tile's loads just before counting its arrival, whose release fence then waits for them (3,586 against
+    4,185; 11894ef); ``split_out`` storing its rows into a sum 1 row per head instead of adding them (4,033
+    against 4,223: the attend phase 0.75 us shorter, the FFN barrier's release 0.5 us longer; dc3426f); and
+    the grid barrier's arrivals spread over 4 or 8 counters, one polling lane each (4,080 and 3,988 against
+    4,187; d9fe89c)."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
@@ -1052,7 +979,7 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 split_out_stores: bool = False, barrier_counters: int = 1, **kwargs):
+                 **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -1077,14 +1004,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
-        if not isinstance(barrier_counters, int) or not 1 <= barrier_counters <= 32:
-            raise ValueError(f"barrier_counters {barrier_counters!r} must be an int from 1 to 32 (one poller a lane)")
-        if barrier_counters > 1 and (not asm_barrier or relaxed_polls):
-            raise ValueError("barrier_counters spreads the inline-PTX barrier's acquire polls: it needs "
-                             "asm_barrier=True and relaxed_polls=False")
-        if split_out_stores and not split_out:
-            raise ValueError("split_out_stores stores split_out's rows into a sum 1 row per head: it needs "
-                             "split_out=True")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -1100,16 +1019,14 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.programs = programs
         self.step_warps = step_warps
         self.phased = phased
-        self.asm_barrier, self.barrier_counters = asm_barrier, barrier_counters
+        self.asm_barrier = asm_barrier
         self.fold_ffn, self.fold_out, self.prefetch_out = fold_ffn, fold_out, prefetch_out
-        self.late_key_score, self.split_out, self.split_out_stores = late_key_score, split_out, split_out_stores
+        self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
-        if split_out_stores:  # a row a head, each written once: stores instead of float atomics
-            self.sum1_replicas = heads
         self.sum2_replicas = sum_replicas if fold_ffn else 1
         self.chunks = programs // heads - 2
         self.step_block = attention_block
@@ -1140,9 +1057,7 @@ class PersistentT2SEngine(TritonT2SEngine):
         sum1_shape = (config.num_layers, self.sum1_replicas * d) if fold_out else (d,)
         sum2_shape = (config.num_layers, self.sum2_replicas * d) if fold_ffn else (d,)
         arrivals_shape = (config.num_layers if fold_out else 1, heads)
-        # The barrier: one counter, or barrier_counters of them 128 bytes (32 int32) apart.
-        barrier_shape = (32 * barrier_counters,) if barrier_counters > 1 else (1,)
-        sizes = [math.prod(shape) for shape in (sum1_shape, sum2_shape, arrivals_shape, barrier_shape)]
+        sizes = [math.prod(shape) for shape in (sum1_shape, sum2_shape, arrivals_shape, (1,))]
         self._step_zeroed = torch.zeros(sum(sizes), dtype=torch.int32, device=self.device)
         sum1, sum2, arrivals, barrier = torch.split(self._step_zeroed, sizes)
         self._step_sum1 = sum1.view(torch.float32).view(sum1_shape)  # int32 and float32: the same 4 bytes
@@ -1215,13 +1130,10 @@ class PersistentT2SEngine(TritonT2SEngine):
             FOLD_FFN=self.fold_ffn, PHASES=len(self.phase_names),
             SUM2_STRIDE=self.sum2_replicas * d if self.fold_ffn else 0, EPS=LAYER_NORM_EPS, PHASE=phase,
             ASM_BARRIER=(ASM_PTX * self.asm_barrier) | (ASM_RELAXED * self.relaxed_polls)
-            | (ASM_ARRIVE_FIRST * self.arrive_first)
-            | ((self.barrier_counters if self.barrier_counters > 1 else 0) << ASM_COUNTERS_SHIFT),
-            FOLD_OUT=self.fold_out,
+            | (ASM_ARRIVE_FIRST * self.arrive_first), FOLD_OUT=self.fold_out,
             SUM1_STRIDE=self.sum1_replicas * d if self.fold_out else 0, PREFETCH_OUT=self.prefetch_out,
             SUM1_REPLICAS=self.sum1_replicas, SUM2_REPLICAS=self.sum2_replicas, LATE_KEY_SCORE=self.late_key_score,
-            SPLIT_OUT=(1 + self.split_out_stores) * self.split_out, OUT_GROUPS=out_groups,
-            OUT_ROWS=triton.next_power_of_2(d) // out_groups,
+            SPLIT_OUT=self.split_out, OUT_GROUPS=out_groups, OUT_ROWS=triton.next_power_of_2(d) // out_groups,
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
             PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,

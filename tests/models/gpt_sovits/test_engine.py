@@ -764,15 +764,13 @@ def test_prefetched_out_columns_and_replicated_sums_give_the_logits_of_the_plain
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("programs_per_head,sum_replicas,stores", [(4, 1, False), (5, 3, False), (5, 3, True)])
-def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas,
-                                                                              stores):
+@pytest.mark.parametrize("programs_per_head,sum_replicas", [(4, 1), (5, 3)])
+def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas):
     """The folded step with each head's out projection shared among the head's programs (each adds
     its rows of W_o times the head's attention) against the plain folded step, where the head's last
     program adds all of them: the same request, six steps, each step's logits equal up to float32
     summation order; both take the same tokens. Five programs a head: three chunks and the key and
-    value programs, of which the first four hold rows and the value program none. With ``split_out_stores``
-    each head's rows are stored into a sum 1 row of its own (one a head, whatever ``sum_replicas`` says)."""
+    value programs, of which the first four hold rows and the value program none."""
     _triton_device_or_skip(device)
     from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
 
@@ -781,10 +779,8 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
     variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                           programs=programs_per_head * config.num_heads, phased=device == "cpu",
                                           sum_replicas=sum_replicas, **knobs)
-                      for knobs in ({"split_out": True, "split_out_stores": stores}, {}))
-    constants = variant.kernel_constants(PERSISTENT)
-    assert constants["OUT_GROUPS"] == 4 and constants["SPLIT_OUT"] == 1 + stores
-    assert variant.sum1_replicas == (config.num_heads if stores else sum_replicas)
+                      for knobs in ({"split_out": True}, {}))
+    assert variant.kernel_constants(PERSISTENT)["OUT_GROUPS"] == 4
     request = other_shape_requests(config, 1)[0]
     for engine in (variant, plain):
         engine.prefill([0], [request])
@@ -823,33 +819,6 @@ def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(
     assert_same_steps([variant, plain], 64)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("counters,arrive_first", [(3, True), (8, False)])
-def test_a_barrier_on_spread_counters_gives_the_logits_of_the_one_counter_step(device, counters, arrive_first):
-    """The grid barrier with each program's arrival added to one of ``barrier_counters`` counters and
-    warp 0's lanes polling one each (3: a count that does not divide the grid, so the counters hold
-    unequal shares) against the one-counter barrier: the same request, six steps, logits equal up to
-    float32 summation order, the same tokens, no barrier timed out. On the CPU the phased launches
-    have no barrier, so this checks the knob's plumbing and the counters' buffer only."""
-    _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
-
-    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
-    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=19), torch.float32, device)
-    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
-                                          programs=4 * config.num_heads, phased=device == "cpu",
-                                          arrive_first=arrive_first, **knobs)
-                      for knobs in ({"barrier_counters": counters}, {}))
-    assert variant.kernel_constants(PERSISTENT)["ASM_BARRIER"] >> 3 == counters
-    assert plain.kernel_constants(PERSISTENT)["ASM_BARRIER"] >> 3 == 0
-    assert variant._barrier.numel() == 32 * counters and plain._barrier.numel() == 1
-    request = other_shape_requests(config, 1)[0]
-    for engine in (variant, plain):
-        engine.prefill([0], [request])
-    assert_same_steps([variant, plain], 64)
-    assert not variant.barrier_timed_out()
-
-
 def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
     pytest.importorskip("triton")
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
@@ -860,13 +829,7 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"arrive_first": True, "asm_barrier": False}, "need asm_barrier=True"),
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
-                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
-                           ({"split_out_stores": True}, "needs split_out=True"),
-                           ({"barrier_counters": 0}, "an int from 1 to 32"),
-                           ({"barrier_counters": 33}, "an int from 1 to 32"),
-                           ({"barrier_counters": 4, "asm_barrier": False, "arrive_first": False},
-                            "needs asm_barrier=True"),
-                           ({"barrier_counters": 4, "relaxed_polls": True}, "relaxed_polls=False")):
+                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -903,9 +866,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"split_out": True, "split_out_stores": True},
-                  {"barrier_counters": 3, "timeline": True}, {"barrier_counters": 4, "arrive_first": False}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -927,10 +888,9 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
         pytest.skip("this Triton wheel bundles no ptxas")
     config = t2s_from_manifest(MANIFEST_PATH).config
     state_dict = random_state_dict(config, seed=0)
-    for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"split_out": True, "split_out_stores": True},
-                  {"timeline": True}, {"relaxed_polls": True},
+    for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}, {"barrier_counters": 8}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
