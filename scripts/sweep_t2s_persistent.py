@@ -17,9 +17,7 @@ comma list of values and each row one combination:
 - ``PREFETCH_L2`` (default ``0``): ``prefetch_l2``, only with both folds;
 - ``ARRIVE`` (default ``1``): ``arrive_first`` where the barrier is the PTX one;
 - ``HOIST`` (default ``1``): ``hoist_loads``;
-- ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``;
-- ``POLLED`` (default ``0``): ``polled_partials``, only with the out phase folded and none of ``PREFETCH``,
-  ``LATE`` and ``SPLIT``.
+- ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``.
 
 ``KERNELS=1``: each persistent row also gets the GPU time per token of every kernel and memset of
 one whole decode (torch.profiler), beside the time a token takes: what the step spends outside the
@@ -133,7 +131,6 @@ def main() -> None:
     l2_prefetch_list = [value == "1" for value in os.environ.get("PREFETCH_L2", "0").split(",")]
     hoist_list = [value == "1" for value in os.environ.get("HOIST", "1").split(",")]
     one_pass_list = [value == "1" for value in os.environ.get("ONE_PASS", "0").split(",")]
-    polled_list = [value == "1" for value in os.environ.get("POLLED", "0").split(",")]
     if unknown := sorted(set(folds_list) - {"none", "ffn", "out", "ffn+out"}):
         parser.error(f"FOLDS: unknown {unknown}; use none, ffn, out or ffn+out")
 
@@ -159,10 +156,10 @@ def main() -> None:
     result["persistent_fp32"], _ = measure(engine(PersistentT2SEngine, torch.float32), request, reference32)
     result["fused_fp16"], reference16 = measure(engine(TritonT2SEngine, torch.float16), request, reference32)
     for (asm, folds, programs, warps, prefetch, replicas, late, split, relaxed, out_l2, l2_prefetch,
-         arrive, hoist, one_pass, polled) in itertools.product(asm_list, folds_list, programs_list, warps_list,
-                                                               prefetch_list, replicas_list, late_list, split_list,
-                                                               relaxed_list, l2_list, l2_prefetch_list, arrive_list,
-                                                               hoist_list, one_pass_list, polled_list):
+         arrive, hoist, one_pass) in itertools.product(asm_list, folds_list, programs_list, warps_list,
+                                                       prefetch_list, replicas_list, late_list, split_list,
+                                                       relaxed_list, l2_list, l2_prefetch_list, arrive_list,
+                                                       hoist_list, one_pass_list):
         out_l2 = out_l2 and "out" in folds  # the hint is the folded out projection's
         if l2_prefetch and folds != "ffn+out":
             continue  # the L2 prefetch follows the two-phase layer
@@ -175,21 +172,17 @@ def main() -> None:
             continue  # split_out replaces both
         if one_pass and not hoist:
             continue  # the one-pass LayerNorm is the hoisted one's
-        if polled and ("out" not in folds or prefetch or late or split):
-            continue  # polled partials are the folded out phase's, and replace those three
         name = (f"persistent_fp16_p{programs}_w{warps}_asm{int(asm)}" + ("" if folds == "none" else f"_fold_{folds}")
                 + ("_prefetch_out" if prefetch else "") + ("" if replicas is None else f"_replicas{replicas}")
                 + ("_late_key_score" if late else "") + ("_split_out" if split else "")
                 + ("_relaxed_polls" if relaxed else "") + ("_out_in_l2" if out_l2 else "")
                 + ("_prefetch_l2" if l2_prefetch else "") + ("_arrive_first" if arrive else "")
-                + ("" if hoist else "_loads_not_hoisted") + ("_one_pass_norm" if one_pass else "")
-                + ("_polled_partials" if polled else ""))
+                + ("" if hoist else "_loads_not_hoisted") + ("_one_pass_norm" if one_pass else ""))
         knobs = {"programs": programs, "step_warps": warps, "asm_barrier": asm,
                  "fold_ffn": "ffn" in folds, "fold_out": "out" in folds, "prefetch_out": prefetch,
                  "sum_replicas": replicas, "late_key_score": late, "split_out": split, "relaxed_polls": relaxed,
                  "out_in_l2": out_l2, "prefetch_l2": l2_prefetch, "arrive_first": arrive, "hoist_loads": hoist,
-                 "one_pass_norm": one_pass,
-                 "polled_partials": polled}
+                 "one_pass_norm": one_pass}
         result[name], _ = measure(engine(PersistentT2SEngine, torch.float16, **knobs), request, reference16)
         print(name, result[name], flush=True)
         if os.environ.get("TIMELINE") == "1":

@@ -33,8 +33,8 @@ from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 MAX_LEN = 560  # scripts/sweep_t2s_persistent.py's cache: 30 phones + 30 prompt tokens + 500 tokens, rounded to 16
 FLOAT32_POINTERS = {"xin_ptr", "part_m_ptr", "part_s_ptr", "part_acc_ptr", "sum1_ptr", "normed1_ptr", "hidden_ptr",
                     "sum2_ptr", "logits_ptr", "q_ptr"}
-INT32_POINTERS = {"counter_ptr", "error_ptr", "arrivals_ptr", "epoch_ptr"}
-INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr", "timeline_ptr", "tagged_ptr"}
+INT32_POINTERS = {"counter_ptr", "error_ptr", "arrivals_ptr"}
+INT64_POINTERS = {"last_token_ptr", "audio_pos_ptr", "cache_len_ptr", "timeline_ptr"}
 INTEGERS = {"cache_layer_stride", "phase_layer"}
 # name -> the engine's knobs; every row on 132 programs (the default grid) and 8 warps unless named
 ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"fold_out": False},
@@ -44,8 +44,7 @@ ROWS = {"four_barriers": {"fold_ffn": False, "fold_out": False}, "fold_ffn": {"f
         "split_out": {"split_out": True}, "arrive_after_loads": {"arrive_first": False},
         "out_not_in_l2": {"out_in_l2": False}, "relaxed_polls": {"relaxed_polls": True},
         "prefetch_l2": {"prefetch_l2": True}, "timeline": {"timeline": True},
-        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True},
-        "polled_partials": {"polled_partials": True}}
+        "loads_not_hoisted": {"hoist_loads": False}, "one_pass_norm": {"one_pass_norm": True}}
 
 
 def signature() -> dict[str, str]:

@@ -338,7 +338,7 @@ def _attend_phase(
     SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, LATE_KEY_SCORE: tl.constexpr,
     SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, layer_stamps_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    HOIST: tl.constexpr, ONE_PASS: tl.constexpr, POLLED: tl.constexpr, tagged_ptr, epoch,
+    HOIST: tl.constexpr, ONE_PASS: tl.constexpr,
 ):
     """With FOLD_OUT, the head's last program to arrive also does the out phase's work for that head
     (module docstring): ``arrivals_ptr`` (layers, H) counters and ``sum1_ptr`` (layers, SUM1_REPLICAS
@@ -348,11 +348,7 @@ def _attend_phase(
     q to ``q_ptr`` (H, HD), and the head's last program scores the new key itself. SPLIT_OUT (with
     FOLD_OUT): every program of a head, once the head's last partial is in, adds its OUT_ROWS rows of
     the head's out projection (W_o rows loaded before the barrier); without SYNC (one phase a launch)
-    that is left to PHASE_HEAD_OUT's launch. POLLED (with FOLD_OUT): the partials are written with the
-    step's ``epoch`` in every value (``_tagged``, rows of HD + 2 in ``tagged_ptr``: the weighted values,
-    the maximum, the weight sum), and the head's value program, holding W_o from before the barrier,
-    polls them until all carry it, then merges and projects (``_merge_polled_head``): no fence, counter
-    or second load stands between the last partial and its merge."""
+    that is left to PHASE_HEAD_OUT's launch."""
     _grid_arrive(counter_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)  # arrive-first: before the tile loads
     dim = tl.arange(0, D_PAD)
     dim_ok = dim < D
@@ -401,12 +397,6 @@ def _attend_phase(
                                                            OUT_ROWS, OUT_GROUPS)
     norm_row = tl.maximum(layer - 1, 0) * D  # LayerNorm 2 of the previous layer (unused at layer 0)
     gamma, beta = _norm_params(norm2_w_ptr + norm_row, norm2_b_ptr + norm_row, dim, dim_ok, HOIST)
-    if POLLED:  # the value program's W_o columns: it merges and projects its head
-        pid_dims = dim * 0 + pid  # (D_PAD,)
-        merges = (pid_dims >= H * CHUNKS + H) & (pid_dims < H * CHUNKS + 2 * H)
-        merge_w = _head_out_columns(out_w_ptr, layer, head, merges & dim_ok, D, D_PAD, HD, HD_PAD,
-                                    OUT_EVICT)  # (D_PAD, HD_PAD)
-        tagged_head = tagged_ptr + (layer * H + head) * (CHUNKS + 1) * (HD + 2)
 
     _grid_barrier(counter_ptr, error_ptr, target, SYNC, ASM, timeline_ptr, TIMELINE)
 
@@ -433,17 +423,12 @@ def _attend_phase(
         else:
             k = (tl.sum(w_b.to(tl.float32) * x[None, :], axis=1) + bias_b).to(cache_ptr.dtype.element_ty)
             tl.store(new_slot + j, k, mask=j_ok)
-            new_score = tl.sum(tl.where(j_ok, q * k.to(tl.float32), 0.0), axis=0)
-            if POLLED:
-                _store_tagged_scores(tagged_head + CHUNKS * (HD + 2) + HD, new_score, 1.0, epoch)
-            else:
-                tl.store(part_m_ptr + part, new_score)
-                tl.store(part_s_ptr + part, 1.0)
+            tl.store(part_m_ptr + part, tl.sum(tl.where(j_ok, q * k.to(tl.float32), 0.0), axis=0))
+            tl.store(part_s_ptr + part, 1.0)
     if is_value:
         v = a.to(cache_ptr.dtype.element_ty)
         tl.store(new_slot + D + j, v, mask=j_ok)
-        if not POLLED:  # polled, the value program keeps its v for its own merge
-            tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
+        tl.store(part_acc_ptr + part * HD + j, v.to(tl.float32), mask=j_ok)
     if is_chunk:
         if LATE_KEY_SCORE:
             if chunk == 0:
@@ -468,20 +453,10 @@ def _attend_phase(
                 acc = acc * rescale + tl.sum(weights[:, None] * values.to(tl.float32), axis=0)
                 total = total * rescale + tl.sum(weights, axis=0)
                 best = new_best
-        if POLLED:
-            row = tagged_head + chunk * (HD + 2)
-            tl.store(row + j, _tagged(acc, epoch), mask=j_ok)
-            _store_tagged_scores(row + HD, best, total, epoch)
-        else:
-            tl.store(part_m_ptr + part, best)
-            tl.store(part_s_ptr + part, total)
-            tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
+        tl.store(part_m_ptr + part, best)
+        tl.store(part_s_ptr + part, total)
+        tl.store(part_acc_ptr + part * HD + j, acc, mask=j_ok)
     _stamp(layer_stamps_ptr, 2 * layer, TIMELINE)  # the program's partial written
-    if POLLED:
-        if is_value:
-            own = a.to(cache_ptr.dtype.element_ty).to(tl.float32)  # (HD_PAD,): v as the cache holds it
-            _merge_polled_head(head, layer, x, own, merge_w, tagged_head, epoch, out_b_ptr, sum1_ptr, error_ptr, D,
-                               D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD, SUM1_REPLICAS)
     if SPLIT_OUT:
         if SYNC:
             if is_chunk | is_key | is_value:
@@ -493,83 +468,12 @@ def _attend_phase(
                 _add_head_out_rows(head, rank, layer, x, out_rows_w, out_rows, out_rows_ok, out_b_ptr, part_m_ptr,
                                    part_s_ptr, part_acc_ptr, sum1_ptr, D, D_PAD, HD, HD_PAD, CHUNKS, PARTS_PAD,
                                    SUM1_REPLICAS, OUT_ROWS, OUT_GROUPS, HOIST)
-    elif FOLD_OUT and not POLLED:
+    elif FOLD_OUT:
         if is_chunk | is_key | is_value:
             _fold_out_of_head(head, layer, x, arrivals_ptr, out_w_ptr, out_b_ptr, part_m_ptr, part_s_ptr,
                               part_acc_ptr, sum1_ptr, out_columns, q_ptr, new_slot, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                               PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, LATE_KEY_SCORE, OUT_EVICT, HOIST)
     _stamp(layer_stamps_ptr, 2 * layer + 1, TIMELINE)  # and the head's out projection, where it was the last
-
-
-@triton.jit
-def _tagged(values, epoch):
-    """float32 ``values`` as int64 with ``epoch`` in the high 32 bits: a reader that sees the epoch in a
-    value has that value, as an aligned 8-byte store lands whole (no fence orders the stores)."""
-    bits = values.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
-    return bits | (epoch.to(tl.int64) << 32)
-
-
-@triton.jit
-def _untagged(tagged):
-    """The float32 values of ``_tagged`` int64s."""
-    return (tagged & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _store_tagged_scores(pointer, best, total, epoch):
-    """A partial's maximum and weight sum, tagged, at ``pointer`` and the next int64."""
-    pair = tl.arange(0, 2)
-    tl.store(pointer + pair, _tagged(tl.where(pair == 0, best, total), epoch))
-
-
-@triton.jit
-def _merge_polled_head(head, layer, x, own, w, tagged_head, epoch, out_b_ptr, sum1_ptr, error_ptr,
-                       D: tl.constexpr, D_PAD: tl.constexpr, HD: tl.constexpr, HD_PAD: tl.constexpr,
-                       CHUNKS: tl.constexpr, PARTS_PAD: tl.constexpr, SUM1_REPLICAS: tl.constexpr):
-    """The value program's merge under POLLED: poll the head's CHUNKS chunk partials and the key
-    program's score (rows of HD + 2 int64 at ``tagged_head``) until every value carries ``epoch``
-    (``SPIN_LIMIT`` polls at most, then the error flag), combine them with the new position's values
-    ``own`` (HD_PAD,), multiply by the head's W_o columns ``w`` (D_PAD, HD_PAD) and add the product
-    into the head's replica of sum 1 (the lead head adds the bias and the layer input ``x`` too)."""
-    c = tl.arange(0, PARTS_PAD)
-    j = tl.arange(0, HD_PAD)
-    dim = tl.arange(0, D_PAD)
-    dim_ok = dim < D
-    lead = (dim * 0 + head) == 0
-    bias = tl.load(out_b_ptr + layer * D + dim, mask=dim_ok & lead, other=0.0).to(tl.float32)
-    scores_ok = c < CHUNKS + 1  # the chunks' scores and the key program's
-    values_ok = (c < CHUNKS)[:, None] & (j < HD)[None, :]  # the chunks' weighted values
-    rows = tagged_head + c * (HD + 2)  # (PARTS_PAD,)
-    values_t = tl.load(rows[:, None] + j[None, :], mask=values_ok, other=0, volatile=True)
-    best_t = tl.load(rows + HD, mask=scores_ok, other=0, volatile=True)
-    total_t = tl.load(rows + HD + 1, mask=scores_ok, other=0, volatile=True)
-    ready = _all_carry(values_t, best_t, total_t, values_ok, scores_ok, epoch)
-    polls = 1
-    while (ready == 0) & (polls < SPIN_LIMIT):
-        values_t = tl.load(rows[:, None] + j[None, :], mask=values_ok, other=0, volatile=True)
-        best_t = tl.load(rows + HD, mask=scores_ok, other=0, volatile=True)
-        total_t = tl.load(rows + HD + 1, mask=scores_ok, other=0, volatile=True)
-        ready = _all_carry(values_t, best_t, total_t, values_ok, scores_ok, epoch)
-        polls += 1
-    if ready == 0:
-        tl.atomic_max(error_ptr, 1)
-    values = tl.where((c == CHUNKS)[:, None], own[None, :], _untagged(values_t))  # (PARTS_PAD, HD_PAD)
-    best = tl.where(scores_ok, _untagged(best_t), float("-inf"))
-    total = tl.where(scores_ok, _untagged(total_t), 0.0)
-    factor = tl.where(scores_ok, tl.exp(best - tl.max(best, axis=0)), 0.0)  # (PARTS_PAD,)
-    attention = tl.sum(values * factor[:, None], axis=0) / tl.sum(total * factor, axis=0)  # (HD_PAD,)
-    out = tl.sum(w.to(tl.float32) * attention[None, :], axis=1) + tl.where(lead, bias + x, 0.0)  # (D_PAD,)
-    row = sum1_ptr + (layer * SUM1_REPLICAS + head % SUM1_REPLICAS) * D
-    tl.atomic_add(row + dim, out, mask=dim_ok, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def _all_carry(values_t, best_t, total_t, values_ok, scores_ok, epoch):
-    """1 where every tagged value under its mask carries ``epoch``, else 0."""
-    values_in = tl.min(tl.where(values_ok, (values_t >> 32) == epoch, True).to(tl.int32))
-    scores_in = tl.min(tl.where(scores_ok, ((best_t >> 32) == epoch) & ((total_t >> 32) == epoch), True)
-                       .to(tl.int32), axis=0)
-    return values_in * scores_in
 
 
 @triton.jit
@@ -902,8 +806,7 @@ def _t2s_step_kernel(
     PREFETCH_OUT: tl.constexpr, SUM1_REPLICAS: tl.constexpr, SUM2_REPLICAS: tl.constexpr, q_ptr,
     LATE_KEY_SCORE: tl.constexpr, SPLIT_OUT: tl.constexpr, OUT_ROWS: tl.constexpr, OUT_GROUPS: tl.constexpr,
     timeline_ptr, TIMELINE: tl.constexpr, STREAM_EVICT: tl.constexpr, OUT_EVICT: tl.constexpr,
-    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, ONE_PASS_NORM: tl.constexpr, POLLED: tl.constexpr,
-    tagged_ptr, epoch_ptr,
+    PREFETCH_L2: tl.constexpr, HOIST_LOADS: tl.constexpr, ONE_PASS_NORM: tl.constexpr,
 ):
     """PHASE == PERSISTENT: the whole step with grid barriers. Otherwise only that phase of layer
     ``phase_layer``, without barriers (the interpreter's path; the launch boundary orders phases).
@@ -912,13 +815,8 @@ def _t2s_step_kernel(
     layer (SUM2_STRIDE 0). FOLD_OUT: no out phase, sum 1 a row per layer (SUM1_STRIDE = SUM1_REPLICAS
     x D) that the heads' last programs add into; else one sum 1 row (SUM1_STRIDE 0). SUMn_REPLICAS: a
     folded sum's row is that many rows of D that different programs add into, summed where it is
-    read (1 when unfolded). POLLED: the heads' partials meet through epoch-tagged values (``_attend_phase``);
-    ``epoch_ptr`` holds the step's epoch, which program 0 advances once the step is done."""
+    read (1 when unfolded)."""
     pid = tl.program_id(0)
-    if POLLED:
-        epoch = tl.load(epoch_ptr)
-    else:
-        epoch = 0
     if PHASE == -1:
         # TIMELINE: (events, PROGRAMS) stamps (step_timeline.py reads them): each grid barrier's arrival and
         # release, then each layer's two attend stamps, then the end of the step.
@@ -936,8 +834,7 @@ def _t2s_step_kernel(
                           scale, arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS,
                           CHUNK_MAX, BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, True, ASM_BARRIER, FOLD_OUT,
                           PARTS_PAD, PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS,
-                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS,
-                          ONE_PASS_NORM, POLLED, tagged_ptr, epoch)
+                          OUT_GROUPS, timeline_ptr, layer_stamps, TIMELINE, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
             if PREFETCH_L2:  # PREFETCH_L2 (with both folds): each phase asks L2 for the tile after the next one
                 if layer + 1 < LAYERS:
                     _prefetch_attend_tile(pid, layer + 1, qkv_w_ptr, cache_ptr, cache_layer_stride, cache_len_ptr, D,
@@ -969,9 +866,6 @@ def _t2s_step_kernel(
                       EPS, True, ASM_BARRIER, SUM2_REPLICAS, timeline_ptr, TIMELINE, STREAM_EVICT, HOIST_LOADS,
                       ONE_PASS_NORM)
         _stamp(layer_stamps, 2 * LAYERS, TIMELINE)  # the step's end
-        if POLLED:
-            if pid == 0:  # past the logits' barrier: no program polls this step's partials any more
-                tl.store(epoch_ptr, epoch + 1)
     elif PHASE == 0:
         _attend_phase(pid, phase_layer, counter_ptr, error_ptr, 0, last_token_ptr, audio_pos_ptr, cache_len_ptr,
                       embedding_ptr, positions_ptr, sum2_ptr, norm2_w_ptr, norm2_b_ptr, qkv_w_ptr, qkv_b_ptr,
@@ -979,8 +873,7 @@ def _t2s_step_kernel(
                       arrivals_ptr, out_w_ptr, out_b_ptr, sum1_ptr, q_ptr, D, D_PAD, H, HD, HD_PAD, CHUNKS, CHUNK_MAX,
                       BLOCK_L, MAX_LEN, MAX_POSITION, SUM2_STRIDE, EPS, False, False, FOLD_OUT, PARTS_PAD,
                       PREFETCH_OUT, SUM1_REPLICAS, SUM2_REPLICAS, LATE_KEY_SCORE, SPLIT_OUT, OUT_ROWS, OUT_GROUPS,
-                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM,
-                      POLLED, tagged_ptr, epoch)
+                      timeline_ptr, timeline_ptr, False, STREAM_EVICT, OUT_EVICT, HOIST_LOADS, ONE_PASS_NORM)
     elif PHASE == 6:
         # SPLIT_OUT's head rows, one launch after the attend phase wrote every partial and the layer input.
         is_chunk, is_key, is_value, head, rank = _program_role(pid, H, CHUNKS)
@@ -1012,9 +905,6 @@ def _t2s_step_kernel(
         _logits_phase(pid, counter_ptr, error_ptr, 0, predict_w_ptr, norm2_w_ptr, norm2_b_ptr, sum2_ptr, logits_ptr,
                       D, D_PAD, VOCAB, LAYERS, BN_VOCAB, SUM2_STRIDE, EPS, False, False, SUM2_REPLICAS, timeline_ptr,
                       False, STREAM_EVICT, HOIST_LOADS, ONE_PASS_NORM)
-        if POLLED:
-            if pid == 0:  # the step's last launch
-                tl.store(epoch_ptr, epoch + 1)
 
 
 def _tile_width(columns: int, programs: int) -> int:
@@ -1081,7 +971,10 @@ class PersistentT2SEngine(TritonT2SEngine):
     4,185; 11894ef); ``split_out`` storing its rows into a sum 1 row per head instead of adding them (4,033
     against 4,223: the attend phase 0.75 us shorter, the FFN barrier's release 0.5 us longer; dc3426f); and
     the grid barrier's arrivals spread over 4 or 8 counters, one polling lane each (4,080 and 3,988 against
-    4,187; d9fe89c)."""
+    4,187; d9fe89c). A fifth, partials written as epoch-tagged 8-byte values that the head's value program
+    polls, with no fence or counter between them and its merge (b0bda63), matched the plain step's logits
+    in the interpreter but not on the GPU (wrong from the first step; the cause was not found), and its
+    timeline put the attend phase at 7.97 us against 7.26: removed too."""
 
     def __init__(self, weights: T2SWeights, *args, programs: int | None = None, step_warps: int = 8,
                  attention_block: int = 128, phased: bool = False, asm_barrier: bool = True, fold_ffn: bool = True,
@@ -1089,7 +982,7 @@ class PersistentT2SEngine(TritonT2SEngine):
                  late_key_score: bool = False, split_out: bool = False, timeline: bool = False,
                  relaxed_polls: bool = False, out_in_l2: bool | None = None, prefetch_l2: bool = False,
                  arrive_first: bool | None = None, hoist_loads: bool = True, one_pass_norm: bool = False,
-                 polled_partials: bool = False, **kwargs):
+                 **kwargs):
         if sum_replicas is None:  # the default where a phase is folded, else one row
             sum_replicas = DEFAULT_SUM_REPLICAS if fold_ffn or fold_out else 1
         if not isinstance(sum_replicas, int) or sum_replicas < 1:
@@ -1114,9 +1007,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         if split_out and (prefetch_out or late_key_score):
             raise ValueError("split_out shares each head's out projection among its programs: it replaces "
                              "prefetch_out and late_key_score, which change the head's last program")
-        if polled_partials and (not fold_out or prefetch_out or late_key_score or split_out):
-            raise ValueError("polled_partials has each head's value program poll the head's partials and project "
-                             "them: it needs fold_out=True and replaces prefetch_out, late_key_score and split_out")
         super().__init__(weights, *args, **kwargs)
         config = self.config
         heads = config.num_heads
@@ -1137,7 +1027,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         self.late_key_score, self.split_out = late_key_score, split_out
         self.relaxed_polls, self.out_in_l2, self.prefetch_l2 = relaxed_polls, out_in_l2, prefetch_l2
         self.arrive_first, self.hoist_loads, self.one_pass_norm = arrive_first, hoist_loads, one_pass_norm
-        self.polled_partials = polled_partials
         # Unfolded sums are written whole by one program per column: nothing to spread. Sum 1 has one
         # adder a head, so more replicas than heads would stay zero.
         self.sum1_replicas = min(sum_replicas, heads) if fold_out else 1
@@ -1184,11 +1073,6 @@ class PersistentT2SEngine(TritonT2SEngine):
         self._part_m, self._part_s = scratch(heads, self.chunks + 1), scratch(heads, self.chunks + 1)
         self._part_acc = scratch(heads, self.chunks + 1, config.head_dim)
         self._barrier_error = torch.zeros(1, dtype=torch.int32, device=self.device)
-        # polled_partials: each layer's partials as rows of head_dim + 2 epoch-tagged values, and the step's
-        # epoch. Epochs only grow, so no step reads a row left by another, and nothing is cleared per step.
-        tagged_shape = (config.num_layers, heads, self.chunks + 1, config.head_dim + 2) if polled_partials else (1,)
-        self._part_tagged = torch.zeros(tagged_shape, dtype=torch.int64, device=self.device)
-        self._epoch = torch.ones(1, dtype=torch.int32, device=self.device)
         # timeline: every step's kernel overwrites its stamps (step_timeline.py's layout); a placeholder otherwise.
         stamps = self.step_layout.events if timeline else 1
         self._timeline = torch.zeros((stamps, programs if timeline else 1), dtype=torch.int64, device=self.device)
@@ -1256,7 +1140,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             TIMELINE=self.timeline and phase == PERSISTENT,
             STREAM_EVICT="evict_first" if self.out_in_l2 else "", OUT_EVICT="evict_last" if self.out_in_l2 else "",
             PREFETCH_L2=self.prefetch_l2 and phase == PERSISTENT, HOIST_LOADS=self.hoist_loads,
-            ONE_PASS_NORM=self.one_pass_norm, POLLED=self.polled_partials)
+            ONE_PASS_NORM=self.one_pass_norm)
 
     def _launch(self, phase: int, layer: int) -> None:
         w, s = self.weights, self.stacked
@@ -1269,7 +1153,7 @@ class PersistentT2SEngine(TritonT2SEngine):
             w.predict_weight, cache, cache.stride(0), self._step_xin, self._part_m, self._part_s, self._part_acc,
             self._step_sum1, self._step_normed1, self._step_hidden, self._step_sum2, self._step_logits,
             1.0 / math.sqrt(self.config.head_dim), layer, arrivals_ptr=self._head_arrivals, q_ptr=self._step_q,
-            timeline_ptr=self._timeline, tagged_ptr=self._part_tagged, epoch_ptr=self._epoch,
+            timeline_ptr=self._timeline,
             num_warps=self.step_warps, **self.kernel_constants(phase),
         )
 

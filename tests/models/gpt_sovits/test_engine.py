@@ -788,36 +788,6 @@ def test_the_split_out_projection_gives_the_logits_of_the_plain_folded_step(devi
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("programs_per_head,sum_replicas", [(4, 1), (5, 3)])
-def test_polled_partials_give_the_logits_of_the_plain_folded_step(device, programs_per_head, sum_replicas):
-    """The folded step whose heads' partials are written as epoch-tagged values and merged by each
-    head's value program once all carry the step's epoch, against the plain folded step (the head's
-    last arrival merges): the same request, six steps, logits equal up to float32 summation order, the
-    same tokens, no poll gave up. The epoch advances once a step, and a second request on the same
-    engines (the variant's rows still hold the first request's tagged values) decodes alike too."""
-    _triton_device_or_skip(device)
-    from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
-
-    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
-    weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=23), torch.float32, device)
-
-    variant, plain = (PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
-                                          programs=programs_per_head * config.num_heads, phased=device == "cpu",
-                                          sum_replicas=sum_replicas, **knobs)
-                      for knobs in ({"polled_partials": True}, {}))
-    assert variant.kernel_constants(PERSISTENT)["POLLED"] and not plain.kernel_constants(PERSISTENT)["POLLED"]
-    first, second = other_shape_requests(config, 2)
-    for each in (variant, plain):
-        each.prefill([0], [first])
-    assert_same_steps([variant, plain], 64)
-    assert int(variant._epoch.item()) == 1 + 6 and not variant.barrier_timed_out()
-    for each in (variant, plain):
-        each.prefill([0], [second])
-    assert_same_steps([variant, plain], 64)
-    assert int(variant._epoch.item()) == 1 + 12 and not variant.barrier_timed_out()
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_l2_hints_and_barrier_variants_give_the_logits_of_the_plain_folded_step(device):
     """``out_in_l2`` (on by default with the folded out phase: streamed weights loaded evict-first,
     W_o evict-last), ``prefetch_l2`` (each tile asked of L2 a phase early), ``relaxed_polls`` (the
@@ -859,10 +829,7 @@ def test_barrier_and_cache_knobs_refuse_the_steps_they_do_not_change():
                            ({"arrive_first": True, "asm_barrier": False}, "need asm_barrier=True"),
                            ({"out_in_l2": True, "fold_out": False}, "needs fold_out=True"),
                            ({"prefetch_l2": True, "fold_ffn": False}, "needs fold_ffn=True"),
-                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True"),
-                           ({"polled_partials": True, "fold_out": False}, "needs fold_out=True"),
-                           ({"polled_partials": True, "split_out": True}, "replaces prefetch_out"),
-                           ({"polled_partials": True, "late_key_score": True}, "replaces prefetch_out")):
+                           ({"one_pass_norm": True, "hoist_loads": False}, "needs hoist_loads=True")):
         with pytest.raises(ValueError, match=message):
             PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64], programs=4 * config.num_heads,
                                 phased=True, **knobs)
@@ -899,8 +866,7 @@ def test_the_step_kernel_compiles_for_a_small_model_with_every_knob():
     weights = T2SWeights.from_state_dict(config, random_state_dict(config, seed=0), torch.float32, "cpu")
     types = {name: "*fp32" if kind == "*fp16" else kind for name, kind in signature().items()}
     for knobs in ({"prefetch_l2": True, "relaxed_polls": True, "timeline": True}, {"split_out": True},
-                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False},
-                  {"polled_partials": True, "timeline": True}):
+                  {"asm_barrier": False, "hoist_loads": False}, {"split_out": True, "hoist_loads": False}):
         engine = PersistentT2SEngine(weights, max_batch=1, max_len=64, length_buckets=[64],
                                      programs=4 * config.num_heads, phased=True, **knobs)
         source = ASTSource(_t2s_step_kernel, types, engine.kernel_constants(PERSISTENT), aligned_arguments())
@@ -924,7 +890,7 @@ def test_the_hopper_step_kernel_as_launched_keeps_its_tiles_in_registers():
     state_dict = random_state_dict(config, seed=0)
     for knobs in ({}, {"late_key_score": True}, {"split_out": True}, {"timeline": True}, {"relaxed_polls": True},
                   {"out_in_l2": False}, {"prefetch_l2": True}, {"arrive_first": True}, {"hoist_loads": False},
-                  {"prefetch_out": True}, {"one_pass_norm": True}, {"polled_partials": True}):
+                  {"prefetch_out": True}, {"one_pass_norm": True}):
         report = ptxas_report(compile_step(step_engine(state_dict, config, **knobs)).asm["ptx"], "sm_90a")
         assert report["spill_store_bytes"] == 0 and report["spill_load_bytes"] == 0, (knobs, report)
         assert report["registers"] > 128, (knobs, report)  # a real kernel, compiled at 8 warps
