@@ -964,7 +964,7 @@ class PersistentT2SEngine(TritonT2SEngine):
     commits e8a76ef and 8238da8): by the kernel's timeline, the waiting program's projection ended 6.9
     and 6.4 us after the barrier's release, the last arrival's 5.5 us.
 
-    Four more shapes were measured slower on an H100 and removed (docs/results/h100_38_t2s_*.json; each row's
+    Four more shapes were measured slower on an H100 and removed (docs/results/h100_38_t2s_*.json; their
     tokens equal the fused FP16 step's): every program projecting its own partial by W_o, so the last arrival
     only weighs rows of D (3,408-3,466 tokens/s against 4,105; commit 4ff46bd); every head program issuing the
     W_o tile's loads just before counting its arrival, whose release fence then waits for them (3,586 against
