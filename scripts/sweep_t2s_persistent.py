@@ -19,6 +19,10 @@ comma list of values and each row one combination:
 - ``HOIST`` (default ``1``): ``hoist_loads``;
 - ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``.
 
+``CLUSTER=1``: after the persistent rows, a row of the CUDA C++ cluster step
+(``engine_cluster.ClusterT2SEngine``) for each ``REPLICAS`` value, its tokens against the fused FP16
+step's like every FP16 row's.
+
 ``KERNELS=1``: each persistent row also gets the GPU time per token of every kernel and memset of
 one whole decode (torch.profiler), beside the time a token takes: what the step spends outside the
 persistent kernel. ``TIMELINE=1``: each persistent row is measured once more with the kernel
@@ -54,6 +58,7 @@ from torch.profiler import ProfilerActivity, profile
 from core.paths import REPO_ROOT
 from core.revision import provenance
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
+from models.gpt_sovits.engine_cluster import ClusterT2SEngine
 from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 from models.gpt_sovits.engine_triton import TritonT2SEngine
 from models.gpt_sovits.engine_weights import (
@@ -195,6 +200,15 @@ def main() -> None:
             stamps_path.write_text(json.dumps(raw))
             print(f"{name}_timeline", json.dumps(row["timeline"]["phases"]), flush=True)
         args.out.write_text(json.dumps(result, indent=1))
+    if os.environ.get("CLUSTER") == "1":
+        for replicas in replicas_list:
+            name = "cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}")
+            cluster = engine(ClusterT2SEngine, torch.float16, sum_replicas=replicas)
+            result[name], _ = measure(cluster, request, reference16)
+            result[name]["registers"] = cluster.kernel.registers
+            result[name]["resident_clusters"] = cluster.resident_clusters
+            print(name, result[name], flush=True)
+            args.out.write_text(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 
 

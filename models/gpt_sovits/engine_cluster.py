@@ -1,0 +1,142 @@
+"""The T2S decode step at batch 1 as one CUDA C++ kernel of thread-block clusters (sm_90 and later).
+
+``engine_persistent``'s Triton step spends about a third of each layer combining a head's softmax
+partials: every program releases its partial to L2 and counts its arrival, and the head's last
+program loads the partials back, then the head's 32 KB W_o tile, before its product; a chain of
+memory round trips that Triton's programs cannot shorten (no shared memory between programs). Here
+(``t2s_cluster_step.cu``) each head is a cluster of 8 CTAs: the head's q, k and v rows and its
+partials meet in distributed shared memory behind the cluster's hardware barrier, each CTA applies
+rows of W_o it knows in advance, and every weight tile is copied into shared memory a phase ahead.
+
+The kernel is compiled on first use with NVRTC (``core/cuda_source.py``; PyTorch's CUDA wheels bring
+it) and launched on PyTorch's stream, so the engine's CUDA graphs capture it like the Triton step.
+Other batches, and everything around the step (prefill, the choice kernel, the buffers that each
+step zeroes), are ``PersistentT2SEngine``'s.
+
+    engine = ClusterT2SEngine(weights, max_batch=1, max_len=640, length_buckets=[640])
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from core.cuda_source import (
+    CompiledCuda,
+    Float32,
+    Int64,
+    LoadedKernel,
+    Pointer,
+    compile_cuda,
+)
+from models.gpt_sovits.engine_persistent import PERSISTENT, PersistentT2SEngine
+from models.gpt_sovits.engine_weights import LAYER_NORM_EPS, POSITION_TABLE_LEN, T2SWeights
+from models.gpt_sovits.t2s import T2SConfig
+
+SOURCE = Path(__file__).with_name("t2s_cluster_step.cu")
+KERNEL_NAME = "t2s_cluster_step"
+CLUSTER = 8  # CTAs a head: the largest portable cluster
+THREADS = 256
+KV_BLOCK = 128  # cached positions a CTA's shared memory holds at once (longer chunks loop)
+SPIN_LIMIT = 1 << 22  # polls before a grid barrier gives up: far beyond any real wait (~1 us)
+ARCH = "sm_90"
+
+
+class _Weights(ctypes.Structure):
+    """The kernel's ``Weights`` argument: device addresses, in the source's field order."""
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "qkv_w", "qkv_b", "out_w", "out_b", "ffn1_w", "ffn1_b", "ffn2_w", "ffn2_b", "norm1_w", "norm1_b",
+        "norm2_w", "norm2_b", "predict_w", "embedding", "positions")]
+
+
+def unsupported_reason(config: T2SConfig) -> str | None:
+    """Why the kernel cannot take this configuration (its shapes are fixed in the source), or None."""
+    heads, ctas = config.num_heads, config.num_heads * CLUSTER
+    if config.head_dim != 32:
+        return f"head_dim {config.head_dim}: the kernel maps a head's 32 dimensions onto a warp's lanes"
+    if config.hidden_dim != 2 * THREADS:
+        return f"hidden_dim {config.hidden_dim}: the kernel holds a row as two values per thread of {THREADS}"
+    if config.ffn_dim != 16 * ctas:
+        return f"ffn_dim {config.ffn_dim}: the kernel gives each of {ctas} CTAs ({heads} heads x {CLUSTER}) 16 units"
+    return None
+
+
+def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int) -> dict[str, object]:
+    """The source's compile-time constants for a model configuration and cache length."""
+    return dict(D=config.hidden_dim, H=config.num_heads, HD=config.head_dim, FFN=config.ffn_dim,
+                VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=CLUSTER, KV_BLOCK=KV_BLOCK,
+                REPLICAS_1=sum1_replicas, REPLICAS_2=sum2_replicas, MAX_LEN=max_len, MAX_POSITION=POSITION_TABLE_LEN,
+                SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f")
+
+
+@functools.lru_cache(maxsize=8)
+def compile_step(defines: tuple[tuple[str, object], ...], arch: str = ARCH) -> CompiledCuda:
+    """The step's cubin for ``arch`` (cached per set of constants). Needs NVRTC, not a GPU."""
+    return compile_cuda(SOURCE.read_text(), arch, dict(defines), name=SOURCE.name, options=("-lineinfo",))
+
+
+def shared_bytes(compiled: CompiledCuda) -> int:
+    """The dynamic shared memory the kernel's layout needs: ``shared_bytes_layout``'s initialiser in the PTX."""
+    match = re.search(r"shared_bytes_layout\s*=\s*(\d+)", compiled.ptx)
+    if match is None:
+        raise ValueError("the compiled step carries no shared_bytes_layout constant")
+    return int(match.group(1))
+
+
+class ClusterT2SEngine(PersistentT2SEngine):
+    """``PersistentT2SEngine`` whose batch-1 step is the cluster kernel (module docstring).
+
+    FP16 weights on a GPU of compute capability 9.0 or later, with room for every head's cluster of 8
+    CTAs at once (checked at build: the grid barrier needs every CTA resident). ``sum_replicas``: as
+    ``PersistentT2SEngine``'s, rows that the folded sums are kept in (sum 1 at most one a head)."""
+
+    def __init__(self, weights: T2SWeights, *args, sum_replicas: int | None = None, **kwargs):
+        reason = unsupported_reason(weights.config)
+        if reason:
+            raise ValueError(f"the cluster step cannot run this model: {reason}")
+        if weights.dtype != torch.float16:
+            raise ValueError(f"the cluster step reads FP16 weights, got {weights.dtype}")
+        if weights.device.type != "cuda":
+            raise ValueError("the cluster step is a CUDA kernel: build the engine on a GPU")
+        capability = torch.cuda.get_device_capability(weights.device)
+        if capability < (9, 0):
+            raise ValueError(f"thread-block clusters need compute capability 9.0, this GPU has {capability}")
+        triton_only = sorted(knob for knob in ("phased", "timeline", "split_out", "prefetch_out", "late_key_score")
+                             if kwargs.get(knob))
+        if triton_only:
+            raise ValueError(f"{', '.join(triton_only)}: knobs of the Triton step, not of the cluster step")
+        if kwargs.pop("fold_ffn", True) is False or kwargs.pop("fold_out", True) is False:
+            raise ValueError("the cluster step always folds its out projection and its FFN")
+        heads = weights.config.num_heads
+        super().__init__(weights, *args, programs=heads * CLUSTER, sum_replicas=sum_replicas, fold_ffn=True,
+                         fold_out=True, **kwargs)
+        self.defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas)
+        compiled = compile_step(tuple(sorted(self.defines.items())))
+        self.kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
+        resident = self.kernel.max_active_clusters(self.programs, THREADS)
+        if resident < heads:
+            raise ValueError(f"only {resident} clusters of {CLUSTER} CTAs fit on this GPU at once; the step needs "
+                             f"{heads} resident (one a head)")
+        self.resident_clusters = resident
+        w, s = weights, self.stacked
+        self._weights_arg = _Weights(*[t.data_ptr() for t in (
+            s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
+            s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"],
+            s["norm2_bias"], w.predict_weight, w.audio_embedding, w.audio_positions)])
+        for tensor in (*s.values(), w.predict_weight, w.audio_embedding, w.audio_positions):
+            if not tensor.is_contiguous():
+                raise ValueError("the cluster step indexes contiguous weights")
+
+    def _launch(self, phase: int, layer: int) -> None:
+        if phase != PERSISTENT:
+            raise RuntimeError("the cluster step runs whole: it has no phases to launch one by one")
+        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
+        args = [self._weights_arg, Pointer(cache), Int64(cache.stride(0)), Pointer(self.last_token),
+                Pointer(self.audio_pos), Pointer(self.cache_len), Pointer(self._step_sum1),
+                Pointer(self._step_sum2), Pointer(self._step_logits), Pointer(self._barrier),
+                Pointer(self._barrier_error), Float32(1.0 / math.sqrt(self.config.head_dim))]
+        self.kernel.launch(self.programs, THREADS, args, torch.cuda.current_stream(self.device))
