@@ -207,6 +207,7 @@ def main() -> None:
             result[name], _ = measure(cluster, request, reference16)
             result[name]["registers"] = cluster.kernel.registers
             result[name]["resident_clusters"] = cluster.resident_clusters
+            result[name]["ctas_a_head"] = cluster.cluster
             print(name, result[name], flush=True)
             args.out.write_text(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1))

@@ -39,9 +39,11 @@ from models.gpt_sovits.t2s import T2SConfig
 
 SOURCE = Path(__file__).with_name("t2s_cluster_step.cu")
 KERNEL_NAME = "t2s_cluster_step"
-CLUSTER = 8  # CTAs a head: the largest portable cluster
+# CTAs a head, tried in order: 8 (the largest portable cluster) where every head's cluster fits at once,
+# else 4. An H100 SXM holds only 15 clusters of 8 at once (a GPC with fewer than 16 usable SMs).
+CLUSTER_SIZES = (8, 4)
 THREADS = 256
-KV_BLOCK = 128  # cached positions a CTA's shared memory holds at once (longer chunks loop)
+KV_BLOCK = 256  # cached positions a CTA's shared memory holds at once (longer chunks loop)
 SPIN_LIMIT = 1 << 22  # polls before a grid barrier gives up: far beyond any real wait (~1 us)
 ARCH = "sm_90"
 
@@ -53,22 +55,26 @@ class _Weights(ctypes.Structure):
         "norm2_w", "norm2_b", "predict_w", "embedding", "positions")]
 
 
-def unsupported_reason(config: T2SConfig) -> str | None:
-    """Why the kernel cannot take this configuration (its shapes are fixed in the source), or None."""
-    heads, ctas = config.num_heads, config.num_heads * CLUSTER
+def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[-1]) -> str | None:
+    """Why the kernel with ``cluster`` CTAs a head cannot take this configuration (its thread mapping is
+    fixed in the source), or None."""
+    heads, ctas = config.num_heads, config.num_heads * cluster
     if config.head_dim != 32:
         return f"head_dim {config.head_dim}: the kernel maps a head's 32 dimensions onto a warp's lanes"
     if config.hidden_dim != 2 * THREADS:
         return f"hidden_dim {config.hidden_dim}: the kernel holds a row as two values per thread of {THREADS}"
-    if config.ffn_dim != 16 * ctas:
-        return f"ffn_dim {config.ffn_dim}: the kernel gives each of {ctas} CTAs ({heads} heads x {CLUSTER}) 16 units"
+    if config.ffn_dim % (8 * ctas):
+        return f"ffn_dim {config.ffn_dim}: the kernel gives each of {ctas} CTAs ({heads} heads x {cluster}) a multiple of 8 units"
+    if (config.head_dim // cluster) % 4 or (THREADS // (config.hidden_dim // cluster)) * 8 > config.head_dim:
+        return f"{cluster} CTAs a head: the q, k, v and W_o rows do not split into whole 8-byte and 16-byte runs"
     return None
 
 
-def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int) -> dict[str, object]:
-    """The source's compile-time constants for a model configuration and cache length."""
+def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int,
+                   cluster: int) -> dict[str, object]:
+    """The source's compile-time constants for a model configuration, cache length and cluster size."""
     return dict(D=config.hidden_dim, H=config.num_heads, HD=config.head_dim, FFN=config.ffn_dim,
-                VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=CLUSTER, KV_BLOCK=KV_BLOCK,
+                VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=cluster, KV_BLOCK=KV_BLOCK,
                 REPLICAS_1=sum1_replicas, REPLICAS_2=sum2_replicas, MAX_LEN=max_len, MAX_POSITION=POSITION_TABLE_LEN,
                 SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f")
 
@@ -90,14 +96,17 @@ def shared_bytes(compiled: CompiledCuda) -> int:
 class ClusterT2SEngine(PersistentT2SEngine):
     """``PersistentT2SEngine`` whose batch-1 step is the cluster kernel (module docstring).
 
-    FP16 weights on a GPU of compute capability 9.0 or later, with room for every head's cluster of 8
-    CTAs at once (checked at build: the grid barrier needs every CTA resident). ``sum_replicas``: as
+    FP16 weights on a GPU of compute capability 9.0 or later. ``cluster``: CTAs a head, None for the
+    first of ``CLUSTER_SIZES`` whose clusters, one a head, all fit on the GPU at once (the grid barrier
+    needs every CTA resident; checked at build either way). ``sum_replicas``: as
     ``PersistentT2SEngine``'s, rows that the folded sums are kept in (sum 1 at most one a head)."""
 
-    def __init__(self, weights: T2SWeights, *args, sum_replicas: int | None = None, **kwargs):
-        reason = unsupported_reason(weights.config)
-        if reason:
-            raise ValueError(f"the cluster step cannot run this model: {reason}")
+    def __init__(self, weights: T2SWeights, *args, cluster: int | None = None, sum_replicas: int | None = None,
+                 **kwargs):
+        sizes = CLUSTER_SIZES if cluster is None else (cluster,)
+        reasons = {size: unsupported_reason(weights.config, size) for size in sizes}
+        if all(reasons.values()):
+            raise ValueError(f"the cluster step cannot run this model: {'; '.join(reasons.values())}")
         if weights.dtype != torch.float16:
             raise ValueError(f"the cluster step reads FP16 weights, got {weights.dtype}")
         if weights.device.type != "cuda":
@@ -112,24 +121,31 @@ class ClusterT2SEngine(PersistentT2SEngine):
         if kwargs.pop("fold_ffn", True) is False or kwargs.pop("fold_out", True) is False:
             raise ValueError("the cluster step always folds its out projection and its FFN")
         heads = weights.config.num_heads
-        super().__init__(weights, *args, programs=heads * CLUSTER, sum_replicas=sum_replicas, fold_ffn=True,
+        # The parent's grid only sizes buffers this step does not use; the CTAs are set below.
+        super().__init__(weights, *args, programs=3 * heads, sum_replicas=sum_replicas, fold_ffn=True,
                          fold_out=True, **kwargs)
-        self.defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas)
-        compiled = compile_step(tuple(sorted(self.defines.items())))
-        self.kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
-        resident = self.kernel.max_active_clusters(self.programs, THREADS)
-        if resident < heads:
-            raise ValueError(f"only {resident} clusters of {CLUSTER} CTAs fit on this GPU at once; the step needs "
-                             f"{heads} resident (one a head)")
-        self.resident_clusters = resident
+        fitting = {}
+        for size in (size for size in sizes if not reasons[size]):
+            defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas, size)
+            compiled = compile_step(tuple(sorted(defines.items())))
+            kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
+            fitting[size] = kernel.max_active_clusters(heads * size, THREADS)
+            if fitting[size] >= heads:
+                self.cluster, self.kernel, self.defines = size, kernel, defines
+                break
+        else:
+            raise ValueError(f"clusters resident at once {fitting} (CTAs a head: clusters); the step needs {heads}, "
+                             "one a head")
+        self.resident_clusters = fitting[self.cluster]
+        self.programs = heads * self.cluster
         w, s = weights, self.stacked
+        for tensor in (*s.values(), w.predict_weight, w.audio_embedding, w.audio_positions):
+            if not tensor.is_contiguous():
+                raise ValueError("the cluster step indexes contiguous weights")
         self._weights_arg = _Weights(*[t.data_ptr() for t in (
             s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
             s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"],
             s["norm2_bias"], w.predict_weight, w.audio_embedding, w.audio_positions)])
-        for tensor in (*s.values(), w.predict_weight, w.audio_embedding, w.audio_positions):
-            if not tensor.is_contiguous():
-                raise ValueError("the cluster step indexes contiguous weights")
 
     def _launch(self, phase: int, layer: int) -> None:
         if phase != PERSISTENT:

@@ -1,7 +1,7 @@
 // The T2S decode step at batch 1 as one persistent kernel of thread-block clusters (sm_90).
 //
-// One cluster of CLUSTER CTAs per attention head, H clusters, one CTA per SM, every CTA resident at
-// once. Per layer:
+// One cluster of CLUSTER CTAs per attention head (8, or 4 where H clusters of 8 cannot be resident at
+// once, as on an H100 SXM), one CTA per SM, every CTA resident at once. Per layer:
 //
 //   attend  (after the grid barrier that closes the previous layer's FFN)
 //           every CTA: the layer input (LayerNorm 2 of the previous sum 2, or the embedding);
@@ -49,11 +49,12 @@ constexpr int PER_THREAD = D / THREADS;         // elements of a D row each thre
 
 static_assert(HD == 32, "a head's 32 dimensions: one per lane");
 static_assert(PER_THREAD == 2, "row vectors are read as one float2 per thread");
-static_assert(QKV_ROWS * CLUSTER == HD && QKV_ROWS == 4, "q, k, v rows split evenly: a bias run of 8 bytes");
-static_assert(OUT_ROWS * CLUSTER == D && OUT_ROWS * 4 == THREADS && HD == 4 * 8, "four threads a W_o row, 8 halves each");
-static_assert(UNITS * CTAS == FFN && UNITS == 16, "16 hidden units a CTA: one 32-byte run of each W_2 row");
+constexpr int OUT_THREADS = THREADS / OUT_ROWS;  // threads sharing a W_o row, HD / OUT_THREADS halves each
+static_assert(QKV_ROWS * CLUSTER == HD && QKV_ROWS % 4 == 0, "q, k, v rows split evenly, biases in 8-byte runs");
+static_assert(OUT_ROWS * CLUSTER == D && OUT_THREADS * OUT_ROWS == THREADS && HD % (8 * OUT_THREADS) == 0,
+              "a W_o row's HD halves split over OUT_THREADS threads in 16-byte runs");
+static_assert(UNITS * CTAS == FFN && UNITS % 8 == 0, "a CTA's hidden units: whole 16-byte runs of each W_2 row");
 static_assert(D % 256 == 0, "a D row is read as two 8-half runs per lane");
-static_assert(3 * QKV_ROWS <= 3 * WARPS && VOCAB_ROWS <= 2 * WARPS, "rows per warp");
 
 // Shared memory, in halves then floats (offsets in bytes, each a multiple of 16).
 constexpr int SM_QKV_W = 0;                                        // (3 * QKV_ROWS, D) halves; the logits tile
@@ -254,9 +255,10 @@ __device__ __forceinline__ void copy_attend(char* smem, const Weights& w, int la
                   w.qkv_w + (static_cast<long long>(layer) * 3 + which) * D * D
                       + static_cast<long long>(head * HD + rank * QKV_ROWS) * D,
                   1, 2 * QKV_ROWS * D, 0);
-    if (threadIdx.x < 3) {  // this CTA's QKV_ROWS biases of q, k and v: 8 bytes each
-        copy8(smem + SM_QKV_B + threadIdx.x * 2 * QKV_ROWS,
-              w.qkv_b + layer * 3 * D + threadIdx.x * D + head * HD + rank * QKV_ROWS);
+    if (threadIdx.x < 3 * QKV_ROWS / 4) {  // this CTA's QKV_ROWS biases of q, k and v, 8 bytes a copy
+        const int which = threadIdx.x / (QKV_ROWS / 4), run = threadIdx.x % (QKV_ROWS / 4);
+        copy8(smem + SM_QKV_B + (which * QKV_ROWS + run * 4) * 2,
+              w.qkv_b + layer * 3 * D + which * D + head * HD + rank * QKV_ROWS + run * 4);
     }
     copy_rows(smem + SM_OUT_W, w.out_w + static_cast<long long>(layer) * D * D
                                    + static_cast<long long>(rank * OUT_ROWS) * D + head * HD,
@@ -468,12 +470,16 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             attention[threadIdx.x] = numerator / denominator;
         }
         __syncthreads();
-        {  // this CTA's OUT_ROWS rows of W_o[:, head] . attention, four threads a row
-            const int row = threadIdx.x / 4, quarter = threadIdx.x % 4;
-            float value = dot8(*reinterpret_cast<const uint4*>(out_w + row * HD + quarter * 8), attention + quarter * 8);
-            value += __shfl_xor_sync(0xffffffffu, value, 1);
-            value += __shfl_xor_sync(0xffffffffu, value, 2);
-            if (quarter == 0) {
+        {  // this CTA's OUT_ROWS rows of W_o[:, head] . attention, OUT_THREADS threads a row
+            constexpr int SPAN = HD / OUT_THREADS;
+            const int row = threadIdx.x / OUT_THREADS, part = threadIdx.x % OUT_THREADS;
+            const uint4* runs = reinterpret_cast<const uint4*>(out_w + row * HD + part * SPAN);
+            float value = 0.f;
+#pragma unroll
+            for (int run = 0; run < SPAN / 8; ++run) value += dot8(runs[run], attention + part * SPAN + run * 8);
+#pragma unroll
+            for (int offset = 1; offset < OUT_THREADS; offset <<= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+            if (part == 0) {
                 const int n = rank * OUT_ROWS + row;
                 if (head == 0) value += h2f(out_b[row]) + x[n];
                 atomicAdd(sum1 + (layer * REPLICAS_1 + head % REPLICAS_1) * D + n, value);
@@ -504,7 +510,9 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         __syncthreads();
         for (int n = threadIdx.x; n < D; n += THREADS) {  // the partial of sum 2: W_2[n, units] . hidden
             const uint4* runs = reinterpret_cast<const uint4*>(ffn2_w + n * UNITS);
-            float value = dot8(runs[0], hidden) + dot8(runs[1], hidden + 8);
+            float value = 0.f;
+#pragma unroll
+            for (int run = 0; run < UNITS / 8; ++run) value += dot8(runs[run], hidden + run * 8);
             if (cta == 0) value += h2f(ffn2_b[n]) + x1[n];
             atomicAdd(sum2 + (layer * REPLICAS_2 + cta % REPLICAS_2) * D + n, value);
         }

@@ -14,6 +14,7 @@ from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 
 pytest.importorskip("triton")
 from models.gpt_sovits.engine_cluster import (  # noqa: E402 - after the Triton check: the engine builds on the Triton one
+    CLUSTER_SIZES,
     ClusterT2SEngine,
     compile_step,
     kernel_defines,
@@ -33,18 +34,20 @@ def official_config() -> T2SConfig:
 def test_the_step_compiles_at_the_official_shapes_with_its_cluster_and_shared_memory(official_config):
     """NVRTC (no GPU) compiles the step for sm_90: a cubin, the cluster's barrier and distributed
     shared-memory loads in the PTX, and a shared-memory layout that fits one SM (227 KB)."""
-    compiled = compile_step(tuple(sorted(kernel_defines(official_config, 640, 8, 8).items())))
-    assert compiled.cubin[:4] == b"\x7fELF"
-    for instruction in ("barrier.cluster.arrive.release", "mapa.shared::cluster", "ld.shared::cluster.f32",
-                        "cp.async.cg.shared.global", "red.release.gpu.global.add.u32", ".reqnctapercluster 8"):
-        assert instruction in compiled.ptx, instruction
-    assert 48 * 1024 < shared_bytes(compiled) <= 227 * 1024
+    for cluster in CLUSTER_SIZES:
+        compiled = compile_step(tuple(sorted(kernel_defines(official_config, 640, 8, 8, cluster).items())))
+        assert compiled.cubin[:4] == b"\x7fELF"
+        for instruction in ("barrier.cluster.arrive.release", "mapa.shared::cluster", "ld.shared::cluster.f32",
+                            "cp.async.cg.shared.global", "red.release.gpu.global.add.u32",
+                            f".reqnctapercluster {cluster}"):
+            assert instruction in compiled.ptx, (cluster, instruction)
+        assert 48 * 1024 < shared_bytes(compiled) <= 227 * 1024
 
 
 @needs_nvrtc
 def test_a_shape_the_kernel_does_not_take_fails_at_compile_time_with_its_reason(official_config):
     """The source's static assertions reject shapes its thread mapping does not cover, by name."""
-    defines = kernel_defines(official_config, 640, 8, 8) | {"HD": 64}
+    defines = kernel_defines(official_config, 640, 8, 8, 8) | {"HD": 64}
     with pytest.raises(CudaSourceError, match="32 dimensions: one per lane"):
         compile_step(tuple(sorted(defines.items())))
     with pytest.raises(CudaSourceError, match="did not compile"):
@@ -57,7 +60,7 @@ def test_the_engine_names_what_it_cannot_run(official_config):
     small = T2SConfig.from_checkpoint_config({"vocab_size": 41, "phoneme_vocab_size": 23, "embedding_dim": 48,
                                               "hidden_dim": 48, "head": 3, "n_layer": 3, "EOS": 40})
     assert "head_dim" in unsupported_reason(small)
-    assert unsupported_reason(official_config) is None
+    assert all(unsupported_reason(official_config, cluster) is None for cluster in CLUSTER_SIZES)
     state_dict = random_state_dict(official_config, seed=0)
     with pytest.raises(ValueError, match="FP16"):
         ClusterT2SEngine(T2SWeights.from_state_dict(official_config, state_dict, torch.float32, "cpu"))
