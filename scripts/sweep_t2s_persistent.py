@@ -21,7 +21,8 @@ comma list of values and each row one combination:
 
 ``CLUSTER=1``: after the persistent rows, a row of the CUDA C++ cluster step
 (``engine_cluster.ClusterT2SEngine``) for each ``REPLICAS`` value, its tokens against the fused FP16
-step's like every FP16 row's.
+step's like every FP16 row's; with ``TIMELINE=1`` each is measured once more with the kernel stamping
+its phases (``ClusterT2SEngine.stamp_summary``).
 
 ``KERNELS=1``: each persistent row also gets the GPU time per token of every kernel and memset of
 one whole decode (torch.profiler), beside the time a token takes: what the step spends outside the
@@ -209,6 +210,12 @@ def main() -> None:
             result[name]["resident_clusters"] = cluster.resident_clusters
             result[name]["ctas_a_head"] = cluster.cluster
             print(name, result[name], flush=True)
+            if os.environ.get("TIMELINE") == "1":
+                stamped = engine(ClusterT2SEngine, torch.float16, sum_replicas=replicas, timeline=True)
+                row, _ = measure(stamped, request, reference16)
+                row["timeline_us"] = stamped.stamp_summary()  # the decode's last step
+                result[f"{name}_timeline"] = row
+                print(f"{name}_timeline", json.dumps(row["timeline_us"]), flush=True)
             args.out.write_text(json.dumps(result, indent=1))
     args.out.write_text(json.dumps(result, indent=1))
 

@@ -46,6 +46,9 @@ THREADS = 256
 KV_BLOCK = 256  # cached positions a CTA's shared memory holds at once (longer chunks loop)
 SPIN_LIMIT = 1 << 22  # polls before a grid barrier gives up: far beyond any real wait (~1 us)
 ARCH = "sm_90"
+# The source's ``Stamp`` events of a layer, in order (``timeline=True``).
+STAMP_NAMES = ("attend_released", "input_normed", "qkv_done", "gathered", "partial_done", "merged", "out_added",
+               "ffn_released", "ffn_normed", "hidden_done", "ffn_added")
 
 
 class _Weights(ctypes.Structure):
@@ -71,12 +74,12 @@ def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[-1]) -> s
 
 
 def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int,
-                   cluster: int) -> dict[str, object]:
+                   cluster: int, timeline: bool = False) -> dict[str, object]:
     """The source's compile-time constants for a model configuration, cache length and cluster size."""
     return dict(D=config.hidden_dim, H=config.num_heads, HD=config.head_dim, FFN=config.ffn_dim,
                 VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=cluster, KV_BLOCK=KV_BLOCK,
                 REPLICAS_1=sum1_replicas, REPLICAS_2=sum2_replicas, MAX_LEN=max_len, MAX_POSITION=POSITION_TABLE_LEN,
-                SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f")
+                SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f", TIMELINE=int(timeline))
 
 
 @functools.lru_cache(maxsize=8)
@@ -102,7 +105,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
     ``PersistentT2SEngine``'s, rows that the folded sums are kept in (sum 1 at most one a head)."""
 
     def __init__(self, weights: T2SWeights, *args, cluster: int | None = None, sum_replicas: int | None = None,
-                 **kwargs):
+                 timeline: bool = False, **kwargs):
         sizes = CLUSTER_SIZES if cluster is None else (cluster,)
         reasons = {size: unsupported_reason(weights.config, size) for size in sizes}
         if all(reasons.values()):
@@ -114,7 +117,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
         capability = torch.cuda.get_device_capability(weights.device)
         if capability < (9, 0):
             raise ValueError(f"thread-block clusters need compute capability 9.0, this GPU has {capability}")
-        triton_only = sorted(knob for knob in ("phased", "timeline", "split_out", "prefetch_out", "late_key_score")
+        triton_only = sorted(knob for knob in ("phased", "split_out", "prefetch_out", "late_key_score")
                              if kwargs.get(knob))
         if triton_only:
             raise ValueError(f"{', '.join(triton_only)}: knobs of the Triton step, not of the cluster step")
@@ -126,7 +129,8 @@ class ClusterT2SEngine(PersistentT2SEngine):
                          fold_out=True, **kwargs)
         fitting = {}
         for size in (size for size in sizes if not reasons[size]):
-            defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas, size)
+            defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas, size,
+                                     timeline)
             compiled = compile_step(tuple(sorted(defines.items())))
             kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
             fitting[size] = kernel.max_active_clusters(heads * size, THREADS)
@@ -138,6 +142,10 @@ class ClusterT2SEngine(PersistentT2SEngine):
                              "one a head")
         self.resident_clusters = fitting[self.cluster]
         self.programs = heads * self.cluster
+        self.stamped = timeline
+        # timeline: (layers, STAMP_NAMES, CTAs) global-timer stamps of the last step (a placeholder otherwise).
+        stamp_shape = (self.config.num_layers, len(STAMP_NAMES), self.programs) if timeline else (1,)
+        self._stamps = torch.zeros(stamp_shape, dtype=torch.int64, device=self.device)
         w, s = weights, self.stacked
         for tensor in (*s.values(), w.predict_weight, w.audio_embedding, w.audio_positions):
             if not tensor.is_contiguous():
@@ -154,5 +162,23 @@ class ClusterT2SEngine(PersistentT2SEngine):
         args = [self._weights_arg, Pointer(cache), Int64(cache.stride(0)), Pointer(self.last_token),
                 Pointer(self.audio_pos), Pointer(self.cache_len), Pointer(self._step_sum1),
                 Pointer(self._step_sum2), Pointer(self._step_logits), Pointer(self._barrier),
-                Pointer(self._barrier_error), Float32(1.0 / math.sqrt(self.config.head_dim))]
+                Pointer(self._barrier_error), Float32(1.0 / math.sqrt(self.config.head_dim)), Pointer(self._stamps)]
         self.kernel.launch(self.programs, THREADS, args, torch.cuda.current_stream(self.device))
+
+    def stamp_summary(self) -> dict[str, float]:
+        """Microseconds from each stamped event of a layer to the next (the last: to the next layer's
+        release), medians over layers 1..L-2 of the slowest CTA's arrival at each event, for the last step."""
+        if not self.stamped:
+            raise RuntimeError("stamp_summary needs an engine built with timeline=True")
+        stamps = self._stamps.cpu().double()  # (layers, events, CTAs) ns
+        latest = stamps.max(dim=2).values  # (layers, events): when the last CTA got there
+        flat = latest.flatten()
+        gaps = (flat[1:] - flat[:-1]).view(-1)  # event e of layer l -> the next event
+        events = len(STAMP_NAMES)
+        summary = {}
+        for index, name in enumerate(STAMP_NAMES):
+            per_layer = [float(gaps[layer * events + index]) / 1e3 for layer in range(1, self.config.num_layers - 1)]
+            after = STAMP_NAMES[index + 1] if index + 1 < events else "next attend_released"
+            summary[f"{name} -> {after}"] = round(sorted(per_layer)[len(per_layer) // 2], 3)
+        summary["layer_us"] = round(float((latest[-2, 0] - latest[1, 0]) / (self.config.num_layers - 3) / 1e3), 3)
+        return summary

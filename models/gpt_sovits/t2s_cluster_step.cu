@@ -28,7 +28,7 @@
 // of those additions varies from run to run, so sums vary in their last float32 bits.
 //
 // Compile-time constants (-D): D, H, HD, FFN, VOCAB, LAYERS, CLUSTER, KV_BLOCK, REPLICAS_1,
-// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS. Weights, biases, norms, embeddings and the
+// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE. Weights, biases, norms, embeddings and the
 // cache are FP16; activations and sums float32.
 
 typedef unsigned short half_t;
@@ -219,6 +219,22 @@ __device__ __forceinline__ void grid_wait(unsigned* counter, unsigned target, in
     __syncthreads();
 }
 
+// ---- the step's own timeline (TIMELINE 1): thread 0 of each CTA stamps the global timer ---------------
+
+// Events of a layer, in order; stamps (layers, STAMPS, CTAS) int64 nanoseconds.
+enum Stamp { ATTEND_RELEASED, INPUT_NORMED, QKV_DONE, GATHERED, PARTIAL_DONE, MERGED, OUT_ADDED,
+             FFN_RELEASED, FFN_NORMED, HIDDEN_DONE, FFN_ADDED, STAMPS };
+
+__device__ __forceinline__ void stamp(long long* timeline, int layer, int event, int cta) {
+#if TIMELINE
+    if (threadIdx.x == 0) {
+        long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        timeline[(layer * STAMPS + event) * CTAS + cta] = now;
+    }
+#endif
+}
+
 // ---- the cluster -----------------------------------------------------------------------------------
 
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -301,7 +317,7 @@ __device__ __forceinline__ void copy_logits(char* smem, const Weights& w, int ct
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, 1)
 t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const long long* last_token,
                  const long long* audio_pos, const long long* cache_len, float* sum1, float* sum2,
-                 float* logits, unsigned* barrier, int* error, float scale) {
+                 float* logits, unsigned* barrier, int* error, float scale, long long* timeline) {
     extern __shared__ __align__(16) char smem[];
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
@@ -360,6 +376,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         copy_wait<1>();  // this layer's attend tiles
         if (layer > 0) grid_wait(barrier, ++barriers * CTAS, error, stuck);
         else __syncthreads();
+        stamp(timeline, layer, ATTEND_RELEASED, cta);
         if (layer == 0) {
             const int dim = 2 * threadIdx.x;
             x[dim] = h2f(w.embedding[token * D + dim]) + h2f(w.positions[position * D + dim]);
@@ -368,6 +385,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             layer_norm(replica_sum(sum2 + (layer - 1) * REPLICAS_2 * D, REPLICAS_2), norm2, norm2 + D, x, scratch);
         }
         __syncthreads();
+        stamp(timeline, layer, INPUT_NORMED, cta);
         {  // this CTA's rows of q, k and v: warp w takes rows w, w + WARPS, ...
             float xs[D / 32];
             lane_slice(x, xs);
@@ -386,12 +404,14 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
                 }
             }
         }
+        stamp(timeline, layer, QKV_DONE, cta);
         cluster_sync();
         if (threadIdx.x < 3 * HD) {  // the head's q, k_new, v_new from its CTAs' slices
             const int which = threadIdx.x / HD, j = threadIdx.x % HD;
             gathered[threadIdx.x] = load_remote(slice + which * QKV_ROWS + j % QKV_ROWS, j / QKV_ROWS);
         }
         __syncthreads();
+        stamp(timeline, layer, GATHERED, cta);
         {  // the softmax partial of the chunk (and, in the last CTA, of the new position)
             const float q = gathered[lane];
             const int j = threadIdx.x % HD, group = threadIdx.x / HD;  // THREADS / HD groups of HD threads
@@ -451,6 +471,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
                 partial[1] = total;
             }
         }
+        stamp(timeline, layer, PARTIAL_DONE, cta);
         cluster_sync();
         if (threadIdx.x < HD) {  // merge the head's partials: its attention output
             float maxima[CLUSTER];
@@ -470,6 +491,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             attention[threadIdx.x] = numerator / denominator;
         }
         __syncthreads();
+        stamp(timeline, layer, MERGED, cta);
         {  // this CTA's OUT_ROWS rows of W_o[:, head] . attention, OUT_THREADS threads a row
             constexpr int SPAN = HD / OUT_THREADS;
             const int row = threadIdx.x / OUT_THREADS, part = threadIdx.x % OUT_THREADS;
@@ -485,6 +507,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
                 atomicAdd(sum1 + (layer * REPLICAS_1 + head % REPLICAS_1) * D + n, value);
             }
         }
+        stamp(timeline, layer, OUT_ADDED, cta);
         grid_arrive(barrier);
 
         // ---------------- ffn ----------------
@@ -497,8 +520,10 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         copy_commit();
         copy_wait<1>();  // this layer's FFN tiles
         grid_wait(barrier, ++barriers * CTAS, error, stuck);
+        stamp(timeline, layer, FFN_RELEASED, cta);
         layer_norm(replica_sum(sum1 + layer * REPLICAS_1 * D, REPLICAS_1), norm1, norm1 + D, x1, scratch);
         __syncthreads();
+        stamp(timeline, layer, FFN_NORMED, cta);
         {
             float xs[D / 32];
             lane_slice(x1, xs);
@@ -508,6 +533,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             }
         }
         __syncthreads();
+        stamp(timeline, layer, HIDDEN_DONE, cta);
         for (int n = threadIdx.x; n < D; n += THREADS) {  // the partial of sum 2: W_2[n, units] . hidden
             const uint4* runs = reinterpret_cast<const uint4*>(ffn2_w + n * UNITS);
             float value = 0.f;
@@ -516,6 +542,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             if (cta == 0) value += h2f(ffn2_b[n]) + x1[n];
             atomicAdd(sum2 + (layer * REPLICAS_2 + cta % REPLICAS_2) * D + n, value);
         }
+        stamp(timeline, layer, FFN_ADDED, cta);
         grid_arrive(barrier);
     }
 
