@@ -53,7 +53,8 @@ constexpr int OUT_THREADS = THREADS / OUT_ROWS;  // threads sharing a W_o row, H
 static_assert(QKV_ROWS * CLUSTER == HD && QKV_ROWS % 4 == 0, "q, k, v rows split evenly, biases in 8-byte runs");
 static_assert(OUT_ROWS * CLUSTER == D && OUT_THREADS * OUT_ROWS == THREADS && HD % (8 * OUT_THREADS) == 0,
               "a W_o row's HD halves split over OUT_THREADS threads in 16-byte runs");
-static_assert(UNITS * CTAS == FFN && UNITS % 8 == 0, "a CTA's hidden units: whole 16-byte runs of each W_2 row");
+static_assert(UNITS * CTAS == FFN && UNITS % 8 == 0 && UNITS % WARPS == 0,
+              "a CTA's hidden units: whole 16-byte runs of each W_2 row, as many for every warp");
 static_assert(D % 256 == 0, "a D row is read as two 8-half runs per lane");
 
 // Shared memory, in halves then floats (offsets in bytes, each a multiple of 16).
@@ -139,6 +140,17 @@ __device__ __forceinline__ float block_sum(float value, float* scratch) {
 #pragma unroll
     for (int warp = 0; warp < WARPS; ++warp) total += scratch[warp];
     return total;
+}
+
+// Maximum over the CTA, as ``block_sum``.
+__device__ __forceinline__ float block_max(float value, float* scratch) {
+    value = warp_max(value);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = value;
+    __syncthreads();
+    float best = scratch[0];
+#pragma unroll
+    for (int warp = 1; warp < WARPS; ++warp) best = fmaxf(best, scratch[warp]);
+    return best;
 }
 
 // Dot of 8 halves (a 16-byte run) with 8 floats.
@@ -389,7 +401,10 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         {  // this CTA's rows of q, k and v: warp w takes rows w, w + WARPS, ...
             float xs[D / 32];
             lane_slice(x, xs);
-            for (int row = warp; row < 3 * QKV_ROWS; row += WARPS) {
+#pragma unroll
+            for (int pass = 0; pass < (3 * QKV_ROWS + WARPS - 1) / WARPS; ++pass) {
+                const int row = warp + pass * WARPS;
+                if (row >= 3 * QKV_ROWS) break;
                 const float value = row_dot(qkv_w + row * D, xs) + h2f(qkv_b[row]);
                 if (lane == 0) {
                     const int which = row / QKV_ROWS, index = row % QKV_ROWS;
@@ -412,8 +427,10 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         }
         __syncthreads();
         stamp(timeline, layer, GATHERED, cta);
-        {  // the softmax partial of the chunk (and, in the last CTA, of the new position)
-            const float q = gathered[lane];
+        {  // the softmax partial of the chunk (and, in the last CTA, of the new position): a thread a position
+            float q[HD];
+#pragma unroll
+            for (int i = 0; i < HD; ++i) q[i] = gathered[i];
             const int j = threadIdx.x % HD, group = threadIdx.x / HD;  // THREADS / HD groups of HD threads
             const bool takes_new = rank == CLUSTER - 1;
             float best = NEG_INF, total = 0.f, acc = 0.f;
@@ -422,35 +439,42 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             for (;;) {
                 const bool last_block = block_lo + block_len >= chunk_hi;
                 const int count = block_len + (last_block && takes_new ? 1 : 0);
-                for (int p = warp; p < block_len; p += WARPS) {
-                    const float score = warp_sum(h2f(keys[p * HD + lane]) * q);
-                    if (lane == 0) scores[p] = score;
+                float own_best = NEG_INF;
+                for (int p = threadIdx.x; p < count; p += THREADS) {
+                    float score = 0.f;
+                    if (p < block_len) {
+                        const uint4* runs = reinterpret_cast<const uint4*>(keys + p * HD);
+#pragma unroll
+                        for (int run = 0; run < HD / 8; ++run) score += dot8(runs[run], q + run * 8);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < HD; ++i) score = fmaf(gathered[HD + i], q[i], score);
+                    }
+                    scores[p] = score;
+                    own_best = fmaxf(own_best, score);
                 }
-                if (count > block_len && warp == WARPS - 1) {
-                    const float score = warp_sum(gathered[HD + lane] * q);
-                    if (lane == 0) scores[block_len] = score;
-                }
-                __syncthreads();
-                float block_best = NEG_INF;
-                for (int p = lane; p < count; p += 32) block_best = fmaxf(block_best, scores[p]);
-                block_best = warp_max(block_best);
-                const float new_best = fmaxf(best, block_best);
+                const float new_best = fmaxf(best, block_max(own_best, scratch));
                 // An empty chunk keeps best = -inf and weighs nothing in the merge.
                 const float rescale = new_best == NEG_INF ? 0.f : __expf(best - new_best);
-                float block_total = 0.f;
-                for (int p = lane; p < count; p += 32) block_total += __expf(scores[p] - new_best);
-                total = total * rescale + warp_sum(block_total);
+                float own_total = 0.f;
+                for (int p = threadIdx.x; p < count; p += THREADS) {
+                    const float weight = __expf(scores[p] - new_best);
+                    scores[p] = weight;
+                    own_total += weight;
+                }
+                total = total * rescale + block_sum(own_total, scratch + WARPS);  // its barrier publishes the weights
                 float block_acc = 0.f;
+#pragma unroll 4
                 for (int p = group; p < count; p += THREADS / HD) {
                     const float value = p < block_len ? h2f(values[p * HD + j]) : gathered[2 * HD + j];
-                    block_acc = fmaf(__expf(scores[p] - new_best), value, block_acc);
+                    block_acc = fmaf(scores[p], value, block_acc);
                 }
                 acc = acc * rescale + block_acc;
                 best = new_best;
                 if (last_block) break;
                 block_lo += block_len;
                 block_len = min(chunk_hi - block_lo, KV_BLOCK);
-                __syncthreads();  // every thread done with the block and its scores
+                __syncthreads();  // every thread done with the block and its weights
                 const half_t* next = cache_layer + static_cast<long long>(block_lo) * 2 * D + head * HD;
                 copy_rows(smem + SM_KV, next, block_len, 2 * HD, 4LL * D);
                 copy_rows(smem + SM_KV + 2 * KV_BLOCK * HD, next + D, block_len, 2 * HD, 4LL * D);
@@ -527,7 +551,9 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         {
             float xs[D / 32];
             lane_slice(x1, xs);
-            for (int unit = warp; unit < UNITS; unit += WARPS) {
+#pragma unroll
+            for (int pass = 0; pass < UNITS / WARPS; ++pass) {
+                const int unit = warp + pass * WARPS;
                 const float value = row_dot(ffn1_w + unit * D, xs) + h2f(ffn1_b[unit]);
                 if (lane == 0) hidden[unit] = fmaxf(value, 0.f);
             }
