@@ -20,7 +20,8 @@ comma list of values and each row one combination:
 - ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``.
 
 ``CLUSTER=1``: after the persistent rows, a row of the CUDA C++ cluster step
-(``engine_cluster.ClusterT2SEngine``) for each ``REPLICAS`` value, its tokens against the fused FP16
+(``engine_cluster.ClusterT2SEngine``) for each ``REPLICAS`` value and each ``COPY_AFTER`` value (default
+``0``; ``1``: its ``copy_after_release``), its tokens against the fused FP16
 step's like every FP16 row's; with ``TIMELINE=1`` each is measured once more with the kernel stamping
 its phases (``ClusterT2SEngine.stamp_summary``).
 
@@ -202,16 +203,19 @@ def main() -> None:
             print(f"{name}_timeline", json.dumps(row["timeline"]["phases"]), flush=True)
         args.out.write_text(json.dumps(result, indent=1))
     if os.environ.get("CLUSTER") == "1":
-        for replicas in replicas_list:
-            name = "cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}")
-            cluster = engine(ClusterT2SEngine, torch.float16, sum_replicas=replicas)
+        after_list = [value == "1" for value in os.environ.get("COPY_AFTER", "0").split(",")]
+        for replicas, after in itertools.product(replicas_list, after_list):
+            name = ("cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}")
+                    + ("_copy_after_release" if after else ""))
+            knobs = {"sum_replicas": replicas, "copy_after_release": after}
+            cluster = engine(ClusterT2SEngine, torch.float16, **knobs)
             result[name], _ = measure(cluster, request, reference16)
             result[name]["registers"] = cluster.kernel.registers
             result[name]["resident_clusters"] = cluster.resident_clusters
             result[name]["ctas_a_head"] = cluster.cluster
             print(name, result[name], flush=True)
             if os.environ.get("TIMELINE") == "1":
-                stamped = engine(ClusterT2SEngine, torch.float16, sum_replicas=replicas, timeline=True)
+                stamped = engine(ClusterT2SEngine, torch.float16, timeline=True, **knobs)
                 row, _ = measure(stamped, request, reference16)
                 row["timeline_us"] = stamped.stamp_summary()  # the decode's last step
                 result[f"{name}_timeline"] = row

@@ -28,7 +28,7 @@
 // of those additions varies from run to run, so sums vary in their last float32 bits.
 //
 // Compile-time constants (-D): D, H, HD, FFN, VOCAB, LAYERS, CLUSTER, KV_BLOCK, REPLICAS_1,
-// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE. Weights, biases, norms, embeddings and the
+// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE, COPY_AFTER_RELEASE. Weights, biases, norms, embeddings and the
 // cache are FP16; activations and sums float32.
 
 typedef unsigned short half_t;
@@ -193,13 +193,21 @@ __device__ __forceinline__ void layer_norm(float2 value, const half_t* gamma, co
     out[dim + 1] = b * rstd * h2f(gamma[dim + 1]) + h2f(beta[dim + 1]);
 }
 
-// A row of ``replicas`` x D floats that CTAs added into: the thread's two dims, summed.
-__device__ __forceinline__ float2 replica_sum(const float* row, int replicas) {
-    float2 total = make_float2(0.f, 0.f);
-    for (int replica = 0; replica < replicas; ++replica) {
-        const float2 part = load_l2(row + replica * D + 2 * threadIdx.x);
-        total.x += part.x;
-        total.y += part.y;
+// A row of REPLICAS x D floats that CTAs added into: the thread's two dims of each replica, loaded
+// (``load_replicas``) apart from their sum (``sum_replicas``), so that other requests can be issued
+// while the loads travel.
+template <int REPLICAS>
+__device__ __forceinline__ void load_replicas(const float* row, float2 (&parts)[REPLICAS]) {
+#pragma unroll
+    for (int replica = 0; replica < REPLICAS; ++replica) parts[replica] = load_l2(row + replica * D + 2 * threadIdx.x);
+}
+template <int REPLICAS>
+__device__ __forceinline__ float2 sum_replicas(const float2 (&parts)[REPLICAS]) {
+    float2 total = parts[0];
+#pragma unroll
+    for (int replica = 1; replica < REPLICAS; ++replica) {
+        total.x += parts[replica].x;
+        total.y += parts[replica].y;
     }
     return total;
 }
@@ -324,6 +332,18 @@ __device__ __forceinline__ void copy_logits(char* smem, const Weights& w, int ct
     copy_rows(smem + SM_NORM2 + 2 * D, w.norm2_b + (LAYERS - 1) * D, 1, 2 * D, 0);
 }
 
+// The next layer's attend tiles, or after the last layer the logits tile, as one copy group.
+__device__ __forceinline__ void copy_next_attend(char* smem, const Weights& w, int layer, int head, int rank,
+                                                 const half_t* cache, long long cache_layer_stride, int chunk_lo,
+                                                 int first_block, int cta) {
+    if (layer + 1 < LAYERS) {
+        copy_attend(smem, w, layer + 1, head, rank, cache + (layer + 1) * cache_layer_stride, chunk_lo, first_block);
+    } else {
+        copy_logits(smem, w, cta);
+    }
+    copy_commit();
+}
+
 // ---- the step ------------------------------------------------------------------------------------
 
 extern "C" __global__ void __cluster_dims__(CLUSTER, 1, 1) __launch_bounds__(THREADS, 1)
@@ -383,18 +403,30 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
     for (int layer = 0; layer < LAYERS; ++layer) {
         half_t* cache_layer = cache + layer * cache_layer_stride;
         // ---------------- attend ----------------
+        // The FFN tiles of this layer are copied a phase ahead: before this barrier, or (COPY_AFTER_RELEASE)
+        // once it released and the layer input's loads are issued, so no copy queues ahead of the poll.
+#if !COPY_AFTER_RELEASE
         copy_ffn(smem, w, layer, cta);
         copy_commit();
         copy_wait<1>();  // this layer's attend tiles
+#endif
         if (layer > 0) grid_wait(barrier, ++barriers * CTAS, error, stuck);
         else __syncthreads();
         stamp(timeline, layer, ATTEND_RELEASED, cta);
+        float2 sum2_parts[REPLICAS_2];
+        if (layer > 0) load_replicas(sum2 + (layer - 1) * REPLICAS_2 * D, sum2_parts);
+#if COPY_AFTER_RELEASE
+        copy_ffn(smem, w, layer, cta);
+        copy_commit();
+        copy_wait<1>();  // this layer's attend tiles
+        __syncthreads();
+#endif
         if (layer == 0) {
             const int dim = 2 * threadIdx.x;
             x[dim] = h2f(w.embedding[token * D + dim]) + h2f(w.positions[position * D + dim]);
             x[dim + 1] = h2f(w.embedding[token * D + dim + 1]) + h2f(w.positions[position * D + dim + 1]);
         } else {
-            layer_norm(replica_sum(sum2 + (layer - 1) * REPLICAS_2 * D, REPLICAS_2), norm2, norm2 + D, x, scratch);
+            layer_norm(sum_replicas(sum2_parts), norm2, norm2 + D, x, scratch);
         }
         __syncthreads();
         stamp(timeline, layer, INPUT_NORMED, cta);
@@ -535,17 +567,20 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         grid_arrive(barrier);
 
         // ---------------- ffn ----------------
-        if (layer + 1 < LAYERS) {
-            const half_t* next_cache = cache + (layer + 1) * cache_layer_stride;
-            copy_attend(smem, w, layer + 1, head, rank, next_cache, chunk_lo, first_block);
-        } else {
-            copy_logits(smem, w, cta);
-        }
-        copy_commit();
+#if !COPY_AFTER_RELEASE
+        copy_next_attend(smem, w, layer, head, rank, cache, cache_layer_stride, chunk_lo, first_block, cta);
         copy_wait<1>();  // this layer's FFN tiles
+#endif
         grid_wait(barrier, ++barriers * CTAS, error, stuck);
         stamp(timeline, layer, FFN_RELEASED, cta);
-        layer_norm(replica_sum(sum1 + layer * REPLICAS_1 * D, REPLICAS_1), norm1, norm1 + D, x1, scratch);
+        float2 sum1_parts[REPLICAS_1];
+        load_replicas(sum1 + layer * REPLICAS_1 * D, sum1_parts);
+#if COPY_AFTER_RELEASE
+        copy_next_attend(smem, w, layer, head, rank, cache, cache_layer_stride, chunk_lo, first_block, cta);
+        copy_wait<1>();  // this layer's FFN tiles
+        __syncthreads();
+#endif
+        layer_norm(sum_replicas(sum1_parts), norm1, norm1 + D, x1, scratch);
         __syncthreads();
         stamp(timeline, layer, FFN_NORMED, cta);
         {
@@ -575,7 +610,9 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
     // ---------------- logits ----------------
     copy_wait<0>();
     grid_wait(barrier, ++barriers * CTAS, error, stuck);
-    layer_norm(replica_sum(sum2 + (LAYERS - 1) * REPLICAS_2 * D, REPLICAS_2), norm2, norm2 + D, x, scratch);
+    float2 last_parts[REPLICAS_2];
+    load_replicas(sum2 + (LAYERS - 1) * REPLICAS_2 * D, last_parts);
+    layer_norm(sum_replicas(last_parts), norm2, norm2 + D, x, scratch);
     __syncthreads();
     {
         float xs[D / 32];
