@@ -20,8 +20,9 @@ comma list of values and each row one combination:
 - ``ONE_PASS`` (default ``0``): ``one_pass_norm``, only with ``HOIST=1``.
 
 ``CLUSTER=1``: after the persistent rows, a row of the CUDA C++ cluster step
-(``engine_cluster.ClusterT2SEngine``) for each ``REPLICAS`` value and each ``COPY_AFTER`` value (default
-``0``; ``1``: its ``copy_after_release``), its tokens against the fused FP16
+(``engine_cluster.ClusterT2SEngine``) for each ``CLUSTER_REPLICAS`` value (default: ``REPLICAS``) and
+each ``COPIES`` value (default ``before``: tiles copied before each grid barrier; ``after``: its
+``copy_after_release``; ``bulk``: its ``bulk_copies``), its tokens against the fused FP16
 step's like every FP16 row's; with ``TIMELINE=1`` each is measured once more with the kernel stamping
 its phases (``ClusterT2SEngine.stamp_summary``).
 
@@ -203,11 +204,15 @@ def main() -> None:
             print(f"{name}_timeline", json.dumps(row["timeline"]["phases"]), flush=True)
         args.out.write_text(json.dumps(result, indent=1))
     if os.environ.get("CLUSTER") == "1":
-        after_list = [value == "1" for value in os.environ.get("COPY_AFTER", "0").split(",")]
-        for replicas, after in itertools.product(replicas_list, after_list):
+        copies = os.environ.get("COPIES", "before").split(",")
+        if unknown := sorted(set(copies) - {"before", "after", "bulk"}):
+            parser.error(f"COPIES: unknown {unknown}; use before, after or bulk")
+        cluster_replicas = [int(value) if value else None
+                            for value in os.environ.get("CLUSTER_REPLICAS", os.environ.get("REPLICAS", "")).split(",")]
+        for replicas, copy in itertools.product(cluster_replicas, copies):
             name = ("cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}")
-                    + ("_copy_after_release" if after else ""))
-            knobs = {"sum_replicas": replicas, "copy_after_release": after}
+                    + {"before": "", "after": "_copy_after_release", "bulk": "_bulk_copies"}[copy])
+            knobs = {"sum_replicas": replicas, "copy_after_release": copy == "after", "bulk_copies": copy == "bulk"}
             cluster = engine(ClusterT2SEngine, torch.float16, **knobs)
             result[name], _ = measure(cluster, request, reference16)
             result[name]["registers"] = cluster.kernel.registers

@@ -74,13 +74,14 @@ def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[-1]) -> s
 
 
 def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int,
-                   cluster: int, timeline: bool = False, copy_after_release: bool = False) -> dict[str, object]:
+                   cluster: int, timeline: bool = False, copy_after_release: bool = False,
+                   bulk_copies: bool = False) -> dict[str, object]:
     """The source's compile-time constants for a model configuration, cache length and cluster size."""
     return dict(D=config.hidden_dim, H=config.num_heads, HD=config.head_dim, FFN=config.ffn_dim,
                 VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=cluster, KV_BLOCK=KV_BLOCK,
                 REPLICAS_1=sum1_replicas, REPLICAS_2=sum2_replicas, MAX_LEN=max_len, MAX_POSITION=POSITION_TABLE_LEN,
                 SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f", TIMELINE=int(timeline),
-                COPY_AFTER_RELEASE=int(copy_after_release))
+                COPY_AFTER_RELEASE=int(copy_after_release), BULK_COPIES=int(bulk_copies))
 
 
 @functools.lru_cache(maxsize=8)
@@ -106,7 +107,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
     ``PersistentT2SEngine``'s, rows that the folded sums are kept in (sum 1 at most one a head)."""
 
     def __init__(self, weights: T2SWeights, *args, cluster: int | None = None, sum_replicas: int | None = None,
-                 timeline: bool = False, copy_after_release: bool = False, **kwargs):
+                 timeline: bool = False, copy_after_release: bool = False, bulk_copies: bool = False, **kwargs):
         sizes = CLUSTER_SIZES if cluster is None else (cluster,)
         reasons = {size: unsupported_reason(weights.config, size) for size in sizes}
         if all(reasons.values()):
@@ -131,7 +132,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
         fitting = {}
         for size in (size for size in sizes if not reasons[size]):
             defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas, size,
-                                     timeline, copy_after_release)
+                                     timeline, copy_after_release, bulk_copies)
             compiled = compile_step(tuple(sorted(defines.items())))
             kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
             fitting[size] = kernel.max_active_clusters(heads * size, THREADS)

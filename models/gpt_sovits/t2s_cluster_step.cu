@@ -28,7 +28,7 @@
 // of those additions varies from run to run, so sums vary in their last float32 bits.
 //
 // Compile-time constants (-D): D, H, HD, FFN, VOCAB, LAYERS, CLUSTER, KV_BLOCK, REPLICAS_1,
-// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE, COPY_AFTER_RELEASE. Weights, biases, norms, embeddings and the
+// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE, COPY_AFTER_RELEASE, BULK_COPIES. Weights, biases, norms, embeddings and the
 // cache are FP16; activations and sums float32.
 
 typedef unsigned short half_t;
@@ -63,8 +63,8 @@ constexpr int SM_OUT_W = SM_QKV_W + 2 * (3 * QKV_ROWS > VOCAB_ROWS ? 3 * QKV_ROW
 constexpr int SM_KV = SM_OUT_W + 2 * OUT_ROWS * HD;                // keys (KV_BLOCK, HD) then values
 constexpr int SM_FFN1_W = SM_KV + 2 * 2 * KV_BLOCK * HD;           // (UNITS, D)
 constexpr int SM_FFN2_W = SM_FFN1_W + 2 * UNITS * D;               // (D, UNITS)
-constexpr int SM_QKV_B = SM_FFN2_W + 2 * D * UNITS;                // 3 * QKV_ROWS halves (padded to 64 B)
-constexpr int SM_OUT_B = SM_QKV_B + 64;                            // OUT_ROWS halves
+constexpr int SM_QKV_B = SM_FFN2_W + 2 * D * UNITS;                // the head's q, k, v biases (3 * HD halves)
+constexpr int SM_OUT_B = SM_QKV_B + 2 * 3 * HD;                    // OUT_ROWS halves
 constexpr int SM_NORM2 = SM_OUT_B + 2 * OUT_ROWS;                  // gamma, beta (D each) of the previous layer
 constexpr int SM_FFN1_B = SM_NORM2 + 2 * 2 * D;                    // UNITS halves
 constexpr int SM_FFN2_B = SM_FFN1_B + 2 * UNITS;                   // D halves
@@ -79,7 +79,8 @@ constexpr int SM_SCORES = SM_ATTN + 4 * HD;                        // KV_BLOCK +
 constexpr int SM_ACC = SM_SCORES + 4 * (KV_BLOCK + 4);             // (THREADS / HD, HD) partial sums of weighted values
 constexpr int SM_HIDDEN = SM_ACC + 4 * THREADS;                     // UNITS floats
 constexpr int SM_RED = SM_HIDDEN + 4 * UNITS;                      // 2 x WARPS floats for block sums
-constexpr int SHARED_BYTES = SM_RED + 4 * 2 * WARPS;
+constexpr int SM_MBAR = SM_RED + 4 * 2 * WARPS;                   // two mbarriers (8 bytes each): attend, ffn
+constexpr int SHARED_BYTES = SM_MBAR + 16;
 
 // The layout's size, for the host to read from the PTX (``.const`` initialiser) and launch with.
 extern "C" __constant__ int shared_bytes_layout = SHARED_BYTES;
@@ -291,10 +292,9 @@ __device__ __forceinline__ void copy_attend(char* smem, const Weights& w, int la
                   w.qkv_w + (static_cast<long long>(layer) * 3 + which) * D * D
                       + static_cast<long long>(head * HD + rank * QKV_ROWS) * D,
                   1, 2 * QKV_ROWS * D, 0);
-    if (threadIdx.x < 3 * QKV_ROWS / 4) {  // this CTA's QKV_ROWS biases of q, k and v, 8 bytes a copy
-        const int which = threadIdx.x / (QKV_ROWS / 4), run = threadIdx.x % (QKV_ROWS / 4);
-        copy8(smem + SM_QKV_B + (which * QKV_ROWS + run * 4) * 2,
-              w.qkv_b + layer * 3 * D + which * D + head * HD + rank * QKV_ROWS + run * 4);
+    if (threadIdx.x < 3 * HD / 8) {  // the head's biases of q, k and v
+        const int which = threadIdx.x / (HD / 8), run = threadIdx.x % (HD / 8);
+        copy16(smem + SM_QKV_B + (which * HD + run * 8) * 2, w.qkv_b + layer * 3 * D + which * D + head * HD + run * 8);
     }
     copy_rows(smem + SM_OUT_W, w.out_w + static_cast<long long>(layer) * D * D
                                    + static_cast<long long>(rank * OUT_ROWS) * D + head * HD,
@@ -342,6 +342,98 @@ __device__ __forceinline__ void copy_next_attend(char* smem, const Weights& w, i
         copy_logits(smem, w, cta);
     }
     copy_commit();
+}
+
+// ---- BULK_COPIES: the same tiles through the tensor memory accelerator ----------------------------------
+// One warp issues each phase's tiles as bulk copies (one instruction a contiguous run, no register
+// or per-thread issue cost) that count their bytes into an mbarrier; the other warps start the phase's
+// work at once and wait on the mbarrier only where they first read a tile.
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(smem_address(bar)), "r"(bytes)
+                 : "memory");
+}
+// Wait until the mbarrier's phase of this parity has completed (its copies have landed).
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n\t}" :: "r"(smem_address(bar)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk(void* shared, const void* global, unsigned bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(smem_address(shared)), "l"(global), "r"(bytes), "r"(smem_address(bar)) : "memory");
+}
+// ``rows`` runs of ``row_bytes`` from global rows ``stride`` bytes apart, packed; the warp's lanes share them.
+__device__ __forceinline__ void bulk_rows(void* shared, const void* global, int rows, unsigned row_bytes,
+                                          long long stride, unsigned long long* bar) {
+    for (int row = threadIdx.x & 31; row < rows; row += 32)
+        bulk(static_cast<char*>(shared) + row * row_bytes, static_cast<const char*>(global) + row * stride,
+             row_bytes, bar);
+}
+// Lane 0 orders the CTA's earlier reads of the buffers before the copies' writes (another proxy) and
+// announces the bytes; then the lanes issue.
+__device__ __forceinline__ void bulk_begin(unsigned long long* bar, unsigned bytes) {
+    if ((threadIdx.x & 31) == 0) {
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        mbar_expect(bar, bytes);
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void bulk_attend(char* smem, const Weights& w, int layer, int head, int rank,
+                                            const half_t* cache_layer, int chunk_lo, int block_len,
+                                            unsigned long long* bar) {
+    const unsigned bytes = 2 * (3 * QKV_ROWS * D + 3 * HD + OUT_ROWS * HD + OUT_ROWS + (layer > 0 ? 2 * D : 0)
+                                + 2 * block_len * HD);
+    bulk_begin(bar, bytes);
+    const int lane = threadIdx.x & 31;
+    if (lane < 3) {
+        bulk(smem + SM_QKV_W + lane * 2 * QKV_ROWS * D,
+             w.qkv_w + (static_cast<long long>(layer) * 3 + lane) * D * D + static_cast<long long>(head * HD + rank * QKV_ROWS) * D,
+             2 * QKV_ROWS * D, bar);
+        bulk(smem + SM_QKV_B + lane * 2 * HD, w.qkv_b + layer * 3 * D + lane * D + head * HD, 2 * HD, bar);
+    } else if (lane == 3) {
+        bulk(smem + SM_OUT_B, w.out_b + layer * D + rank * OUT_ROWS, 2 * OUT_ROWS, bar);
+    } else if (lane == 4 && layer > 0) {
+        bulk(smem + SM_NORM2, w.norm2_w + (layer - 1) * D, 2 * D, bar);
+        bulk(smem + SM_NORM2 + 2 * D, w.norm2_b + (layer - 1) * D, 2 * D, bar);
+    }
+    bulk_rows(smem + SM_OUT_W, w.out_w + static_cast<long long>(layer) * D * D
+                                   + static_cast<long long>(rank * OUT_ROWS) * D + head * HD,
+              OUT_ROWS, 2 * HD, 2LL * D, bar);
+    const half_t* first = cache_layer + static_cast<long long>(chunk_lo) * 2 * D + head * HD;
+    bulk_rows(smem + SM_KV, first, block_len, 2 * HD, 4LL * D, bar);
+    bulk_rows(smem + SM_KV + 2 * KV_BLOCK * HD, first + D, block_len, 2 * HD, 4LL * D, bar);
+}
+
+__device__ __forceinline__ void bulk_ffn(char* smem, const Weights& w, int layer, int cta, unsigned long long* bar) {
+    bulk_begin(bar, 2 * (2 * UNITS * D + UNITS + 3 * D));
+    const int lane = threadIdx.x & 31;
+    if (lane == 0) {
+        bulk(smem + SM_FFN1_W, w.ffn1_w + static_cast<long long>(layer) * FFN * D + static_cast<long long>(cta * UNITS) * D,
+             2 * UNITS * D, bar);
+    } else if (lane == 1) {
+        bulk(smem + SM_FFN1_B, w.ffn1_b + layer * FFN + cta * UNITS, 2 * UNITS, bar);
+        bulk(smem + SM_FFN2_B, w.ffn2_b + layer * D, 2 * D, bar);
+    } else if (lane == 2) {
+        bulk(smem + SM_NORM1, w.norm1_w + layer * D, 2 * D, bar);
+        bulk(smem + SM_NORM1 + 2 * D, w.norm1_b + layer * D, 2 * D, bar);
+    }
+    bulk_rows(smem + SM_FFN2_W, w.ffn2_w + static_cast<long long>(layer) * D * FFN + cta * UNITS, D, 2 * UNITS,
+              2LL * FFN, bar);
+}
+
+__device__ __forceinline__ void bulk_logits(char* smem, const Weights& w, int cta, unsigned long long* bar) {
+    bulk_begin(bar, 2 * (vocab_rows(cta) * D + 2 * D));
+    if ((threadIdx.x & 31) == 0) {
+        bulk(smem + SM_QKV_W, w.predict_w + static_cast<long long>(vocab_first(cta)) * D, 2 * vocab_rows(cta) * D, bar);
+        bulk(smem + SM_NORM2, w.norm2_w + (LAYERS - 1) * D, 2 * D, bar);
+        bulk(smem + SM_NORM2 + 2 * D, w.norm2_b + (LAYERS - 1) * D, 2 * D, bar);
+    }
 }
 
 // ---- the step ------------------------------------------------------------------------------------
@@ -397,15 +489,26 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
     unsigned barriers = 0;
     bool stuck = false;
 
+#if BULK_COPIES
+    unsigned long long* mbars = reinterpret_cast<unsigned long long*>(smem + SM_MBAR);  // attend, ffn
+    if (threadIdx.x == 0) {
+        mbar_init(&mbars[0]);
+        mbar_init(&mbars[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == WARPS - 1) bulk_attend(smem, w, 0, head, rank, cache, chunk_lo, first_block, &mbars[0]);
+#else
     copy_attend(smem, w, 0, head, rank, cache, chunk_lo, first_block);
     copy_commit();
+#endif
 
     for (int layer = 0; layer < LAYERS; ++layer) {
         half_t* cache_layer = cache + layer * cache_layer_stride;
         // ---------------- attend ----------------
         // The FFN tiles of this layer are copied a phase ahead: before this barrier, or (COPY_AFTER_RELEASE)
         // once it released and the layer input's loads are issued, so no copy queues ahead of the poll.
-#if !COPY_AFTER_RELEASE
+#if !COPY_AFTER_RELEASE && !BULK_COPIES
         copy_ffn(smem, w, layer, cta);
         copy_commit();
         copy_wait<1>();  // this layer's attend tiles
@@ -415,7 +518,10 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         stamp(timeline, layer, ATTEND_RELEASED, cta);
         float2 sum2_parts[REPLICAS_2];
         if (layer > 0) load_replicas(sum2 + (layer - 1) * REPLICAS_2 * D, sum2_parts);
-#if COPY_AFTER_RELEASE
+#if BULK_COPIES
+        if (warp == WARPS - 1) bulk_ffn(smem, w, layer, cta, &mbars[1]);
+        mbar_wait(&mbars[0], layer & 1);  // this layer's attend tiles
+#elif COPY_AFTER_RELEASE
         copy_ffn(smem, w, layer, cta);
         copy_commit();
         copy_wait<1>();  // this layer's attend tiles
@@ -437,7 +543,8 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             for (int pass = 0; pass < (3 * QKV_ROWS + WARPS - 1) / WARPS; ++pass) {
                 const int row = warp + pass * WARPS;
                 if (row >= 3 * QKV_ROWS) break;
-                const float value = row_dot(qkv_w + row * D, xs) + h2f(qkv_b[row]);
+                const float value = row_dot(qkv_w + row * D, xs)
+                                    + h2f(qkv_b[(row / QKV_ROWS) * HD + rank * QKV_ROWS + row % QKV_ROWS]);
                 if (lane == 0) {
                     const int which = row / QKV_ROWS, index = row % QKV_ROWS;
                     if (which == 0) {
@@ -567,7 +674,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         grid_arrive(barrier);
 
         // ---------------- ffn ----------------
-#if !COPY_AFTER_RELEASE
+#if !COPY_AFTER_RELEASE && !BULK_COPIES
         copy_next_attend(smem, w, layer, head, rank, cache, cache_layer_stride, chunk_lo, first_block, cta);
         copy_wait<1>();  // this layer's FFN tiles
 #endif
@@ -575,7 +682,17 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         stamp(timeline, layer, FFN_RELEASED, cta);
         float2 sum1_parts[REPLICAS_1];
         load_replicas(sum1 + layer * REPLICAS_1 * D, sum1_parts);
-#if COPY_AFTER_RELEASE
+#if BULK_COPIES
+        if (warp == WARPS - 1) {
+            if (layer + 1 < LAYERS) {
+                bulk_attend(smem, w, layer + 1, head, rank, cache + (layer + 1) * cache_layer_stride, chunk_lo,
+                            first_block, &mbars[0]);
+            } else {
+                bulk_logits(smem, w, cta, &mbars[0]);
+            }
+        }
+        mbar_wait(&mbars[1], layer & 1);  // this layer's FFN tiles
+#elif COPY_AFTER_RELEASE
         copy_next_attend(smem, w, layer, head, rank, cache, cache_layer_stride, chunk_lo, first_block, cta);
         copy_wait<1>();  // this layer's FFN tiles
         __syncthreads();
@@ -610,6 +727,9 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
     // ---------------- logits ----------------
     copy_wait<0>();
     grid_wait(barrier, ++barriers * CTAS, error, stuck);
+#if BULK_COPIES
+    mbar_wait(&mbars[0], LAYERS & 1);  // the logits tile
+#endif
     float2 last_parts[REPLICAS_2];
     load_replicas(sum2 + (LAYERS - 1) * REPLICAS_2 * D, last_parts);
     layer_norm(sum_replicas(last_parts), norm2, norm2 + D, x, scratch);

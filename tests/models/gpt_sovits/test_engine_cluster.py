@@ -73,14 +73,16 @@ def test_the_engine_names_what_it_cannot_run(official_config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("prompt_tokens,copy_after_release", [(30, False), (300, False), (300, True)])
+@pytest.mark.parametrize("prompt_tokens,copies", [(30, {}), (300, {}), (300, {"copy_after_release": True}),
+                                                  (30, {"bulk_copies": True}), (300, {"bulk_copies": True})])
 def test_the_cluster_step_gives_the_logits_and_tokens_of_the_triton_persistent_step(official_config, prompt_tokens,
-                                                                                    copy_after_release):
+                                                                                    copies):
     """Full-size random weights in FP16, one request prefilled into both engines: 40 greedy steps, each
     step's logits within float32 summation order (and the exponent's approximation) of the Triton
     persistent step's, and the same tokens. 300 prompt tokens give each CTA a chunk of 42 cached
-    positions; 30 leave most chunks at 4 and the new position to the last CTA. ``copy_after_release``:
-    the next phase's tiles copied after each grid barrier instead of before."""
+    positions; 30 leave most chunks at 4 and the new position to the last CTA. ``copies``: the next
+    phase's tiles copied after each grid barrier (``copy_after_release``), or as bulk copies (``bulk_copies``),
+    instead of before."""
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 
     if torch.cuda.get_device_capability() < (9, 0):
@@ -94,7 +96,7 @@ def test_the_cluster_step_gives_the_logits_and_tokens_of_the_triton_persistent_s
                          top_k=1, max_steps=100, eos_from_step=100)
     max_len = 512
     engines = []
-    for kind, knobs in ((ClusterT2SEngine, {"copy_after_release": copy_after_release}), (PersistentT2SEngine, {})):
+    for kind, knobs in ((ClusterT2SEngine, copies), (PersistentT2SEngine, {})):
         weights = T2SWeights.from_state_dict(official_config, state_dict, torch.float16, "cuda")
         engine = kind(weights, max_batch=1, max_len=max_len, length_buckets=[max_len], **knobs)
         engine.prefill([0], [request])
