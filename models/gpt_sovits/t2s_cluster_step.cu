@@ -282,6 +282,9 @@ __device__ __forceinline__ float load_remote(const float* local, unsigned rank) 
 struct Weights {
     const half_t *qkv_w, *qkv_b, *out_w, *out_b, *ffn1_w, *ffn1_b, *ffn2_w, *ffn2_b;
     const half_t *norm1_w, *norm1_b, *norm2_w, *norm2_b, *predict_w, *embedding, *positions;
+    // BULK_COPIES only (null otherwise): W_o as (layers, H, D, HD), each head's columns contiguous, and
+    // W_2 transposed, (layers, FFN, D): a CTA's tile of either is then one contiguous run.
+    const half_t *out_heads, *ffn2_t;
 };
 
 // The attend phase's tiles of ``layer``, with the first block of its chunk's cached keys and values.
@@ -344,10 +347,12 @@ __device__ __forceinline__ void copy_next_attend(char* smem, const Weights& w, i
     copy_commit();
 }
 
-// ---- BULK_COPIES: the same tiles through the tensor memory accelerator ----------------------------------
-// One warp issues each phase's tiles as bulk copies (one instruction a contiguous run, no register
-// or per-thread issue cost) that count their bytes into an mbarrier; the other warps start the phase's
-// work at once and wait on the mbarrier only where they first read a tile.
+// ---- BULK_COPIES: the weight tiles through the tensor memory accelerator -------------------------------
+// One warp issues each phase's weight tiles as bulk copies (one instruction a contiguous run, from the
+// repacked W_o and W_2 of ``Weights``) that count their bytes into an mbarrier; the other warps start the
+// phase's work at once and wait on the mbarrier where they first read a tile. The cached keys and values,
+// 64-byte runs a position apart, stay cp.async copies: the accelerator takes each small run on its own
+// (hundreds of 64-byte runs a phase, one bulk copy each, took ~12 us on an H100).
 
 __device__ __forceinline__ void mbar_init(unsigned long long* bar) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_address(bar)) : "memory");
@@ -367,13 +372,6 @@ __device__ __forceinline__ void bulk(void* shared, const void* global, unsigned 
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(smem_address(shared)), "l"(global), "r"(bytes), "r"(smem_address(bar)) : "memory");
 }
-// ``rows`` runs of ``row_bytes`` from global rows ``stride`` bytes apart, packed; the warp's lanes share them.
-__device__ __forceinline__ void bulk_rows(void* shared, const void* global, int rows, unsigned row_bytes,
-                                          long long stride, unsigned long long* bar) {
-    for (int row = threadIdx.x & 31; row < rows; row += 32)
-        bulk(static_cast<char*>(shared) + row * row_bytes, static_cast<const char*>(global) + row * stride,
-             row_bytes, bar);
-}
 // Lane 0 orders the CTA's earlier reads of the buffers before the copies' writes (another proxy) and
 // announces the bytes; then the lanes issue.
 __device__ __forceinline__ void bulk_begin(unsigned long long* bar, unsigned bytes) {
@@ -384,12 +382,8 @@ __device__ __forceinline__ void bulk_begin(unsigned long long* bar, unsigned byt
     __syncwarp();
 }
 
-__device__ __forceinline__ void bulk_attend(char* smem, const Weights& w, int layer, int head, int rank,
-                                            const half_t* cache_layer, int chunk_lo, int block_len,
-                                            unsigned long long* bar) {
-    const unsigned bytes = 2 * (3 * QKV_ROWS * D + 3 * HD + OUT_ROWS * HD + OUT_ROWS + (layer > 0 ? 2 * D : 0)
-                                + 2 * block_len * HD);
-    bulk_begin(bar, bytes);
+__device__ __forceinline__ void bulk_attend_weights(char* smem, const Weights& w, int layer, int head, int rank,
+                                                    unsigned long long* bar) {
     const int lane = threadIdx.x & 31;
     if (lane < 3) {
         bulk(smem + SM_QKV_W + lane * 2 * QKV_ROWS * D,
@@ -401,13 +395,25 @@ __device__ __forceinline__ void bulk_attend(char* smem, const Weights& w, int la
     } else if (lane == 4 && layer > 0) {
         bulk(smem + SM_NORM2, w.norm2_w + (layer - 1) * D, 2 * D, bar);
         bulk(smem + SM_NORM2 + 2 * D, w.norm2_b + (layer - 1) * D, 2 * D, bar);
+    } else if (lane == 5) {
+        bulk(smem + SM_OUT_W, w.out_heads + (static_cast<long long>(layer) * H + head) * D * HD + rank * OUT_ROWS * HD,
+             2 * OUT_ROWS * HD, bar);
     }
-    bulk_rows(smem + SM_OUT_W, w.out_w + static_cast<long long>(layer) * D * D
-                                   + static_cast<long long>(rank * OUT_ROWS) * D + head * HD,
-              OUT_ROWS, 2 * HD, 2LL * D, bar);
+}
+
+// The attend phase's weight tiles (one warp), then every thread's share of the cached keys and values
+// (cp.async, one group).
+__device__ __forceinline__ void bulk_attend(char* smem, const Weights& w, int layer, int head, int rank,
+                                            const half_t* cache_layer, int chunk_lo, int block_len,
+                                            unsigned long long* bar) {
+    if (threadIdx.x / 32 == WARPS - 1) {
+        bulk_begin(bar, 2 * (3 * QKV_ROWS * D + 3 * HD + OUT_ROWS * HD + OUT_ROWS + (layer > 0 ? 2 * D : 0)));
+        bulk_attend_weights(smem, w, layer, head, rank, bar);
+    }
     const half_t* first = cache_layer + static_cast<long long>(chunk_lo) * 2 * D + head * HD;
-    bulk_rows(smem + SM_KV, first, block_len, 2 * HD, 4LL * D, bar);
-    bulk_rows(smem + SM_KV + 2 * KV_BLOCK * HD, first + D, block_len, 2 * HD, 4LL * D, bar);
+    copy_rows(smem + SM_KV, first, block_len, 2 * HD, 4LL * D);
+    copy_rows(smem + SM_KV + 2 * KV_BLOCK * HD, first + D, block_len, 2 * HD, 4LL * D);
+    copy_commit();
 }
 
 __device__ __forceinline__ void bulk_ffn(char* smem, const Weights& w, int layer, int cta, unsigned long long* bar) {
@@ -422,9 +428,9 @@ __device__ __forceinline__ void bulk_ffn(char* smem, const Weights& w, int layer
     } else if (lane == 2) {
         bulk(smem + SM_NORM1, w.norm1_w + layer * D, 2 * D, bar);
         bulk(smem + SM_NORM1 + 2 * D, w.norm1_b + layer * D, 2 * D, bar);
+    } else if (lane == 3) {  // (UNITS, D): the CTA's rows of W_2 transposed
+        bulk(smem + SM_FFN2_W, w.ffn2_t + (static_cast<long long>(layer) * FFN + cta * UNITS) * D, 2 * UNITS * D, bar);
     }
-    bulk_rows(smem + SM_FFN2_W, w.ffn2_w + static_cast<long long>(layer) * D * FFN + cta * UNITS, D, 2 * UNITS,
-              2LL * FFN, bar);
 }
 
 __device__ __forceinline__ void bulk_logits(char* smem, const Weights& w, int cta, unsigned long long* bar) {
@@ -497,7 +503,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (warp == WARPS - 1) bulk_attend(smem, w, 0, head, rank, cache, chunk_lo, first_block, &mbars[0]);
+    bulk_attend(smem, w, 0, head, rank, cache, chunk_lo, first_block, &mbars[0]);
 #else
     copy_attend(smem, w, 0, head, rank, cache, chunk_lo, first_block);
     copy_commit();
@@ -521,6 +527,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
 #if BULK_COPIES
         if (warp == WARPS - 1) bulk_ffn(smem, w, layer, cta, &mbars[1]);
         mbar_wait(&mbars[0], layer & 1);  // this layer's attend tiles
+        copy_wait<0>();  // and its cached keys and values (published by the barrier after the norm)
 #elif COPY_AFTER_RELEASE
         copy_ffn(smem, w, layer, cta);
         copy_commit();
@@ -683,13 +690,11 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         float2 sum1_parts[REPLICAS_1];
         load_replicas(sum1 + layer * REPLICAS_1 * D, sum1_parts);
 #if BULK_COPIES
-        if (warp == WARPS - 1) {
-            if (layer + 1 < LAYERS) {
-                bulk_attend(smem, w, layer + 1, head, rank, cache + (layer + 1) * cache_layer_stride, chunk_lo,
-                            first_block, &mbars[0]);
-            } else {
-                bulk_logits(smem, w, cta, &mbars[0]);
-            }
+        if (layer + 1 < LAYERS) {
+            bulk_attend(smem, w, layer + 1, head, rank, cache + (layer + 1) * cache_layer_stride, chunk_lo,
+                        first_block, &mbars[0]);
+        } else if (warp == WARPS - 1) {
+            bulk_logits(smem, w, cta, &mbars[0]);
         }
         mbar_wait(&mbars[1], layer & 1);  // this layer's FFN tiles
 #elif COPY_AFTER_RELEASE
@@ -712,6 +717,25 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
         }
         __syncthreads();
         stamp(timeline, layer, HIDDEN_DONE, cta);
+#if BULK_COPIES
+        {  // the partial of sum 2 from W_2 transposed (UNITS, D): dims 2t and 2t + 1
+            const int n = 2 * threadIdx.x;
+            float even = 0.f, odd = 0.f;
+#pragma unroll
+            for (int unit = 0; unit < UNITS; ++unit) {
+                const unsigned packed = *reinterpret_cast<const unsigned*>(ffn2_w + unit * D + n);
+                even = fmaf(h2f(static_cast<half_t>(packed & 0xffff)), hidden[unit], even);
+                odd = fmaf(h2f(static_cast<half_t>(packed >> 16)), hidden[unit], odd);
+            }
+            if (cta == 0) {
+                even += h2f(ffn2_b[n]) + x1[n];
+                odd += h2f(ffn2_b[n + 1]) + x1[n + 1];
+            }
+            float* row = sum2 + (layer * REPLICAS_2 + cta % REPLICAS_2) * D;
+            atomicAdd(row + n, even);
+            atomicAdd(row + n + 1, odd);
+        }
+#else
         for (int n = threadIdx.x; n < D; n += THREADS) {  // the partial of sum 2: W_2[n, units] . hidden
             const uint4* runs = reinterpret_cast<const uint4*>(ffn2_w + n * UNITS);
             float value = 0.f;
@@ -720,6 +744,7 @@ t2s_cluster_step(Weights w, half_t* cache, long long cache_layer_stride, const l
             if (cta == 0) value += h2f(ffn2_b[n]) + x1[n];
             atomicAdd(sum2 + (layer * REPLICAS_2 + cta % REPLICAS_2) * D + n, value);
         }
+#endif
         stamp(timeline, layer, FFN_ADDED, cta);
         grid_arrive(barrier);
     }
