@@ -21,8 +21,8 @@ comma list of values and each row one combination:
 
 ``CLUSTER=1``: after the persistent rows, a row of the CUDA C++ cluster step
 (``engine_cluster.ClusterT2SEngine``) for each ``CLUSTER_REPLICAS`` value (default: ``REPLICAS``) and
-each ``COPIES`` value (default ``before``: tiles copied before each grid barrier; ``after``: its
-``copy_after_release``; ``bulk``: its ``bulk_copies``), its tokens against the fused FP16
+each ``COPIES`` value (its ``copies``: ``before``, ``after`` or ``bulk``, the default) and each
+``CLUSTER_SIZE`` value (CTAs a head; unset: the engine's choice), its tokens against the fused FP16
 step's like every FP16 row's; with ``TIMELINE=1`` each is measured once more with the kernel stamping
 its phases (``ClusterT2SEngine.stamp_summary``).
 
@@ -204,15 +204,16 @@ def main() -> None:
             print(f"{name}_timeline", json.dumps(row["timeline"]["phases"]), flush=True)
         args.out.write_text(json.dumps(result, indent=1))
     if os.environ.get("CLUSTER") == "1":
-        copies = os.environ.get("COPIES", "before").split(",")
+        copies = os.environ.get("COPIES", "bulk").split(",")
         if unknown := sorted(set(copies) - {"before", "after", "bulk"}):
             parser.error(f"COPIES: unknown {unknown}; use before, after or bulk")
         cluster_replicas = [int(value) if value else None
                             for value in os.environ.get("CLUSTER_REPLICAS", os.environ.get("REPLICAS", "")).split(",")]
-        for replicas, copy in itertools.product(cluster_replicas, copies):
-            name = ("cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}")
-                    + {"before": "", "after": "_copy_after_release", "bulk": "_bulk_copies"}[copy])
-            knobs = {"sum_replicas": replicas, "copy_after_release": copy == "after", "bulk_copies": copy == "bulk"}
+        sizes = [int(value) if value else None for value in os.environ.get("CLUSTER_SIZE", "").split(",")]
+        for replicas, copy, cluster_size in itertools.product(cluster_replicas, copies, sizes):
+            name = ("cluster_fp16" + ("" if replicas is None else f"_replicas{replicas}") + f"_copies_{copy}"
+                    + ("" if cluster_size is None else f"_ctas{cluster_size}"))
+            knobs = {"sum_replicas": replicas, "copies": copy, "cluster": cluster_size}
             cluster = engine(ClusterT2SEngine, torch.float16, **knobs)
             result[name], _ = measure(cluster, request, reference16)
             result[name]["registers"] = cluster.kernel.registers

@@ -46,6 +46,9 @@ THREADS = 256
 KV_BLOCK = 256  # cached positions a CTA's shared memory holds at once (longer chunks loop)
 SPIN_LIMIT = 1 << 22  # polls before a grid barrier gives up: far beyond any real wait (~1 us)
 ARCH = "sm_90"
+# How each phase's tiles reach shared memory, a phase ahead (engine docstring): cp.async copies issued
+# before the grid barrier, or after its release, or bulk copies of repacked tiles after its release.
+COPIES = ("before", "after", "bulk")
 # The source's ``Stamp`` events of a layer, in order (``timeline=True``).
 STAMP_NAMES = ("attend_released", "input_normed", "qkv_done", "gathered", "partial_done", "merged", "out_added",
                "ffn_released", "ffn_normed", "hidden_done", "ffn_added")
@@ -74,14 +77,13 @@ def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[-1]) -> s
 
 
 def kernel_defines(config: T2SConfig, max_len: int, sum1_replicas: int, sum2_replicas: int,
-                   cluster: int, timeline: bool = False, copy_after_release: bool = False,
-                   bulk_copies: bool = False) -> dict[str, object]:
+                   cluster: int, timeline: bool = False, copies: str = "bulk") -> dict[str, object]:
     """The source's compile-time constants for a model configuration, cache length and cluster size."""
     return dict(D=config.hidden_dim, H=config.num_heads, HD=config.head_dim, FFN=config.ffn_dim,
                 VOCAB=config.vocab_size, LAYERS=config.num_layers, CLUSTER=cluster, KV_BLOCK=KV_BLOCK,
                 REPLICAS_1=sum1_replicas, REPLICAS_2=sum2_replicas, MAX_LEN=max_len, MAX_POSITION=POSITION_TABLE_LEN,
                 SPIN_LIMIT=f"{SPIN_LIMIT}LL", EPS=f"{LAYER_NORM_EPS!r}f", TIMELINE=int(timeline),
-                COPY_AFTER_RELEASE=int(copy_after_release), BULK_COPIES=int(bulk_copies))
+                COPY_AFTER_RELEASE=int(copies == "after"), BULK_COPIES=int(copies == "bulk"))
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,7 +109,9 @@ class ClusterT2SEngine(PersistentT2SEngine):
     ``PersistentT2SEngine``'s, rows that the folded sums are kept in (sum 1 at most one a head)."""
 
     def __init__(self, weights: T2SWeights, *args, cluster: int | None = None, sum_replicas: int | None = None,
-                 timeline: bool = False, copy_after_release: bool = False, bulk_copies: bool = False, **kwargs):
+                 timeline: bool = False, copies: str = "bulk", **kwargs):
+        if copies not in COPIES:
+            raise ValueError(f"copies {copies!r}: use one of {COPIES}")
         sizes = CLUSTER_SIZES if cluster is None else (cluster,)
         reasons = {size: unsupported_reason(weights.config, size) for size in sizes}
         if all(reasons.values()):
@@ -132,7 +136,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
         fitting = {}
         for size in (size for size in sizes if not reasons[size]):
             defines = kernel_defines(self.config, self.max_len, self.sum1_replicas, self.sum2_replicas, size,
-                                     timeline, copy_after_release, bulk_copies)
+                                     timeline, copies)
             compiled = compile_step(tuple(sorted(defines.items())))
             kernel = LoadedKernel(compiled.cubin, KERNEL_NAME, self.device.index or 0, shared_bytes(compiled))
             fitting[size] = kernel.max_active_clusters(heads * size, THREADS)
@@ -152,11 +156,11 @@ class ClusterT2SEngine(PersistentT2SEngine):
         for tensor in (*s.values(), w.predict_weight, w.audio_embedding, w.audio_positions):
             if not tensor.is_contiguous():
                 raise ValueError("the cluster step indexes contiguous weights")
-        # bulk_copies: W_o as (layers, heads, D, head_dim) and W_2 transposed, so that each CTA's tile of
+        # Bulk copies: W_o as (layers, heads, D, head_dim) and W_2 transposed, so that each CTA's tile of
         # either is one contiguous run; copies the engine holds beside the stacked weights (62 MB in FP16
         # at the official shapes).
         self._out_heads = self._ffn2_t = None
-        if bulk_copies:
+        if copies == "bulk":
             layers, d, head_dim = self.config.num_layers, self.config.hidden_dim, self.config.head_dim
             self._out_heads = (s["out_weight"].view(layers, d, heads, head_dim).permute(0, 2, 1, 3).contiguous())
             self._ffn2_t = s["ffn2_weight"].transpose(1, 2).contiguous()

@@ -3,6 +3,8 @@ compiled on this CPU with NVRTC at the official shapes; on a GPU, its logits and
 Triton persistent step's, step by step, on full-size random weights."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from models.gpt_sovits.t2s_checkpoint import t2s_from_manifest
 pytest.importorskip("triton")
 from models.gpt_sovits.engine_cluster import (  # noqa: E402 - after the Triton check: the engine builds on the Triton one
     CLUSTER_SIZES,
+    COPIES,
     ClusterT2SEngine,
     compile_step,
     kernel_defines,
@@ -32,15 +35,19 @@ def official_config() -> T2SConfig:
 
 @needs_nvrtc
 def test_the_step_compiles_at_the_official_shapes_with_its_cluster_and_shared_memory(official_config):
-    """NVRTC (no GPU) compiles the step for sm_90: a cubin, the cluster's barrier and distributed
-    shared-memory loads in the PTX, and a shared-memory layout that fits one SM (227 KB)."""
-    for cluster in CLUSTER_SIZES:
-        compiled = compile_step(tuple(sorted(kernel_defines(official_config, 640, 8, 8, cluster).items())))
+    """NVRTC (no GPU) compiles the step for sm_90 with each cluster size and each way of copying tiles
+    (one of them with its timer stamps): a cubin, the cluster's barrier and distributed shared-memory loads
+    in the PTX, bulk copies only where asked, and a shared-memory layout that fits one SM (227 KB)."""
+    for cluster, copies in itertools.product(CLUSTER_SIZES, COPIES):
+        defines = kernel_defines(official_config, 640, 8, 8, cluster, timeline=copies == "after", copies=copies)
+        compiled = compile_step(tuple(sorted(defines.items())))
         assert compiled.cubin[:4] == b"\x7fELF"
         for instruction in ("barrier.cluster.arrive.release", "mapa.shared::cluster", "ld.shared::cluster.f32",
                             "cp.async.cg.shared.global", "red.release.gpu.global.add.u32",
                             f".reqnctapercluster {cluster}"):
-            assert instruction in compiled.ptx, (cluster, instruction)
+            assert instruction in compiled.ptx, (cluster, copies, instruction)
+        assert ("cp.async.bulk.shared::cluster.global.mbarrier" in compiled.ptx) == (copies == "bulk")
+        assert ("globaltimer" in compiled.ptx) == (copies == "after")  # the stamped build
         assert 48 * 1024 < shared_bytes(compiled) <= 227 * 1024
 
 
@@ -73,16 +80,15 @@ def test_the_engine_names_what_it_cannot_run(official_config):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("prompt_tokens,copies", [(30, {}), (300, {}), (300, {"copy_after_release": True}),
-                                                  (30, {"bulk_copies": True}), (300, {"bulk_copies": True})])
+@pytest.mark.parametrize("prompt_tokens,knobs", [(30, {}), (300, {}), (300, {"copies": "after"}),
+                                                 (300, {"copies": "before"}), (300, {"copies": "bulk", "cluster": 4})])
 def test_the_cluster_step_gives_the_logits_and_tokens_of_the_triton_persistent_step(official_config, prompt_tokens,
-                                                                                    copies):
+                                                                                    knobs):
     """Full-size random weights in FP16, one request prefilled into both engines: 40 greedy steps, each
     step's logits within float32 summation order (and the exponent's approximation) of the Triton
     persistent step's, and the same tokens. 300 prompt tokens give each CTA a chunk of 42 cached
-    positions; 30 leave most chunks at 4 and the new position to the last CTA. ``copies``: the next
-    phase's tiles copied after each grid barrier (``copy_after_release``), or as bulk copies (``bulk_copies``),
-    instead of before."""
+    positions; 30 leave most chunks at 4 and the new position to the last CTA. Every ``copies``
+    setting (the default ``bulk``; ``after`` and ``before``), and clusters of 4 beside the engine's choice."""
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 
     if torch.cuda.get_device_capability() < (9, 0):
@@ -96,9 +102,9 @@ def test_the_cluster_step_gives_the_logits_and_tokens_of_the_triton_persistent_s
                          top_k=1, max_steps=100, eos_from_step=100)
     max_len = 512
     engines = []
-    for kind, knobs in ((ClusterT2SEngine, copies), (PersistentT2SEngine, {})):
+    for kind, settings in ((ClusterT2SEngine, knobs), (PersistentT2SEngine, {})):
         weights = T2SWeights.from_state_dict(official_config, state_dict, torch.float16, "cuda")
-        engine = kind(weights, max_batch=1, max_len=max_len, length_buckets=[max_len], **knobs)
+        engine = kind(weights, max_batch=1, max_len=max_len, length_buckets=[max_len], **settings)
         engine.prefill([0], [request])
         engines.append(engine)
     for step in range(40):
