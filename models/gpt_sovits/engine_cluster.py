@@ -4,14 +4,29 @@
 partials: every program releases its partial to L2 and counts its arrival, and the head's last
 program loads the partials back, then the head's 32 KB W_o tile, before its product; a chain of
 memory round trips that Triton's programs cannot shorten (no shared memory between programs). Here
-(``t2s_cluster_step.cu``) each head is a cluster of 8 CTAs: the head's q, k and v rows and its
-partials meet in distributed shared memory behind the cluster's hardware barrier, each CTA applies
-rows of W_o it knows in advance, and every weight tile is copied into shared memory a phase ahead.
+(``t2s_cluster_step.cu``) each head is a cluster of CTAs: the head's q, k and v rows and its partials
+meet in distributed shared memory behind the cluster's hardware barrier, each CTA applies rows of W_o
+it knows in advance, and every weight tile is copied into shared memory a phase ahead.
 
 The kernel is compiled on first use with NVRTC (``core/cuda_source.py``; PyTorch's CUDA wheels bring
 it) and launched on PyTorch's stream, so the engine's CUDA graphs capture it like the Triton step.
 Other batches, and everything around the step (prefill, the choice kernel, the buffers that each
 step zeroes), are ``PersistentT2SEngine``'s.
+
+Measured on an H100 (full-size random weights, 500 greedy FP16 tokens, median of 5,
+scripts/sweep_t2s_persistent.py; every row's tokens equal the fused FP16 step's):
+
+- clusters of 4 CTAs, 8 sum replicas, bulk copies (the defaults): **4,503 and 4,483 tokens/s** in two
+  calls, against 4,158 and 4,237 for the Triton step in the same calls (docs/results/
+  h100_39_t2s_cluster_sizes_replicas.json, h100_39_t2s_cluster_final.json);
+- clusters of 8 fit only as two CTAs an SM (an H100 holds 15 clusters of 8 at one CTA an SM, one short
+  of a cluster a head): 4,230 against 4,456 for clusters of 4, 4 replicas, same call;
+- ``copies="after"`` 4,014-4,053 and ``"before"`` 3,727-3,794: issuing ~4,000 16-byte cp.async copies a
+  phase costs about 0.8 us where it stands, and ahead of the grid barrier's poll it made each barrier
+  2 us instead of 1 (the kernel's own stamps, ``timeline=True``);
+- bulk copies of the cached keys and values too (a 64-byte run a position, one bulk copy each) took
+  the copy engine ~12 us a phase: 1,350 tokens/s (docs/results/h100_39_t2s_cluster_bulk_copies.json);
+  those stay cp.async copies.
 
     engine = ClusterT2SEngine(weights, max_batch=1, max_len=640, length_buckets=[640])
 """
@@ -39,9 +54,9 @@ from models.gpt_sovits.t2s import T2SConfig
 
 SOURCE = Path(__file__).with_name("t2s_cluster_step.cu")
 KERNEL_NAME = "t2s_cluster_step"
-# CTAs a head, tried in order: 8 (the largest portable cluster) where every head's cluster fits at once,
-# else 4. An H100 SXM holds only 15 clusters of 8 at once (a GPC with fewer than 16 usable SMs).
-CLUSTER_SIZES = (8, 4)
+# CTAs a head, tried in order until every head's cluster fits at once: 4 first (faster than 8 on an
+# H100, where clusters of 8 fit only two CTAs to an SM: 15 fit at one CTA an SM), then 8.
+CLUSTER_SIZES = (4, 8)
 THREADS = 256
 KV_BLOCK = 256  # cached positions a CTA's shared memory holds at once (longer chunks loop)
 SPIN_LIMIT = 1 << 22  # polls before a grid barrier gives up: far beyond any real wait (~1 us)
@@ -61,7 +76,7 @@ class _Weights(ctypes.Structure):
         "norm2_w", "norm2_b", "predict_w", "embedding", "positions", "out_heads", "ffn2_t")]
 
 
-def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[-1]) -> str | None:
+def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[0]) -> str | None:
     """Why the kernel with ``cluster`` CTAs a head cannot take this configuration (its thread mapping is
     fixed in the source), or None."""
     heads, ctas = config.num_heads, config.num_heads * cluster

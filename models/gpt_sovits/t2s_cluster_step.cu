@@ -1,7 +1,7 @@
 // The T2S decode step at batch 1 as one persistent kernel of thread-block clusters (sm_90).
 //
-// One cluster of CLUSTER CTAs per attention head (8, or 4 where H clusters of 8 cannot be resident at
-// once, as on an H100 SXM), one CTA per SM, every CTA resident at once. Per layer:
+// One cluster of CLUSTER CTAs per attention head (4 or 8; the engine picks), every CTA resident at once
+// (the grid barriers need it). Per layer:
 //
 //   attend  (after the grid barrier that closes the previous layer's FFN)
 //           every CTA: the layer input (LayerNorm 2 of the previous sum 2, or the embedding);
@@ -20,16 +20,21 @@
 // an atomic counter, the partials' loads, then the W_o tile's load by whichever program came last),
 // here they meet in shared memory behind the cluster's hardware barrier, and each CTA's W_o rows are
 // known in advance. Every weight tile, and the first block of cached keys and values, is copied into
-// shared memory (cp.async) a phase ahead: weights never depend on the step, so the copies run behind
-// the previous phase's work and its grid barrier, and after a barrier only activations are read.
+// shared memory a phase ahead: weights never depend on the step, so the copies run behind the
+// previous phase's work, and after a barrier only activations are read from L2. How (one of three):
+//   default             cp.async copies by every thread, issued before the grid barrier's wait;
+//   COPY_AFTER_RELEASE  the same, issued once the barrier released (after the sums' loads): copies
+//                       issued ahead of the poll delayed the barrier by about 1 us on an H100;
+//   BULK_COPIES         one warp issues the weight tiles as bulk copies of repacked, contiguous tiles
+//                       into an mbarrier; the cached keys and values stay cp.async copies.
 //
 // Sums that many CTAs add into are kept as REPLICAS_1 (sum 1) and REPLICAS_2 (sum 2) rows of D
 // floats, summed where they are read, so fewer float atomics queue on one address; the float order
 // of those additions varies from run to run, so sums vary in their last float32 bits.
 //
 // Compile-time constants (-D): D, H, HD, FFN, VOCAB, LAYERS, CLUSTER, KV_BLOCK, REPLICAS_1,
-// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE, COPY_AFTER_RELEASE, BULK_COPIES. Weights, biases, norms, embeddings and the
-// cache are FP16; activations and sums float32.
+// REPLICAS_2, MAX_LEN, MAX_POSITION, SPIN_LIMIT, EPS, TIMELINE, COPY_AFTER_RELEASE, BULK_COPIES.
+// Weights, biases, norms, embeddings and the cache are FP16; activations and sums float32.
 
 typedef unsigned short half_t;
 
