@@ -10,18 +10,14 @@ the launch is captured like any other into a CUDA graph.
     kernel = load_kernel(program.cubin, "step", device=0, shared_bytes=100_000)
     kernel.launch(grid=128, block=256, args=[Pointer(tensor), Int32(7)], stream=torch.cuda.current_stream())
 
-``compile_cuda`` needs no GPU (the tests compile the real kernels on a CPU machine); ``ptx_resources``
-reads registers and spills from PTX with a ``ptxas`` binary such as the one Triton bundles.
+``compile_cuda`` needs no GPU: the tests compile the real kernels on a CPU machine.
 """
 from __future__ import annotations
 
 import ctypes
 import glob
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,33 +120,6 @@ def compile_cuda(source: str, arch: str, defines: dict[str, object] | None = Non
     finally:
         nvrtc.nvrtcDestroyProgram(ctypes.byref(program))
     return CompiledCuda(cubin.raw, ptx.value.decode(), arch, log_text)
-
-
-@dataclass(frozen=True)
-class PtxResources:
-    registers: int
-    spill_stores: int
-    spill_loads: int
-    shared_bytes: int
-
-
-def ptx_resources(ptx: str, arch: str, ptxas: str) -> PtxResources:
-    """Registers, spills and static shared memory of the PTX's kernel, as ``ptxas -v`` reports them."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "kernel.ptx"
-        path.write_text(ptx)
-        done = subprocess.run([ptxas, "-v", f"--gpu-name={arch}", str(path), "-o", str(Path(folder) / "k.cubin")],
-                              capture_output=True, text=True, check=False)
-    if done.returncode:
-        raise CudaSourceError(f"ptxas failed:\n{done.stderr}")
-    report = done.stderr
-
-    def number(pattern: str) -> int:
-        match = re.search(pattern, report)
-        return int(match.group(1)) if match else 0
-
-    return PtxResources(registers=number(r"Used (\d+) registers"), spill_stores=number(r"(\d+) bytes spill stores"),
-                        spill_loads=number(r"(\d+) bytes spill loads"), shared_bytes=number(r"(\d+) bytes smem"))
 
 
 # ---- the driver: loading and launching ---------------------------------------------------------------

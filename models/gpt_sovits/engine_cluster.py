@@ -86,8 +86,8 @@ def unsupported_reason(config: T2SConfig, cluster: int = CLUSTER_SIZES[0]) -> st
         return f"hidden_dim {config.hidden_dim}: the kernel holds a row as two values per thread of {THREADS}"
     if config.ffn_dim % (8 * ctas):
         return f"ffn_dim {config.ffn_dim}: the kernel gives each of {ctas} CTAs ({heads} heads x {cluster}) a multiple of 8 units"
-    if (config.head_dim // cluster) % 4 or (THREADS // (config.hidden_dim // cluster)) * 8 > config.head_dim:
-        return f"{cluster} CTAs a head: the q, k, v and W_o rows do not split into whole 8-byte and 16-byte runs"
+    if config.head_dim % cluster or (THREADS // (config.hidden_dim // cluster)) * 8 > config.head_dim:
+        return f"{cluster} CTAs a head: the q, k, v rows or the W_o rows' 16-byte runs do not split evenly"
     return None
 
 
@@ -172,7 +172,7 @@ class ClusterT2SEngine(PersistentT2SEngine):
             if not tensor.is_contiguous():
                 raise ValueError("the cluster step indexes contiguous weights")
         # Bulk copies: W_o as (layers, heads, D, head_dim) and W_2 transposed, so that each CTA's tile of
-        # either is one contiguous run; copies the engine holds beside the stacked weights (62 MB in FP16
+        # either is one contiguous run; copies the engine holds beside the stacked weights (63 MB in FP16
         # at the official shapes).
         self._out_heads = self._ffn2_t = None
         if copies == "bulk":

@@ -55,7 +55,7 @@ constexpr int PER_THREAD = D / THREADS;         // elements of a D row each thre
 static_assert(HD == 32, "a head's 32 dimensions: one per lane");
 static_assert(PER_THREAD == 2, "row vectors are read as one float2 per thread");
 constexpr int OUT_THREADS = THREADS / OUT_ROWS;  // threads sharing a W_o row, HD / OUT_THREADS halves each
-static_assert(QKV_ROWS * CLUSTER == HD && QKV_ROWS % 4 == 0, "q, k, v rows split evenly, biases in 8-byte runs");
+static_assert(QKV_ROWS * CLUSTER == HD, "q, k, v rows split evenly over the cluster");
 static_assert(OUT_ROWS * CLUSTER == D && OUT_THREADS * OUT_ROWS == THREADS && HD % (8 * OUT_THREADS) == 0,
               "a W_o row's HD halves split over OUT_THREADS threads in 16-byte runs");
 static_assert(UNITS * CTAS == FFN && UNITS % 8 == 0 && UNITS % WARPS == 0,
@@ -101,9 +101,6 @@ __device__ __forceinline__ unsigned smem_address(const void* pointer) {
 
 __device__ __forceinline__ void copy16(void* shared, const void* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_address(shared)), "l"(global) : "memory");
-}
-__device__ __forceinline__ void copy8(void* shared, const void* global) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" :: "r"(smem_address(shared)), "l"(global) : "memory");
 }
 __device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void copy_wait() {
