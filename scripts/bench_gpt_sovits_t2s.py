@@ -13,8 +13,8 @@ suppressed (``eos_from_step`` past the end), so each run makes exactly ``--token
 CUDA, side by side in one process: the eager FP32 port (``t2s.py`` decoded by ``t2s_decode``:
 growing cache, batch 1); the engine in FP32, FP16 and BF16 with CUDA graphs at batch 1 (median of
 warm runs), on the cuBLAS step, on the fused Triton step (its knobs swept first at FP16) and on the
-persistent one-kernel step (both grid barriers); FP16
-top-k sampling; aggregate tokens/s with continuous batching over 64 slots; time to the first 25
+persistent one-kernel step (both grid barriers), and FP16 on the cluster step (``engine_cluster.py``, one CUDA
+C++ kernel); FP16 top-k sampling; aggregate tokens/s with continuous batching over 64 slots; time to the first 25
 tokens; peak VRAM; the kernels of one step; greedy token agreement of each engine with the eager
 FP32 port. The JSON is rewritten after
 each section, so a run cut short still leaves what it measured.
@@ -448,6 +448,24 @@ def cuda_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: 
                     time_to_first_tokens, engine, request, args.repeats)
                 result["kernel_profile_fp16_persistent_b1"] = guarded(kernel_profile, engine, request)
         del engine
+    write(result, args.out)
+
+    # The batch-1 step as one CUDA C++ kernel of thread-block clusters (engine_cluster.py; opt-in, its
+    # defaults), beside the persistent Triton step above. A GPU that cannot hold a cluster a head records
+    # the reason in the row instead.
+    def cluster_engine() -> T2SEngine:
+        from models.gpt_sovits.engine_cluster import ClusterT2SEngine
+
+        weights = T2SWeights.from_state_dict(config, state_dict, torch.float16, "cuda")
+        engine = ClusterT2SEngine(weights, max_batch=1, max_len=max_len, length_buckets=[max_len])
+        engine.capture_graphs(greedy_modes=(True,))
+        return engine
+
+    engine = measured("engine_fp16_cluster_graphs", cluster_engine, request, eager_tokens)
+    if engine is not None:
+        rows["engine_fp16_cluster_graphs"].update(barrier_timed_out=engine.barrier_timed_out(),
+                                                  ctas_a_head=engine.cluster)
+    del engine
     write(result, args.out)
 
     peaks = {name: rows[name].get("vram_peak_mib") for name in rows}
