@@ -67,7 +67,7 @@ constexpr int SM_QKV_W = 0;                                        // (3 * QKV_R
 constexpr int SM_OUT_W = SM_QKV_W + 2 * (3 * QKV_ROWS > VOCAB_ROWS ? 3 * QKV_ROWS : VOCAB_ROWS) * D;
 constexpr int SM_KV = SM_OUT_W + 2 * OUT_ROWS * HD;                // keys (KV_BLOCK, HD) then values
 constexpr int SM_FFN1_W = SM_KV + 2 * 2 * KV_BLOCK * HD;           // (UNITS, D)
-constexpr int SM_FFN2_W = SM_FFN1_W + 2 * UNITS * D;               // (D, UNITS)
+constexpr int SM_FFN2_W = SM_FFN1_W + 2 * UNITS * D;               // (D, UNITS); BULK_COPIES: W_2 transposed, (UNITS, D)
 constexpr int SM_QKV_B = SM_FFN2_W + 2 * D * UNITS;                // the head's q, k, v biases (3 * HD halves)
 constexpr int SM_OUT_B = SM_QKV_B + 2 * 3 * HD;                    // OUT_ROWS halves
 constexpr int SM_NORM2 = SM_OUT_B + 2 * OUT_ROWS;                  // gamma, beta (D each) of the previous layer
@@ -80,11 +80,11 @@ constexpr int SM_SLICE = SM_X1 + 4 * D;                            // this CTA's
 constexpr int SM_GATHERED = SM_SLICE + 4 * 3 * QKV_ROWS;           // the head's q, k_new, v_new (3 * HD)
 constexpr int SM_PARTIAL = SM_GATHERED + 4 * 3 * HD;               // max, weight sum, then HD weighted values
 constexpr int SM_ATTN = SM_PARTIAL + 4 * (4 + HD);                 // the head's attention output (HD)
-constexpr int SM_SCORES = SM_ATTN + 4 * HD;                        // KV_BLOCK + 1 scores (padded)
+constexpr int SM_SCORES = SM_ATTN + 4 * HD;                        // KV_BLOCK + 1 scores, then their weights (padded)
 constexpr int SM_ACC = SM_SCORES + 4 * (KV_BLOCK + 4);             // (THREADS / HD, HD) partial sums of weighted values
-constexpr int SM_HIDDEN = SM_ACC + 4 * THREADS;                     // UNITS floats
+constexpr int SM_HIDDEN = SM_ACC + 4 * THREADS;                    // UNITS floats
 constexpr int SM_RED = SM_HIDDEN + 4 * UNITS;                      // 2 x WARPS floats for block sums
-constexpr int SM_MBAR = SM_RED + 4 * 2 * WARPS;                   // two mbarriers (8 bytes each): attend, ffn
+constexpr int SM_MBAR = SM_RED + 4 * 2 * WARPS;                    // two mbarriers (8 bytes each): attend, ffn
 constexpr int SHARED_BYTES = SM_MBAR + 16;
 
 // The layout's size, for the host to read from the PTX (``.const`` initialiser) and launch with.
