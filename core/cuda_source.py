@@ -8,7 +8,7 @@ the launch is captured like any other into a CUDA graph.
 
     program = compile_cuda(source, "sm_90", defines={"D": 512})      # NVRTC: runs on a CPU too
     kernel = load_kernel(program.cubin, "step", device=0, shared_bytes=100_000)
-    kernel.launch(grid=128, block=256, args=[Pointer(tensor), Int32(7)], stream=torch.cuda.current_stream())
+    kernel.launch(grid=128, block=256, args=[Pointer(tensor), Int64(7)], stream=torch.cuda.current_stream())
 
 ``compile_cuda`` needs no GPU: the tests compile the real kernels on a CPU machine.
 """
@@ -157,7 +157,7 @@ def Pointer(tensor) -> ctypes.c_void_p:  # noqa: N802 - reads as the argument's 
     return ctypes.c_void_p(tensor.data_ptr())
 
 
-Int32, Int64, Float32 = ctypes.c_int32, ctypes.c_int64, ctypes.c_float
+Int64, Float32 = ctypes.c_int64, ctypes.c_float
 
 
 class LoadedKernel:

@@ -36,6 +36,7 @@ import ctypes
 import functools
 import math
 import re
+import statistics
 from pathlib import Path
 
 import torch
@@ -184,16 +185,18 @@ class ClusterT2SEngine(PersistentT2SEngine):
             s["qkv_weight"], s["qkv_bias"], s["out_weight"], s["out_bias"], s["ffn1_weight"], s["ffn1_bias"],
             s["ffn2_weight"], s["ffn2_bias"], s["norm1_weight"], s["norm1_bias"], s["norm2_weight"],
             s["norm2_bias"], w.predict_weight, w.audio_embedding, w.audio_positions)], *repacked)
+        # Every argument is a buffer allocated once (or a constant): built here, not at each launch.
+        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
+        self._launch_args = [
+            self._weights_arg, Pointer(cache), Int64(cache.stride(0)), Pointer(self.last_token),
+            Pointer(self.audio_pos), Pointer(self.cache_len), Pointer(self._step_sum1), Pointer(self._step_sum2),
+            Pointer(self._step_logits), Pointer(self._barrier), Pointer(self._barrier_error),
+            Float32(1.0 / math.sqrt(self.config.head_dim)), Pointer(self._stamps)]
 
     def _launch(self, phase: int, layer: int) -> None:
         if phase != PERSISTENT:
             raise RuntimeError("the cluster step runs whole: it has no phases to launch one by one")
-        cache = self.kv_cache  # (layers, slots, max_len, 2d); slot 0 is the batch-1 row
-        args = [self._weights_arg, Pointer(cache), Int64(cache.stride(0)), Pointer(self.last_token),
-                Pointer(self.audio_pos), Pointer(self.cache_len), Pointer(self._step_sum1),
-                Pointer(self._step_sum2), Pointer(self._step_logits), Pointer(self._barrier),
-                Pointer(self._barrier_error), Float32(1.0 / math.sqrt(self.config.head_dim)), Pointer(self._stamps)]
-        self.kernel.launch(self.programs, THREADS, args, torch.cuda.current_stream(self.device))
+        self.kernel.launch(self.programs, THREADS, self._launch_args, torch.cuda.current_stream(self.device))
 
     def stamp_summary(self) -> dict[str, float]:
         """Microseconds from each stamped event of a layer to the next (the last: to the next layer's
@@ -203,12 +206,12 @@ class ClusterT2SEngine(PersistentT2SEngine):
         stamps = self._stamps.cpu().double()  # (layers, events, CTAs) ns
         latest = stamps.max(dim=2).values  # (layers, events): when the last CTA got there
         flat = latest.flatten()
-        gaps = (flat[1:] - flat[:-1]).view(-1)  # event e of layer l -> the next event
+        gaps = flat[1:] - flat[:-1]  # event e of layer l -> the next event
         events = len(STAMP_NAMES)
         summary = {}
         for index, name in enumerate(STAMP_NAMES):
             per_layer = [float(gaps[layer * events + index]) / 1e3 for layer in range(1, self.config.num_layers - 1)]
             after = STAMP_NAMES[index + 1] if index + 1 < events else "next attend_released"
-            summary[f"{name} -> {after}"] = round(sorted(per_layer)[len(per_layer) // 2], 3)
+            summary[f"{name} -> {after}"] = round(statistics.median_high(per_layer), 3)
         summary["layer_us"] = round(float((latest[-2, 0] - latest[1, 0]) / (self.config.num_layers - 3) / 1e3), 3)
         return summary
