@@ -196,6 +196,10 @@ class Family:
     # variant its own way from the float32 teacher (Kokoro: a half frame stage with float32 islands);
     # False: the server hands it the teacher already through models.precision.to_half_precision.
     engine_precision: bool = False
+    # A frozen dataclass of the family's own bucketed-engine settings (EmotiVoice: how a batch's frame
+    # stage splits into length groups). ``serve.engine_options`` fills it, checked at start like any
+    # other key, and torch_engine takes it as ``options=``. None: the family's engine has no settings.
+    engine_options: type | None = None
     quantization: QuantizationLayout | None = None  # None: the INT8 stages refuse the family
     triton: TritonLayout | None = None  # None: the family's graph is not served through Triton
     prune: PruneHooks | None = None  # None: the pruning stage refuses the family

@@ -111,6 +111,9 @@ def _bucketed(family: Family, teacher: TTSModel, settings: ServeSettings,
     # AOTInductor's runner cannot be captured in a CUDA graph (torch 2.11): it runs as compiled.
     graphs = settings.device.startswith("cuda") and kind != "aoti"
     engine_options = {} if precision is None else {"precision": getattr(torch, precision)}
+    family_options = settings.family_engine_options(family)
+    if family_options is not None:
+        engine_options["options"] = family_options
     return family.torch_engine(teacher, kind, graphs, settings.aoti_package_dir or None, settings.batch_buckets,
                                **engine_options)
 

@@ -37,6 +37,9 @@ WORKERS=${WORKERS:-3}                # server processes on the port, each with i
 MAX_WAIT_MS=${MAX_WAIT_MS:-0}          # 0: a batch leaves as soon as the GPU is free; load fills the next one
 IN_FLIGHT=${IN_FLIGHT:-2}            # batches per worker at once: one prepared on the host while the GPU runs the other
 CUDNN_BENCHMARK=${CUDNN_BENCHMARK:-false}  # true: cuDNN times each new shape, and shapes the warm-up missed stall under load
+MAX_BATCH_PHONEMES=${MAX_BATCH_PHONEMES:-8192}  # rows x padded ids per batch; batches of 1,024 short sentences need 131072
+ENGINE_OPTIONS=${ENGINE_OPTIONS:-{\}}  # the family's engine settings, e.g. {frame_groups:32,min_group_rows:32} (EmotiVoice)
+SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's input; reports count sentences/s too
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
@@ -61,7 +64,8 @@ rm -f "$OUT/import_error.txt"
 python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.source="$SOURCE" serve.device="$DEVICE" serve.port="$PORT" \
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
-  serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
+  serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.max_batch_phonemes="$MAX_BATCH_PHONEMES" \
+  ++serve.engine_options="$ENGINE_OPTIONS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
   serve.queue_capacity=512 serve.max_requests_per_client=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
@@ -90,7 +94,7 @@ if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers
   PROFILER_PID=$!
 fi
 python -m serve.loadtest --url "$URL" --concurrency "$CONCURRENCY" --requests "$REQUESTS" --processes "$PROCESSES" \
-  --max-seconds "$MAX_SECONDS" --warmup 16 --ready-timeout-s 300 --label "$LABEL" \
+  --max-seconds "$MAX_SECONDS" --sentences-per-request "$SENTENCES_PER_REQUEST" --warmup 16 --ready-timeout-s 300 --label "$LABEL" \
   --out "$OUT/loadtest_${LABEL}.json"
 if [ -n "$PROFILER_PID" ]; then kill -INT "$PROFILER_PID" 2>/dev/null || true; wait "$PROFILER_PID" || true; fi
 for worker in $(seq "$WORKERS"); do  # each worker answers its own /metrics (batch sizes); the kernel picks which

@@ -11,7 +11,8 @@
 
 Each concurrency level sends at most ``--requests`` requests and starts none after
 ``--max-seconds`` (those in flight then finish, within ``--timeout-s``). Inputs are the project's
-held-out evaluation sentences of 8 to 12 words, in turn. HTTP mode posts OpenAI-style
+held-out evaluation sentences of 8 to 12 words, in turn (``--sentences-per-request N``: N of them an
+input; the report's ``sentences_per_s`` counts each). HTTP mode posts OpenAI-style
 ``/v1/audio/speech`` requests; ``--stream audio|sse`` asks for streamed audio. ``--triton`` calls a
 PyTriton ``tts`` model (serve/pytriton_server.py) with tritonclient instead.
 
@@ -101,6 +102,15 @@ def pick_sentences(min_words: int = 8, max_words: int = 12, name: str = "eval") 
         raise ValueError(f"sentence set {name!r} has no sentence of {min_words}..{max_words} words; "
                          "widen --min-words/--max-words")
     return chosen
+
+
+def join_sentences(sentences: list[str], per_request: int) -> list[str]:
+    """Request inputs of ``per_request`` consecutive sentences each (wrapping around), one per sentence: the
+    server splits them again and batches every sentence on its own, as for an audiobook paragraph."""
+    if per_request < 1:
+        raise ValueError(f"--sentences-per-request {per_request}: use 1 or more")
+    return [" ".join(sentences[(start + k) % len(sentences)] for k in range(per_request))
+            for start in range(len(sentences))]
 
 
 @dataclass
@@ -548,6 +558,9 @@ def print_table(report: dict) -> None:
                       ms(level["ttfa_ms"]["p50"]), percent(level.get("client_cpu_utilisation")),
                       ", ".join(f"{k}: {v}" for k, v in level["errors_by_status"].items()) or "-")
     Console().print(table)
+    if report.get("sentences_per_request", 1) > 1:
+        Console().print(f"{report['sentences_per_request']} sentences a request; sentences/s by concurrency: "
+                        + ", ".join(f"{level}: {rate:.1f}" for level, rate in report["sentences_per_s"].items()))
     busy = [level["concurrency"] for level in report["levels"]
             if (level.get("client_cpu_utilisation") or 0.0) >= CLIENT_CPU_WARN]
     if busy:
@@ -582,6 +595,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="client processes per level (spawned); more when one process cannot keep up")
     parser.add_argument("--timeout-s", type=float, default=30.0, help="per request")
     parser.add_argument("--ready-timeout-s", type=float, default=60.0)
+    parser.add_argument("--sentences-per-request", type=int, default=1,
+                        help="sentences in each request's input; the report gives sentences/s beside requests/s")
     parser.add_argument("--min-words", type=int, default=8)
     parser.add_argument("--max-words", type=int, default=12)
     parser.add_argument("--baseline", type=Path, help="an earlier report (e.g. without batching) to compare with")
@@ -600,7 +615,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--processes must be >= 1")
     if args.triton and args.stream != "none":
         parser.error("--triton does not stream: leave --stream at none")
-    sentences = pick_sentences(args.min_words, args.max_words)
+    try:
+        sentences = join_sentences(pick_sentences(args.min_words, args.max_words), args.sentences_per_request)
+    except ValueError as error:
+        parser.error(str(error))
     started_unix_s = time.time()
     config = {"mode": "triton" if args.triton else "http", "url": args.url, "triton_model": args.triton_model,
               "model": args.model, "voice": args.voice, "response_format": args.response_format,
@@ -619,7 +637,11 @@ def main(argv: list[str] | None = None) -> dict:
         "provenance": provenance(REPO_ROOT),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
         "sentences": len(sentences),
+        "sentences_per_request": args.sentences_per_request,
         "levels": [asdict(level) for level in reports],
+        # Each input's sentences run as separate rows of the server's batches.
+        "sentences_per_s": {str(level.concurrency): level.throughput_rps * args.sentences_per_request
+                            for level in reports},
         "comparison_with_baseline": comparison,
         "target_checks": target_checks(reports, args.stream, comparison),
     }

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.config import ConfigError, build_dataclass
 from core.paths import DEFAULT_CACHE_DIR
+from models.family import Family
 from models.registry import FAMILIES
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
@@ -44,6 +45,8 @@ class ServeSettings:
     half_keep_fp32: tuple[str, ...] = ("encoder", "duration")  # fp16/bf16 sources: parts left in float32
     aoti_package_dir: str = ""  # where the aoti engine writes its packages
     cudnn_benchmark: bool = False  # bucketed engines on CUDA: cuDNN times its convolutions per new shape
+    # The family's own bucketed-engine settings (its Family.engine_options dataclass); checked at start
+    engine_options: dict = dataclasses.field(default_factory=dict)
     # Dynamic batching
     max_batch_size: int = 8
     max_wait_ms: float = 10.0
@@ -167,6 +170,26 @@ class ServeSettings:
             fail("family", f"use a registered family: {sorted(FAMILIES)}")
         if self.api_key is not None and len(self.api_key) < 8:  # the value is a secret: not echoed
             raise ServeConfigError("serve.api_key: use null (no auth) or a token of at least 8 characters")
+        self.family_engine_options()  # a bad key or value stops the server here, not when the engine is built
+
+    def family_engine_options(self, family: Family | None = None):
+        """``engine_options`` as the settings dataclass of ``family`` (default: the registered ``self.family``);
+        None for a family without one when none are given. Unknown keys and refused values raise
+        ServeConfigError."""
+        if not isinstance(self.engine_options, dict):
+            raise ServeConfigError(f"serve.engine_options={self.engine_options!r}: use a mapping of the family's "
+                                   "engine settings, e.g. {frame_groups: 16}")
+        family = family or FAMILIES[self.family]
+        options_type = family.engine_options
+        if options_type is None:
+            if self.engine_options:
+                raise ServeConfigError(f"serve.engine_options={self.engine_options!r}: family {family.name} has "
+                                       "no engine settings; leave it empty")
+            return None
+        try:
+            return build_dataclass(options_type, self.engine_options, "serve.engine_options")
+        except (ConfigError, ValueError, TypeError) as error:
+            raise ServeConfigError(str(error)) from error
 
 
 def serve_settings_from_config(resolved: dict) -> ServeSettings:

@@ -9,6 +9,8 @@ cache stay the voice's own; the same TTSModel calls as the voice, the same outpu
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME
@@ -20,13 +22,28 @@ from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
-# The served engine runs a batch's frame stage in up to 8 length groups of at least 16 rows (4 at
-# batch 64, 8 of 32 rows at 256, one below 32). Side by side on an H100 (compiled FP16 graphs):
-# batch 64 in four groups 1,481 sentences/s against 1,287 in one run (docs/results/h100_35_emotivoice_
-# groups4.json); batch 256 in eight groups of 32 rows 1,680 against 1,627 in sixteen of 16
-# (h100_36_emotivoice_groups8_rows32.json). On the H200, groups of 8 rows lost to groups of 16 at
-# batch 64 (1,537 against 1,664, h200_33_emotivoice_groups48.json). Two groups at batch 32 are untimed.
-SERVED_FRAME_GROUPS, SERVED_MIN_GROUP_ROWS = 8, 16
+
+
+@dataclass(frozen=True)
+class ServedEngineOptions:
+    """How the served engine splits a batch's frame stage: up to ``frame_groups`` length groups of at least
+    ``min_group_rows`` rows (``python -m serve model=emotivoice +serve.engine_options.frame_groups=32``).
+
+    The defaults give 4 groups at batch 64, 8 of 32 rows at 256 and one below 32. Side by side on an H100
+    (compiled FP16 graphs): batch 64 in four groups 1,481 sentences/s against 1,287 in one run
+    (docs/results/h100_35_emotivoice_groups4.json); batch 256 in eight groups of 32 rows 1,680 against 1,627
+    in sixteen of 16 (h100_36_emotivoice_groups8_rows32.json). On the H200, groups of 8 rows lost to groups
+    of 16 at batch 64 (1,537 against 1,664, h200_33_emotivoice_groups48.json), and batch 1,024 in 32 groups of
+    32 rows made 2,013 (h200_39_emotivoice_b1024_groups32.json): the setting for batches that large."""
+
+    frame_groups: int = 8
+    min_group_rows: int = 16
+
+    def __post_init__(self):
+        for name in ("frame_groups", "min_group_rows"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= 1")
 
 
 class EngineVoice(VoiceOnEngine):
@@ -50,13 +67,15 @@ class EngineVoice(VoiceOnEngine):
 
 
 def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_dir: str | None,
-                    batch_buckets: tuple[int, ...] | None) -> tuple[EngineVoice, bool, tuple[int, ...]]:
+                    batch_buckets: tuple[int, ...] | None, options: ServedEngineOptions = ServedEngineOptions(),
+                    ) -> tuple[EngineVoice, bool, tuple[int, ...]]:
     """The family's ``torch_engine`` hook (models/family.py): (``voice`` on a BucketedEngine, whether it
-    replays CUDA graphs, its text buckets). ``compile``: each frame bucket's stage through torch.compile."""
+    replays CUDA graphs, its text buckets). ``compile``: each frame bucket's stage through torch.compile;
+    ``options``: how a batch's frame stage splits into length groups."""
     if backend not in BACKENDS:
         raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
                          "(it has no AOTInductor packages)")
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
-                            compile_frames=backend == "compile", frame_groups=SERVED_FRAME_GROUPS,
-                            min_group_rows=SERVED_MIN_GROUP_ROWS)
+                            compile_frames=backend == "compile", frame_groups=options.frame_groups,
+                            min_group_rows=options.min_group_rows)
     return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

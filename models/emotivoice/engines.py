@@ -163,8 +163,8 @@ class BucketedEngine:
         FP16 graphs, one call, docs/results/h200_33_emotivoice_groups48.json) four groups of 16 rows ran
         batch 64 at 1,664 sentences/s and eight groups of 8 at 1,537: small groups leave the GPU
         underused. Against one run, side by side on an H100: 1,481 against 1,287 at batch 64
-        (docs/results/h100_35_emotivoice_groups4.json); the server's engine takes ``SERVED_FRAME_GROUPS``
-        and ``SERVED_MIN_GROUP_ROWS`` (models/emotivoice/engine_voice.py)."""
+        (docs/results/h100_35_emotivoice_groups4.json); the server's engine takes them from
+        ``serve.engine_options`` (ServedEngineOptions, models/emotivoice/engine_voice.py)."""
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from models.emotivoice.capabilities import CAPABILITIES, FAMILY_NAME, PART_ROLES
-from models.emotivoice.engine_voice import bucketed_engine
+from models.emotivoice.engine_voice import ServedEngineOptions, bucketed_engine
 from models.emotivoice.onnx_contract import graph_contracts
 from models.emotivoice.quantization import QUANTIZATION
 from models.emotivoice.stage_hooks import DISTIL_HOOKS, PRUNE_HOOKS
@@ -43,6 +43,7 @@ FAMILY = Family(
     default_voice=RANDOM,
     graph_contracts=graph_contracts,
     torch_engine=bucketed_engine,
+    engine_options=ServedEngineOptions,
     quantization=QUANTIZATION,
     prune=PRUNE_HOOKS,
     distil=DISTIL_HOOKS,

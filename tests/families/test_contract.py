@@ -4,6 +4,7 @@ A new family joins by being registered in models/registry.py: every test here ru
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 
@@ -43,6 +44,16 @@ def test_tiny_model_implements_the_interface(family, model):
     assert model.capabilities == family.capabilities
     assert model.sampling_type is family.sampling_type
     assert tuple(model.parts()) == family.part_roles
+
+
+def test_engine_settings_are_a_frozen_dataclass_with_defaults(family):
+    """serve.engine_options fills it by name and workers receive it pickled, so it must build from nothing."""
+    if family.engine_options is None:
+        pytest.skip(f"{family.name}'s engine has no settings")
+    assert family.torch_engine is not None, "engine settings without a bucketed engine to read them"
+    assert dataclasses.is_dataclass(family.engine_options) and family.engine_options.__dataclass_params__.frozen
+    defaults = family.engine_options()
+    assert dataclasses.replace(defaults) == defaults
 
 
 def test_frontend_splits_sentences_and_refuses_empty_text(model):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from serve.loadtest import (LevelReport, LoopbackOnlyError, Outcome, check_loopback, compare, main, percentiles_ms,
-                            pick_sentences, split_level, summarize, target_checks)
+from serve.loadtest import (LevelReport, LoopbackOnlyError, Outcome, check_loopback, compare, join_sentences, main,
+                            percentiles_ms, pick_sentences, split_level, summarize, target_checks)
 
 DELAY_S = (0.05, 0.10, 0.15)  # the stub answers seed s after DELAY_S[s % 3]
 REJECTED_SEED_MOD = 7  # seeds s with s % 7 == 6 get 503 + Retry-After, as under backpressure
@@ -154,6 +154,17 @@ def test_baseline_comparison():
 def test_sentences_are_short_eval_sentences():
     sentences = pick_sentences(8, 12)
     assert len(sentences) > 50 and all(8 <= len(s.split()) <= 12 for s in sentences)
+
+
+def test_inputs_of_several_sentences_wrap_around_and_count_each_sentence(stub_url, tmp_path):
+    assert join_sentences(["A b.", "C d.", "E f."], 2) == ["A b. C d.", "C d. E f.", "E f. A b."]
+    with pytest.raises(ValueError, match="sentences-per-request 0"):
+        join_sentences(["A b."], 0)
+    report = main(["--url", stub_url, "--concurrency", "2", "--requests", "6", "--max-seconds", "30", "--warmup", "0",
+                   "--sentences-per-request", "3", "--out", str(tmp_path / "r.json"), "--no-table"])
+    (level,) = report["levels"]
+    assert report["sentences_per_request"] == 3
+    assert report["sentences_per_s"] == {"2": pytest.approx(3 * level["throughput_rps"])}
 
 
 def test_split_level_partitions_slots_and_requests():

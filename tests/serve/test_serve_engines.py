@@ -58,3 +58,23 @@ def test_a_half_source_on_a_bucketed_engine_is_made_where_the_family_says(engine
     else:
         assert torch.float16 in dtypes and options == {}
     assert served.engine == "torch_compile"
+
+
+def test_the_family_engine_settings_reach_its_engine():
+    """serve.engine_options, read as the family's own dataclass, reaches its torch_engine as ``options``
+    (a Piper teacher stands in for the family whose settings these are: nothing here runs it)."""
+    import dataclasses
+
+    from models.emotivoice.engine_voice import ServedEngineOptions
+
+    calls = []
+
+    def spy_engine(teacher, backend, graphs, package_dir, batch_buckets, **options):
+        calls.append(options)
+        return teacher, False, (64,)
+
+    family = dataclasses.replace(FAMILY, torch_engine=spy_engine, engine_options=ServedEngineOptions)
+    settings = ServeSettings(family="emotivoice", source="teacher", torch_engine="compile", device="cpu")
+    load_variant(family, "teacher", "", 1, "cpu", dataclasses.replace(settings, engine_options={"frame_groups": 32}))
+    load_variant(family, "teacher", "", 1, "cpu", settings)
+    assert calls == [{"options": ServedEngineOptions(frame_groups=32)}, {"options": ServedEngineOptions()}]

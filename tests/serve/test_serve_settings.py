@@ -29,6 +29,8 @@ from serve_support import serve_settings
     ("serve.streaming=tokens", ValueError, "serve.streaming='tokens'"),
     ("serve.api_key=short", ValueError, "serve.api_key: use null"),
     ("serve.max_sentence_chars=0", ValueError, "max_sentence_chars"),
+    ("+serve.engine_options.frame_groups=4", ValueError, "family piper has no engine settings"),
+    ("serve.engine_options=8", ValueError, "use a mapping of the family's engine settings"),
 ])
 def test_bad_serve_config_fails_at_start(tmp_path, override, error, message):
     with pytest.raises(error, match=message):
@@ -93,3 +95,21 @@ def test_half_precision_source_serves_the_fp16_variant(tmp_path):
 def test_half_precision_source_names_an_unknown_part(tmp_path):
     with pytest.raises(ValueError, match=r"keep_fp32 names unknown parts \['vocoder'\]"):
         load_served_model(serve_settings(tmp_path, "serve.source=bf16", "serve.half_keep_fp32=[vocoder]"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+serve.engine_options.groups=4", r"serve.engine_options: unknown keys \['groups'\]"),
+    ("+serve.engine_options.frame_groups=0", r"serve.engine_options.frame_groups=0: use a whole number >= 1"),
+    ("+serve.engine_options.min_group_rows=1.5", r"serve.engine_options.min_group_rows=1.5"),
+])
+def test_a_family_engine_setting_it_does_not_have_or_refuses_fails_at_start(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        serve_settings(tmp_path, "model=emotivoice", override)
+
+
+def test_a_family_engine_setting_reaches_its_dataclass(tmp_path):
+    settings = serve_settings(tmp_path, "model=emotivoice", "+serve.engine_options.frame_groups=32",
+                              "+serve.engine_options.min_group_rows=32")
+    options = settings.family_engine_options()
+    assert (type(options).__name__, options.frame_groups, options.min_group_rows) == ("ServedEngineOptions", 32, 32)
+    assert type(settings).from_json(settings.to_json()).family_engine_options() == options  # as workers read them

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.emotivoice.engine_voice import EngineVoice, bucketed_engine
+from models.emotivoice.engine_voice import EngineVoice, ServedEngineOptions, bucketed_engine
 from models.emotivoice.engines import TEXT_BUCKETS, BucketedEngine
 from models.emotivoice.family import FAMILY
 from models.emotivoice.tiny import tiny_voice
@@ -71,3 +71,15 @@ def test_the_served_engine_cuts_large_batches_into_length_groups_row_for_row(voi
     assert torch.equal(out.audio_lengths, expected.audio_lengths)
     for row, samples in enumerate(out.audio_lengths.tolist()):
         torch.testing.assert_close(out.audio[row, :samples], expected.audio[row, :samples], rtol=1e-4, atol=1e-5)
+
+
+def test_served_engine_options_set_the_length_groups(voice):
+    """serve.engine_options reaches the engine: 32 groups of at least 32 rows cut batch 1,024 into 32 and
+    batch 512 into 16, where the defaults stop at 8."""
+    served, _, _ = bucketed_engine(voice, "eager", False, None, (),
+                                   options=ServedEngineOptions(frame_groups=32, min_group_rows=32))
+    assert [served.engine._groups(rows) for rows in (31, 32, 64, 512, 1024)] == [1, 1, 2, 16, 32]
+    default, _, _ = bucketed_engine(voice, "eager", False, None, ())
+    assert default.engine._groups(1024) == 8
+    with pytest.raises(ValueError, match="frame_groups=0"):
+        ServedEngineOptions(frame_groups=0)
