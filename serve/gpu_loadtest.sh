@@ -39,6 +39,7 @@ IN_FLIGHT=${IN_FLIGHT:-2}            # batches per worker at once: one prepared 
 CUDNN_BENCHMARK=${CUDNN_BENCHMARK:-false}  # true: cuDNN times each new shape, and shapes the warm-up missed stall under load
 MAX_BATCH_PHONEMES=${MAX_BATCH_PHONEMES:-8192}  # rows x padded ids per batch; batches of 1,024 short sentences need 131072
 ENGINE_OPTIONS=${ENGINE_OPTIONS:-{\}}  # the family's engine settings, e.g. {frame_groups:32,min_group_rows:32} (EmotiVoice)
+WARMUP_SCALES=${WARMUP_SCALES:-[0.8,1.0,1.25]}  # paces the start-up warm-up captures; the load test asks only 1.0
 SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's input; reports count sentences/s too
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
@@ -65,7 +66,7 @@ python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.so
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.max_batch_phonemes="$MAX_BATCH_PHONEMES" \
-  ++serve.engine_options="$ENGINE_OPTIONS" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
+  ++serve.engine_options="$ENGINE_OPTIONS" serve.warmup_length_scales="$WARMUP_SCALES" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
   serve.queue_capacity=512 serve.max_requests_per_client=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!

@@ -86,6 +86,9 @@ class ServeSettings:
     # Access and lifecycle
     api_key: str | None = None
     warmup: bool = True
+    # Bucketed engines on a GPU warm each text bucket at these paces too, so the frame buckets either side
+    # of the voice's own are captured before load; a deployment whose clients never set speed needs [1.0]
+    warmup_length_scales: tuple[float, ...] = (0.8, 1.0, 1.25)
     access_log: bool = True
     workers: int = 1  # server processes sharing the port, each with its own model and batcher
     shutdown_grace_s: float = 30.0
@@ -166,6 +169,9 @@ class ServeSettings:
             fail("min_upload_s", f"must be <= max_upload_s ({self.max_upload_s})")
         if self.min_upload_sample_rate_hz > self.max_upload_sample_rate_hz:
             fail("min_upload_sample_rate_hz", f"must be <= max_upload_sample_rate_hz ({self.max_upload_sample_rate_hz})")
+        if not self.warmup_length_scales or any(isinstance(scale, bool) or not isinstance(scale, (int, float))
+                                                or scale <= 0 for scale in self.warmup_length_scales):
+            fail("warmup_length_scales", "give one or more paces > 0, e.g. [0.8, 1.0, 1.25]")
         if self.family not in FAMILIES:
             fail("family", f"use a registered family: {sorted(FAMILIES)}")
         if self.api_key is not None and len(self.api_key) < 8:  # the value is a secret: not echoed

@@ -68,11 +68,6 @@ EXPRESSIVE_FIELDS = ("emotion", "prompt", "instructions")  # for families with c
 # Frontends may keep global state (espeak-ng does): one text-to-utterances call at a time per process.
 FRONTEND_LOCK = threading.Lock()
 
-# Bucketed engines: each text bucket also runs slower and faster than the voice's own pace, so the
-# frame buckets either side of its usual one are captured too.
-WARMUP_LENGTH_SCALES = (0.8, 1.0, 1.25)
-
-
 class SynthesisTimeout(Exception):
     """A speech request's audio was not made in time: its first chunk by ``serve.first_audio_timeout_s``,
     all of it by ``serve.total_timeout_s``."""
@@ -105,7 +100,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     (``captures_graphs``: cuda_graphs and compile on a GPU) captures one per (batch bucket, text
     bucket, frame bucket), and a shape first met under load stalls its batch while it is captured
     (P99 of 1.4-1.8 s in the H200 load test). So it gets a batch of every batch bucket for every one
-    of its own text buckets up to the longest length bucket, at each of WARMUP_LENGTH_SCALES. Other
+    of its own text buckets up to the longest length bucket, at each of serve.warmup_length_scales. Other
     bucketed engines (aoti, or any on the CPU) capture nothing: every batch bucket at every length
     bucket."""
     with FRONTEND_LOCK:
@@ -129,7 +124,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     # after it reuses those blocks (on the H200 the pool stayed at the first capture's 23.6 GiB
     # through a dozen more). In the other order, each larger capture needs blocks the pool lacks.
     return [[sentence(bound, scale)] * size for bound in reversed(text_buckets)
-            for scale in reversed(WARMUP_LENGTH_SCALES) for size in reversed(settings.batch_buckets)
+            for scale in sorted(settings.warmup_length_scales, reverse=True) for size in reversed(settings.batch_buckets)
             if budget.fits(size, bound, scale)]
 
 

@@ -230,10 +230,12 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     its own text buckets up to the longest length bucket, at every batch bucket, at three paces, but
     only the batches serve.max_batch_phonemes lets the batcher form."""
     from models.piper.engines import TEXT_BUCKETS, text_bucket
-    from serve.speech import WARMUP_LENGTH_SCALES, warmup_batches
+    from serve.speech import warmup_batches
 
     settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8",
                               "serve.max_batch_phonemes=2048")
+    WARMUP_LENGTH_SCALES = settings.warmup_length_scales
+    assert WARMUP_LENGTH_SCALES == (0.8, 1.0, 1.25)  # the configured paces, slower and faster than the voice's
     onnx_batches = warmup_batches(onnx_served, settings)
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in onnx_batches] == [(4, 512)]  # 4 x 512 = 2048
     bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
@@ -250,6 +252,8 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     no_graphs = dataclasses.replace(onnx_served, engine="torch_aoti", text_buckets=TEXT_BUCKETS)  # nothing captured: one pass per batch size
     assert [(len(batch), len(batch[0].phoneme_ids)) for batch in warmup_batches(no_graphs, settings)] == \
         [(1, 512), (2, 512), (4, 512)]
+    own_pace = dataclasses.replace(settings, warmup_length_scales=(1.0,))  # clients that never set speed
+    assert {batch[0].sampling.length_scale for batch in warmup_batches(bucketed, own_pace)} == {1.0}
 
 
 def test_bearer_token(tmp_path, onnx_served, monkeypatch):
