@@ -218,11 +218,17 @@ def engine_section(args, generator: EmotiVoiceGenerator, spec: EngineSpec, refer
     torch.backends.cudnn.benchmark = True
     engine = BucketedEngine(generator, **spec.engine_arguments())
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
+    started = time.perf_counter()
     audio = engine.synthesize(*single)["audio"][0]
+    first_calls_s = {"b1": time.perf_counter() - started}  # compiles and captures: what a server's warm-up pays
     section = {"total_ms": median_ms(lambda: engine.synthesize(*single), args.device, args.repeats, args.warmup),
-               "snr_vs_eager_fp32_db": snr_db(reference, audio), "same_length": audio.numel() == reference.numel()}
+               "snr_vs_eager_fp32_db": snr_db(reference, audio), "same_length": audio.numel() == reference.numel(),
+               "first_call_s": first_calls_s}
     for batch in args.engine_batches:
         inputs = make_inputs(generator, batch_lengths(args, batch), args.device, args.seed)
+        started = time.perf_counter()
+        engine.synthesize(*inputs)
+        first_calls_s[f"b{batch}"] = time.perf_counter() - started
         batch_ms = median_ms(lambda batch_inputs=inputs: engine.synthesize(*batch_inputs), args.device, max(3, args.repeats // 4), 1)
         section[f"b{batch}_sentences_per_s"] = batch / (batch_ms / 1000.0)
     pool = sorted(batch_lengths(args, max(args.engine_batches)))
@@ -312,6 +318,7 @@ class EngineSpec(NamedTuple):
     fold_dilation: bool = False
     frame_groups: int = 1
     min_group_rows: int = 1
+    compile_dynamic: bool = False
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -449,6 +456,9 @@ def main() -> None:
                         help="with --compiled-engine: also that engine with each batch's frame stage in this many "
                              "length groups, of at least ROWS rows each where given (fewer groups then; one engine "
                              "per spec)")
+    parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
+                        "and each --grouped-engine, compiled once per frame bucket for any rows and text length "
+                        "(``_dynamic``)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -467,10 +477,10 @@ def main() -> None:
     args = parser.parse_args()
     if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
-    if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine) \
-            and not args.compiled_engine:
-        parser.error("--pageable-engine, --autotune-engine, --folded-engine and --grouped-engine are variants of "
-                     "--compiled-engine: add it")
+    if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine
+            or args.dynamic_engine) and not args.compiled_engine:
+        parser.error("--pageable-engine, --autotune-engine, --folded-engine, --grouped-engine and --dynamic-engine "
+                     "are variants of --compiled-engine: add it")
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     torch.set_num_threads(args.threads)
     cuda = args.device == "cuda"
@@ -533,6 +543,12 @@ def main() -> None:
                 name = f"engine_graphs_fp16_compiled_groups{groups}" + (f"_rows{rows}" if rows > 1 else "")
                 engines += [EngineSpec(name, True, half, compile_frames=True, frame_groups=groups,
                                        min_group_rows=rows)]
+                if args.dynamic_engine:
+                    engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
+                                           min_group_rows=rows, compile_dynamic=True)]
+            if args.dynamic_engine:
+                engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
+                                       compile_dynamic=True)]
             if args.folded_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_folded", True, half, compile_frames=True,
                                        fold_dilation=True)]

@@ -38,12 +38,17 @@ class ServedEngineOptions:
 
     frame_groups: int = 8
     min_group_rows: int = 16
+    # serve.torch_engine=compile: a frame bucket's stage compiled once for every row count and text bucket
+    # instead of once a shape (BucketedEngine's compile_dynamic); what makes large batch buckets start in time
+    compile_dynamic: bool = False
 
     def __post_init__(self):
         for name in ("frame_groups", "min_group_rows"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= 1")
+        if not isinstance(self.compile_dynamic, bool):
+            raise ValueError(f"serve.engine_options.compile_dynamic={self.compile_dynamic!r}: use true or false")
 
 
 class EngineVoice(VoiceOnEngine):
@@ -77,5 +82,6 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
                          "(it has no AOTInductor packages)")
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
-                            min_group_rows=options.min_group_rows)
+                            min_group_rows=options.min_group_rows,
+                            compile_dynamic=options.compile_dynamic and backend == "compile")
     return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

@@ -141,7 +141,7 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
                  pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1,
-                 min_group_rows: int = 1):
+                 min_group_rows: int = 1, compile_dynamic: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -164,7 +164,14 @@ class BucketedEngine:
         batch 64 at 1,664 sentences/s and eight groups of 8 at 1,537: small groups leave the GPU
         underused. Against one run, side by side on an H100: 1,481 against 1,287 at batch 64
         (docs/results/h100_35_emotivoice_groups4.json); the server's engine takes them from
-        ``serve.engine_options`` (ServedEngineOptions, models/emotivoice/engine_voice.py)."""
+        ``serve.engine_options`` (ServedEngineOptions, models/emotivoice/engine_voice.py).
+        ``compile_dynamic`` (with ``compile_frames``): each frame bucket's stage compiled once for any row
+        count and text bucket (symbolic sizes), not once per (rows, text bucket) shape. Why: a server warms
+        every batch bucket at every text bucket, and at one compile a shape a 2-worker server with batches
+        up to 1,024 was still compiling after 8 minutes (H100, docs/benchmarks.md); CUDA graphs are still
+        captured per shape."""
+        if compile_dynamic and not compile_frames:
+            raise ValueError("compile_dynamic=True needs compile_frames=True")
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows
@@ -186,7 +193,7 @@ class BucketedEngine:
             # fused kernels replace it
             convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout,
                           fold_dilation)
-        self.compile_frames, self.compile_mode = compile_frames, compile_mode
+        self.compile_frames, self.compile_mode, self.compile_dynamic = compile_frames, compile_mode, compile_dynamic
         if compile_mode is not None and not compile_frames:
             raise ValueError(f"compile_mode={compile_mode!r} needs compile_frames=True")
         self.pinned_output = pinned_output and self.device.type == "cuda"
@@ -209,11 +216,12 @@ class BucketedEngine:
         bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
         if bucket not in self.frame_stages:
             stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
-            # Static shapes: one compile per bucket, as there is one graph per bucket anyway.
+            # Static shapes: a compile per (rows, text bucket) shape of this frame bucket, each replayed as a
+            # graph anyway; or symbolic rows and text length, one compile for them all (compile_dynamic).
             if self.compile_frames and self.triton_vocoder is not None:
                 stage = stage.with_compiled_mel()
             elif self.compile_frames:
-                stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
+                stage = torch.compile(stage, dynamic=self.compile_dynamic, mode=self.compile_mode)
             self.frame_stages[bucket] = stage
         # A filler row longer than the bucket would only be cut short: its durations are not read back.
         audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket], (hidden, used_durations, lengths))

@@ -103,6 +103,7 @@ def test_half_precision_source_names_an_unknown_part(tmp_path):
     ("+serve.engine_options.groups=4", r"serve.engine_options: unknown keys \['groups'\]"),
     ("+serve.engine_options.frame_groups=0", r"serve.engine_options.frame_groups=0: use a whole number >= 1"),
     ("+serve.engine_options.min_group_rows=1.5", r"serve.engine_options.min_group_rows=1.5"),
+    ("+serve.engine_options.compile_dynamic=maybe", r"serve.engine_options.compile_dynamic='maybe': use true or false"),
 ])
 def test_a_family_engine_setting_it_does_not_have_or_refuses_fails_at_start(tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
