@@ -43,6 +43,7 @@ WARMUP_SCALES=${WARMUP_SCALES:-[0.8,1.0,1.25]}  # paces the start-up warm-up cap
 SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's input; reports count sentences/s too
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
+READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load and warm up (compiled engines: minutes)
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
@@ -78,7 +79,7 @@ fi
 trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
 
 URL=http://127.0.0.1:$PORT
-for _ in $(seq 300); do  # the model loads and warms up before /readyz answers 200
+for _ in $(seq "$READY_TIMEOUT_S"); do  # the model loads and warms up before /readyz answers 200
   kill -0 "$SERVER_PID" 2>/dev/null || { echo "the server exited; see $OUT/server.log" >&2; exit 4; }
   python -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$URL/readyz', timeout=2).status != 200)" \
     2>/dev/null && break
