@@ -38,8 +38,8 @@ class ServedEngineOptions:
 
     frame_groups: int = 8
     min_group_rows: int = 16
-    # serve.torch_engine=compile: a frame bucket's stage compiled once for every row count and text bucket
-    # instead of once a shape (BucketedEngine's compile_dynamic); what makes large batch buckets start in time
+    # serve.torch_engine=compile: the frame stage compiled once for every batch, text and frame bucket instead
+    # of once a shape (BucketedEngine's compile_dynamic); what lets large batch buckets warm up in time
     compile_dynamic: bool = False
 
     def __post_init__(self):

@@ -105,6 +105,20 @@ class FrameStage(nn.Module):
         return self.vocode(self.mel(hidden, used_durations, phoneme_lengths), used_durations.sum(dim=-1))
 
 
+class AnyFrameStage(FrameStage):
+    """(hidden, used durations, lengths, frame slots (F,)) -> audio (B, F * hop): the frame stage of every
+    bucket at once. The bucket is the length of ``frame_slots`` (its values are never read), so one
+    compile with symbolic sizes serves every frame bucket, row count and text bucket."""
+
+    def __init__(self, generator: EmotiVoiceGenerator):
+        super().__init__(generator, frames=0)
+
+    def forward(self, hidden, used_durations, phoneme_lengths, frame_slots):
+        mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, frame_slots.shape[0],
+                                    masked=True).transpose(1, 2)  # (B, n_mels, F)
+        return self.vocode(mel, used_durations.sum(dim=-1))
+
+
 def length_groups(frame_counts: list[int], groups: int) -> list[list[int]]:
     """Row indices of each frame-stage run: the rows sorted by frame count (shortest first), cut into
     ``groups`` runs of near-equal size (fewer when there are fewer rows)."""
@@ -165,11 +179,12 @@ class BucketedEngine:
         underused. Against one run, side by side on an H100: 1,481 against 1,287 at batch 64
         (docs/results/h100_35_emotivoice_groups4.json); the server's engine takes them from
         ``serve.engine_options`` (ServedEngineOptions, models/emotivoice/engine_voice.py).
-        ``compile_dynamic`` (with ``compile_frames``): each frame bucket's stage compiled once for any row
-        count and text bucket (symbolic sizes), not once per (rows, text bucket) shape. Why: a server warms
-        every batch bucket at every text bucket, and at one compile a shape a 2-worker server with batches
-        up to 1,024 was still compiling after 8 minutes (H100, docs/benchmarks.md); CUDA graphs are still
-        captured per shape."""
+        ``compile_dynamic`` (with ``compile_frames``): one frame stage for every bucket (AnyFrameStage),
+        compiled once with symbolic sizes (twice: a batch of one row is specialised apart), not once per
+        (rows, text bucket, frame bucket) shape. Why: a server warms every batch bucket at every text
+        bucket and meets new frame buckets under load; at about 20 s a compile (H100), a 2-worker server
+        with batches up to 1,024 was still warming up after 8 minutes (docs/benchmarks.md). CUDA graphs
+        are still captured per shape, in a fraction of a second each."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
         if frame_groups < 1 or min_group_rows < 1:
@@ -203,6 +218,8 @@ class BucketedEngine:
             # bucket x batch) shapes than that, each compiled once and then replayed as a graph.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, COMPILED_SHAPES)
         self.frame_stages: dict[int, nn.Module] = {}  # frame bucket -> stage (they share frame_model)
+        self.any_frame_stage = None  # compile_dynamic: the one stage of every bucket, compiled on first use
+        self.frame_slots: dict[int, torch.Tensor] = {}  # compile_dynamic: frame bucket -> (bucket,) uint8
         self.cache = GraphCache() if graphs else None
         self.device_lock = threading.Lock()  # graphs' static buffers serve one batch at a time
 
@@ -214,14 +231,23 @@ class BucketedEngine:
         """The frame stage of ``rows`` rows in the bucket of ``frames`` -> audio (rows, bucket * hop): a
         graph's static output, valid until that graph runs again."""
         bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
+        if self.compile_dynamic:
+            if self.any_frame_stage is None:
+                self.any_frame_stage = torch.compile(AnyFrameStage(self.frame_model).eval(), dynamic=True,
+                                                     mode=self.compile_mode)
+            if bucket not in self.frame_slots:
+                self.frame_slots[bucket] = torch.empty(bucket, dtype=torch.uint8, device=self.device)
+            audio, = self._run(("frames", rows, text, bucket), self.any_frame_stage,
+                               (hidden, used_durations, lengths, self.frame_slots[bucket]))
+            return audio
         if bucket not in self.frame_stages:
             stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
             # Static shapes: a compile per (rows, text bucket) shape of this frame bucket, each replayed as a
-            # graph anyway; or symbolic rows and text length, one compile for them all (compile_dynamic).
+            # graph anyway.
             if self.compile_frames and self.triton_vocoder is not None:
                 stage = stage.with_compiled_mel()
             elif self.compile_frames:
-                stage = torch.compile(stage, dynamic=self.compile_dynamic, mode=self.compile_mode)
+                stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
             self.frame_stages[bucket] = stage
         # A filler row longer than the bucket would only be cut short: its durations are not read back.
         audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket], (hidden, used_durations, lengths))
