@@ -88,6 +88,26 @@ def test_length_groups_sort_rows_and_cut_them_evenly():
     assert length_groups([30, 10], 4) == [[1], [0]]  # no more groups than rows
 
 
+def test_length_groups_take_a_batch_buckets_size_where_rows_are_padded_to_one(generator):
+    """With batch buckets each group is padded to one, so groups take a bucket's size and only the last is
+    smaller: 650 rows run as 20 groups of 32 and one of 10 (656 rows computed), not 20 of 32-33 (960)."""
+    buckets = tuple(2 ** k for k in range(11))  # the server's for serve.max_batch_size=1024
+
+    def sizes(frame_groups, min_group_rows, batch, batch_buckets=buckets):
+        return BucketedEngine(generator, graphs=False, batch_buckets=batch_buckets, frame_groups=frame_groups,
+                              min_group_rows=min_group_rows)._group_sizes(batch)
+
+    assert sizes(32, 32, 650) == [32] * 20 + [10]
+    assert sorted(sizes(32, 32, 650, None)) == [32] * 10 + [33] * 10  # nothing padded: near-equal groups
+    assert sizes(32, 32, 1024) == [32] * 32 and sizes(32, 32, 63) == [63]
+    assert sizes(8, 16, 100) == [16] * 6 + [4] and sizes(8, 16, 256) == [32] * 8
+    assert sizes(2, 1, 6, (1, 2, 4, 8)) == [4, 2]  # groups of 2 would make 3 groups: the bucket above
+    for batch in range(1, 1025, 7):
+        groups = sizes(32, 32, batch)
+        assert sum(groups) == batch and len(groups) <= 32
+        assert sum(bucket_of(rows, buckets, "batch") for rows in groups) <= batch + 31
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("frame_groups,batch_buckets", [(2, None), (3, None), (2, (1, 2, 4, 8))])
 def test_frame_stage_in_length_groups_equals_one_run(generator, frame_groups, batch_buckets):
