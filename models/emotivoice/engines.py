@@ -22,8 +22,8 @@ precision cannot move a rounded duration; the frame stage, the bulk of the time,
 
 ``frame_groups`` > 1 runs a batch's frame stage in that many runs instead of one: the rows sorted
 by frame count and cut into groups of near-equal size (of a batch bucket's size where rows are padded
-to batch buckets: BucketedEngine._group_sizes), each group padded only to its own longest row. Why: a batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences
-has 183 frames a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two
+to batch buckets: BucketedEngine._group_sizes), each group padded only to its own longest row. Why: a
+batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences has 183 frames a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two
 groups cut the frames computed to 0.83x, four to 0.75x (from the text stage's durations on this
 CPU, scripts/emotivoice_frame_padding.py). Each group is one more graph replay at a smaller batch:
 the GPU decides whether that pays.
@@ -301,16 +301,16 @@ class BucketedEngine:
     def _group_sizes(self, batch: int) -> list[int]:
         """The rows of each length group, shortest rows' group first: up to ``frame_groups`` groups of at
         least ``min_group_rows`` rows, of near-equal size without batch buckets. With them, each group is
-        padded to a bucket, so the groups take a bucket's size and only the last is smaller. Why: 650 rows
-        in 20 near-equal groups of 32 or 33 compute 960 rows once the 33s are padded to 64; 20 groups of 32
-        and one of 10 compute 656."""
+        padded to a bucket, so the groups take a bucket's size of at least ``min_group_rows`` and only the
+        last is smaller. Why: 650 rows in 20 near-equal groups of 32 or 33 compute 960 rows once the 33s
+        are padded to 64; 20 groups of 32 and one of 10 compute 656."""
         groups = max(1, min(self.frame_groups, batch // self.min_group_rows))
         if groups == 1:
             return [batch]
         if self.batch_buckets is None:
             return even_sizes(batch, groups)
         target = math.ceil(batch / groups)
-        fitting = [size for size in self.batch_buckets if size <= target]
+        fitting = [size for size in self.batch_buckets if self.min_group_rows <= size <= target]
         if fitting and math.ceil(batch / fitting[-1]) <= self.frame_groups:
             size = fitting[-1]
         else:  # a bucket at or above the near-equal size, so the groups stay within frame_groups

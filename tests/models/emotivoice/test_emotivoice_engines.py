@@ -102,6 +102,7 @@ def test_length_groups_take_a_batch_buckets_size_where_rows_are_padded_to_one(ge
     assert sizes(32, 32, 1024) == [32] * 32 and sizes(32, 32, 63) == [63]
     assert sizes(8, 16, 100) == [16] * 6 + [4] and sizes(8, 16, 256) == [32] * 8
     assert sizes(2, 1, 6, (1, 2, 4, 8)) == [4, 2]  # groups of 2 would make 3 groups: the bucket above
+    assert sizes(8, 20, 100) == [32] * 3 + [4]  # no bucket of 16: it is below min_group_rows
     for batch in range(1, 1025, 7):
         groups = sizes(32, 32, batch)
         assert sum(groups) == batch and len(groups) <= 32
