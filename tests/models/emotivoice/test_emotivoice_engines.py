@@ -190,3 +190,24 @@ def test_grouped_cuda_graphs_equal_one_eager_run(generator):
         for row, samples in enumerate(out["audio_lengths"].tolist()):
             torch.testing.assert_close(out["audio"][row, :samples], reference["audio"][row, :samples],
                                        rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.no_grad()
+def test_dynamic_compile_through_cuda_graphs_equals_eager_buckets(generator):
+    """The one frame stage compiled with symbolic sizes, captured as a graph per (rows, text bucket, frame
+    bucket) and replayed with new inputs, in length groups of a batch bucket's size: every row as eager."""
+    model = generator.to("cuda")
+    graphed = BucketedEngine(model, graphs=True, frame_dtype=torch.float32, frame_bucket=8, compile_frames=True,
+                             compile_dynamic=True, frame_groups=2, min_group_rows=2, batch_buckets=(1, 2, 4, 8))
+    eager = BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=8)
+    for seed in range(2):  # the second call replays the captured graphs with new inputs
+        for lengths in ((7,), (7, 13, 10, 4, 12, 9), (20, 3, 5)):
+            batch = inputs(model, lengths, "cuda", seed)
+            out, reference = graphed.synthesize(*batch), eager.synthesize(*batch)
+            assert torch.equal(out["audio_lengths"], reference["audio_lengths"])
+            for row, samples in enumerate(out["audio_lengths"].tolist()):
+                torch.testing.assert_close(out["audio"][row, :samples], reference["audio"][row, :samples],
+                                           rtol=1e-4, atol=1e-5)
+    assert graphed.frame_stages == {} and len(graphed.frame_slots) >= 2
