@@ -457,8 +457,8 @@ def main() -> None:
                              "length groups, of at least ROWS rows each where given (fewer groups then; one engine "
                              "per spec)")
     parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
-                        "and each --grouped-engine, compiled once per frame bucket for any rows and text length "
-                        "(``_dynamic``)")
+                        "and each --grouped-engine, with one frame stage for every bucket compiled with symbolic "
+                        "sizes (``_dynamic``; BucketedEngine's compile_dynamic)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "

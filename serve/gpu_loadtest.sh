@@ -79,16 +79,20 @@ fi
 trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
 
 URL=http://127.0.0.1:$PORT
-for _ in $(seq "$READY_TIMEOUT_S"); do  # the model loads and warms up before /readyz answers 200
+READY_BY=$(( $(date +%s) + READY_TIMEOUT_S ))
+until python -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$URL/readyz', timeout=2).status != 200)" \
+    2>/dev/null; do  # the model loads and warms up before /readyz answers 200
   kill -0 "$SERVER_PID" 2>/dev/null || { echo "the server exited; see $OUT/server.log" >&2; exit 4; }
-  python -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$URL/readyz', timeout=2).status != 200)" \
-    2>/dev/null && break
+  if [ "$(date +%s)" -ge "$READY_BY" ]; then
+    echo "the server was not ready after READY_TIMEOUT_S=$READY_TIMEOUT_S s; see $OUT/server.log" >&2
+    exit 5
+  fi
   sleep 1
 done
 LABEL="${MODEL:+$MODEL-}$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"  # the family too: reports of two families must not share names
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
-  --warmup 16 --ready-timeout-s 300 --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
+  --warmup 16 --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
 PROFILER_PID=
 if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers are its children), idle included
   py-spy record --pid "$SERVER_PID" --subprocesses --idle --rate 100 --format raw --nonblocking \
@@ -96,7 +100,8 @@ if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers
   PROFILER_PID=$!
 fi
 python -m serve.loadtest --url "$URL" --concurrency "$CONCURRENCY" --requests "$REQUESTS" --processes "$PROCESSES" \
-  --max-seconds "$MAX_SECONDS" --sentences-per-request "$SENTENCES_PER_REQUEST" --warmup 16 --ready-timeout-s 300 --label "$LABEL" \
+  --max-seconds "$MAX_SECONDS" --sentences-per-request "$SENTENCES_PER_REQUEST" --warmup 16 \
+  --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL" \
   --out "$OUT/loadtest_${LABEL}.json"
 if [ -n "$PROFILER_PID" ]; then kill -INT "$PROFILER_PID" 2>/dev/null || true; wait "$PROFILER_PID" || true; fi
 for worker in $(seq "$WORKERS"); do  # each worker answers its own /metrics (batch sizes); the kernel picks which

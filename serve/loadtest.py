@@ -615,8 +615,9 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--processes must be >= 1")
     if args.triton and args.stream != "none":
         parser.error("--triton does not stream: leave --stream at none")
+    sentences = pick_sentences(args.min_words, args.max_words)
     try:
-        sentences = join_sentences(pick_sentences(args.min_words, args.max_words), args.sentences_per_request)
+        inputs = join_sentences(sentences, args.sentences_per_request)
     except ValueError as error:
         parser.error(str(error))
     started_unix_s = time.time()
@@ -624,10 +625,10 @@ def main(argv: list[str] | None = None) -> dict:
               "model": args.model, "voice": args.voice, "response_format": args.response_format,
               "stream": args.stream, "timeout_s": args.timeout_s}
     if args.processes == 1:
-        reports = asyncio.run(run_loadtest(lambda: make_client(config, max(levels)), sentences, levels,
+        reports = asyncio.run(run_loadtest(lambda: make_client(config, max(levels)), inputs, levels,
                                            args.requests, args.max_seconds, args.warmup, args.ready_timeout_s))
     else:
-        reports = run_loadtest_processes(config, sentences, levels, args.requests, args.max_seconds, args.warmup,
+        reports = run_loadtest_processes(config, inputs, levels, args.requests, args.max_seconds, args.warmup,
                                          args.ready_timeout_s, args.processes)
     comparison = compare(reports, json.loads(args.baseline.read_text(encoding="utf-8"))) if args.baseline else []
     report = {
@@ -636,7 +637,8 @@ def main(argv: list[str] | None = None) -> dict:
         "response_format": args.response_format, "git_revision": git_revision(REPO_ROOT),
         "provenance": provenance(REPO_ROOT),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
-        "sentences": len(sentences),
+        "sentences": len(sentences),  # distinct evaluation sentences
+        "inputs": len(inputs),  # distinct request inputs, each of sentences_per_request sentences
         "sentences_per_request": args.sentences_per_request,
         "levels": [asdict(level) for level in reports],
         # Each input's sentences run as separate rows of the server's batches.

@@ -182,11 +182,12 @@ class ServeSettings:
         """``engine_options`` as the settings dataclass of ``family`` (default: the registered ``self.family``);
         None for a family without one when none are given. Unknown keys and refused values raise
         ServeConfigError."""
-        if not isinstance(self.engine_options, dict):
-            raise ServeConfigError(f"serve.engine_options={self.engine_options!r}: use a mapping of the family's "
-                                   "engine settings, e.g. {frame_groups: 16}")
         family = family or FAMILIES[self.family]
         options_type = family.engine_options
+        if not isinstance(self.engine_options, dict):
+            accepted = [] if options_type is None else [spec.name for spec in dataclasses.fields(options_type)]
+            raise ServeConfigError(f"serve.engine_options={self.engine_options!r}: use a mapping of the family's "
+                                   f"engine settings ({family.name}'s: {accepted})")
         if options_type is None:
             if self.engine_options:
                 raise ServeConfigError(f"serve.engine_options={self.engine_options!r}: family {family.name} has "

@@ -38,8 +38,8 @@ class ServedEngineOptions:
 
     frame_groups: int = 8
     min_group_rows: int = 16
-    # serve.torch_engine=compile: the frame stage compiled once for every batch, text and frame bucket instead
-    # of once a shape (BucketedEngine's compile_dynamic); what lets large batch buckets warm up in time
+    # serve.torch_engine=compile: one frame stage for every batch, text and frame bucket, compiled with symbolic
+    # sizes (a few compiles, not one a shape: BucketedEngine's compile_dynamic); what lets large batches warm up
     compile_dynamic: bool = False
 
     def __post_init__(self):
@@ -80,8 +80,11 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
     if backend not in BACKENDS:
         raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
                          "(it has no AOTInductor packages)")
+    if options.compile_dynamic and backend != "compile":
+        raise ValueError(f"serve.engine_options.compile_dynamic=true compiles the frame stage: it needs "
+                         f"serve.torch_engine=compile, not the {backend!r} backend")
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
                             min_group_rows=options.min_group_rows,
-                            compile_dynamic=options.compile_dynamic and backend == "compile")
+                            compile_dynamic=options.compile_dynamic)
     return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS

@@ -1,4 +1,4 @@
-r"""EmotiVoice on CUDA as two static-shape stages per bucket, each replayed as a CUDA graph.
+r"""EmotiVoice on CUDA as two stages run at bucketed shapes, each shape replayed as a CUDA graph.
 
     from models.emotivoice.engines import BucketedEngine
     engine = BucketedEngine(generator, graphs=True, frame_dtype=torch.float16)
@@ -23,12 +23,14 @@ precision cannot move a rounded duration; the frame stage, the bulk of the time,
 ``frame_groups`` > 1 runs a batch's frame stage in that many runs instead of one: the rows sorted
 by frame count and cut into groups of near-equal size (of a batch bucket's size where rows are padded
 to batch buckets: BucketedEngine._group_sizes), each group padded only to its own longest row. Why: a
-batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences has 183 frames a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two
-groups cut the frames computed to 0.83x, four to 0.75x (from the text stage's durations on this
-CPU, scripts/emotivoice_frame_padding.py). Each group is one more graph replay at a smaller batch:
-the GPU decides whether that pays.
+batch pads every row to its longest, and the bench's batch of 64 mixed-length sentences has 183 frames
+a row on average in a bucket of 288, so 36 % of the vocoder's work is padding; two groups cut the
+frames computed to 0.83x, four to 0.75x (from the text stage's durations on this CPU,
+scripts/emotivoice_frame_padding.py). Each group is one more graph replay at a smaller batch: the GPU
+decides whether that pays.
 
-``compile_frames`` runs each frame bucket's stage through torch.compile before it is captured.
+``compile_frames`` runs each frame bucket's stage through torch.compile before it is captured (with
+``compile_dynamic``, one stage for every bucket, compiled with symbolic sizes; still captured per shape).
 Why: at batch 64 the vocoder is 91 % of the engine's time, and most of that is not convolution but
 the elementwise passes between them (LeakyReLU, the padding mask, residual sums: 78 calls each of
 two strided kernels, 55 % of the vocoder's kernel time on the H200,
@@ -43,6 +45,7 @@ import threading
 
 import torch
 from torch import nn
+from torch.fx.experimental import _config as fx_config
 from torch.nn.utils import parametrize
 
 from models.conv_layout import convert_convs
@@ -119,6 +122,20 @@ class AnyFrameStage(FrameStage):
         return self.vocode(mel, used_durations.sum(dim=-1))
 
 
+class DistinctSizes(nn.Module):
+    """``module`` traced with every size a symbol of its own. Why: by default torch gives sizes that happen
+    to be equal one symbol when it traces (a text bucket equal to the model width), and the next shape
+    where they differ compiles again (on the CPU, 3 compiles against 2 for the same five shapes)."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs):
+        with fx_config.patch(use_duck_shape=False):
+            return self.module(*inputs)
+
+
 def even_sizes(rows: int, groups: int) -> list[int]:
     """``rows`` cut into ``groups`` near-equal sizes, differing by at most one."""
     return [(k + 1) * rows // groups - k * rows // groups for k in range(groups)]
@@ -134,6 +151,8 @@ def length_groups(frame_counts: list[int], groups: int) -> list[list[int]]:
 def sorted_runs(frame_counts: list[int], sizes: list[int]) -> list[list[int]]:
     """Row indices of each frame-stage run: the rows sorted by frame count (shortest first), cut into
     consecutive runs of ``sizes`` rows (summing to the row count)."""
+    if sum(sizes) != len(frame_counts):
+        raise ValueError(f"run sizes {sizes} sum to {sum(sizes)}, not the {len(frame_counts)} rows")
     order = sorted(range(len(frame_counts)), key=frame_counts.__getitem__)
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
     return [order[start: start + size] for start, size in zip(starts, sizes)]
@@ -172,11 +191,12 @@ class BucketedEngine:
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
         ``compile_frames``: each frame bucket's stage through torch.compile (module docstring); the
-        first batch of a new bucket pays the compile. ``vocoder_kernels``: "torch" (the HiFi-GAN module,
-        in ``conv_layout``), or "triton": one fused Triton kernel per convolution (models/fused_hifigan.py;
-        needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with ``compile_frames`` only the mel half is
-        then compiled. "torch" is the default: on the H200 the fused vocoder is the slower one as its
-        kernels stand, and compiling them takes minutes (docs/benchmarks.md, EmotiVoice rows).
+        first batch of a new (rows, text bucket, frame bucket) shape pays a compile. ``vocoder_kernels``:
+        "torch" (the HiFi-GAN module, in ``conv_layout``), or "triton": one fused Triton kernel per
+        convolution (models/fused_hifigan.py; needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with
+        ``compile_frames`` only the mel half is then compiled. "torch" is the default: on the H200 the
+        fused vocoder is the slower one as its kernels stand, and compiling them takes minutes
+        (docs/benchmarks.md, EmotiVoice rows).
         ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with
         "max-autotune-no-cudagraphs" the compiler times its own convolution kernels against cuDNN's,
         minutes a bucket). ``pinned_output``: the audio comes back through page-locked memory
@@ -192,13 +212,17 @@ class BucketedEngine:
         (docs/results/h100_35_emotivoice_groups4.json); the server's engine takes them from
         ``serve.engine_options`` (ServedEngineOptions, models/emotivoice/engine_voice.py).
         ``compile_dynamic`` (with ``compile_frames``): one frame stage for every bucket (AnyFrameStage),
-        compiled once with symbolic sizes (twice: a batch of one row is specialised apart), not once per
-        (rows, text bucket, frame bucket) shape. Why: a server warms every batch bucket at every text
-        bucket and meets new frame buckets under load; at about 20 s a compile (H100), a 2-worker server
-        with batches up to 1,024 was still warming up after 8 minutes (docs/benchmarks.md). CUDA graphs
-        are still captured per shape, in a fraction of a second each."""
+        compiled with symbolic sizes: a few compiles in all (a batch of one row is specialised apart, and
+        a kernel may guard a range of row counts), not one per (rows, text bucket, frame bucket) shape.
+        Why: a server warms every batch bucket at every text bucket and meets new frame buckets under
+        load; at about 20 s a compile (H100), a 2-worker server with batches up to 1,024 was still warming
+        up after 8 minutes (docs/benchmarks.md). CUDA graphs are still captured per shape, in a fraction
+        of a second each."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
+        if compile_dynamic and vocoder_kernels != "torch":
+            raise ValueError(f"compile_dynamic=True compiles the torch HiFi-GAN, not "
+                             f"vocoder_kernels={vocoder_kernels!r}")
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows
@@ -245,8 +269,8 @@ class BucketedEngine:
         bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
         if self.compile_dynamic:
             if self.any_frame_stage is None:
-                self.any_frame_stage = torch.compile(AnyFrameStage(self.frame_model).eval(), dynamic=True,
-                                                     mode=self.compile_mode)
+                self.any_frame_stage = DistinctSizes(torch.compile(AnyFrameStage(self.frame_model).eval(),
+                                                                   dynamic=True, mode=self.compile_mode))
             if bucket not in self.frame_slots:
                 self.frame_slots[bucket] = torch.empty(bucket, dtype=torch.uint8, device=self.device)
             audio, = self._run(("frames", rows, text, bucket), self.any_frame_stage,

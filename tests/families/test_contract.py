@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import time
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from conftest import compose_config
+from core.config import build_dataclass
 from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
 from models.registry import FAMILIES
@@ -47,13 +49,16 @@ def test_tiny_model_implements_the_interface(family, model):
 
 
 def test_engine_settings_are_a_frozen_dataclass_with_defaults(family):
-    """serve.engine_options fills it by name and workers receive it pickled, so it must build from nothing."""
+    """serve.engine_options fills it by name from an empty mapping up, and worker processes rebuild it from
+    the settings' JSON: it must build from nothing and survive that round trip."""
     if family.engine_options is None:
         pytest.skip(f"{family.name}'s engine has no settings")
     assert family.torch_engine is not None, "engine settings without a bucketed engine to read them"
     assert dataclasses.is_dataclass(family.engine_options) and family.engine_options.__dataclass_params__.frozen
-    defaults = family.engine_options()
-    assert dataclasses.replace(defaults) == defaults
+    defaults = build_dataclass(family.engine_options, {}, "serve.engine_options")
+    assert defaults == family.engine_options()
+    as_json = json.loads(json.dumps(dataclasses.asdict(defaults)))
+    assert build_dataclass(family.engine_options, as_json, "serve.engine_options") == defaults
 
 
 def test_frontend_splits_sentences_and_refuses_empty_text(model):

@@ -30,7 +30,7 @@ from serve_support import serve_settings
     ("serve.api_key=short", ValueError, "serve.api_key: use null"),
     ("serve.max_sentence_chars=0", ValueError, "max_sentence_chars"),
     ("+serve.engine_options.frame_groups=4", ValueError, "family piper has no engine settings"),
-    ("serve.engine_options=8", ValueError, "use a mapping of the family's engine settings"),
+    ("serve.engine_options=8", ValueError, r"use a mapping of the family's engine settings \(piper's: \[\]\)"),
     ("serve.warmup_length_scales=[]", ValueError, "serve.warmup_length_scales"),
     ("serve.warmup_length_scales=[1.0,0]", ValueError, "give one or more paces > 0"),
 ])

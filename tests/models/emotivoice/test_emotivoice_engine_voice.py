@@ -83,3 +83,5 @@ def test_served_engine_options_set_the_length_groups(voice):
     assert default.engine._groups(1024) == 8
     with pytest.raises(ValueError, match="frame_groups=0"):
         ServedEngineOptions(frame_groups=0)
+    with pytest.raises(ValueError, match="needs serve.torch_engine=compile"):
+        bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(compile_dynamic=True))

@@ -41,27 +41,32 @@ def test_compiled_frame_stage_equals_the_eager_one(generator):
 
 
 @torch.no_grad()
-def test_dynamic_compile_serves_every_bucket_with_one_compile(generator):
-    """compile_dynamic: one compile of the frame stage runs batches of 2 and 3 rows in two text buckets and
-    two frame buckets, each as the eager engine computes it (a batch of one row gets a second compile);
-    static shapes compile once for each (rows, text bucket, frame bucket)."""
+def test_dynamic_compile_serves_many_shapes_with_two_compiles(generator):
+    """compile_dynamic: two compiles of the one frame stage (a batch of one row is specialised apart) run
+    five shapes in two text buckets and several frame buckets, each as the eager engine computes it;
+    static shapes compile once for each (rows, text bucket, frame bucket) shape."""
     from torch._dynamo.utils import counters
 
     eager = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8)
-    dynamic = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8,
-                             compile_frames=True, compile_dynamic=True)
-    torch._dynamo.reset()
-    counters.clear()
-    for lengths in ((7,), (7, 13), (7, 13, 10), (20, 13), (3, 4, 2)):  # text buckets 16 and 32
-        batch = inputs(generator, lengths)
-        expected, out = eager.synthesize(*batch), dynamic.synthesize(*batch)
-        assert torch.equal(out["audio_lengths"], expected["audio_lengths"])
-        torch.testing.assert_close(out["audio"], expected["audio"], rtol=0, atol=1e-6)
-    assert len(dynamic.frame_slots) >= 2  # frame buckets met
-    assert dynamic.frame_stages == {}  # no per-bucket stages: the one AnyFrameStage
-    assert counters["stats"]["unique_graphs"] == 2
+    compiled = {}
+    for dynamic in (True, False):
+        engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, frame_bucket=8,
+                                compile_frames=True, compile_dynamic=dynamic)
+        torch._dynamo.reset()
+        counters.clear()
+        for lengths in ((7,), (7, 13), (7, 13, 10), (20, 13), (3, 4, 2)):  # text buckets 16 and 32
+            batch = inputs(generator, lengths)
+            expected, out = eager.synthesize(*batch), engine.synthesize(*batch)
+            assert torch.equal(out["audio_lengths"], expected["audio_lengths"])
+            torch.testing.assert_close(out["audio"], expected["audio"], rtol=0, atol=1e-6)
+        compiled[dynamic] = counters["stats"]["unique_graphs"]
+        frame_buckets = engine.frame_slots if dynamic else engine.frame_stages
+        assert len(frame_buckets) >= 2
+    assert compiled == {True: 2, False: 5}
     with pytest.raises(ValueError, match="compile_dynamic=True needs compile_frames=True"):
         BucketedEngine(generator, graphs=False, compile_dynamic=True)
+    with pytest.raises(ValueError, match="compiles the torch HiFi-GAN"):
+        BucketedEngine(generator, graphs=False, compile_frames=True, compile_dynamic=True, vocoder_kernels="triton")
 
 
 @torch.no_grad()
@@ -203,7 +208,7 @@ def test_dynamic_compile_through_cuda_graphs_equals_eager_buckets(generator):
                              compile_dynamic=True, frame_groups=2, min_group_rows=2, batch_buckets=(1, 2, 4, 8))
     eager = BucketedEngine(model, graphs=False, frame_dtype=torch.float32, frame_bucket=8)
     for seed in range(2):  # the second call replays the captured graphs with new inputs
-        for lengths in ((7,), (7, 13, 10, 4, 12, 9), (20, 3, 5)):
+        for lengths in ((7,), (7, 13, 10, 4, 12, 9), (20, 3, 5), (7, 13, 10, 4, 12, 9, 5)):  # 7 rows: [4, 3 + 1]
             batch = inputs(model, lengths, "cuda", seed)
             out, reference = graphed.synthesize(*batch), eager.synthesize(*batch)
             assert torch.equal(out["audio_lengths"], reference["audio_lengths"])
