@@ -68,6 +68,7 @@ EXPRESSIVE_FIELDS = ("emotion", "prompt", "instructions")  # for families with c
 # Frontends may keep global state (espeak-ng does): one text-to-utterances call at a time per process.
 FRONTEND_LOCK = threading.Lock()
 
+
 class SynthesisTimeout(Exception):
     """A speech request's audio was not made in time: its first chunk by ``serve.first_audio_timeout_s``,
     all of it by ``serve.total_timeout_s``."""
