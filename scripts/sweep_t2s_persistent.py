@@ -61,7 +61,7 @@ from torch.profiler import ProfilerActivity, profile
 from core.paths import REPO_ROOT
 from core.revision import provenance
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
-from models.gpt_sovits.engine_cluster import ClusterT2SEngine
+from models.gpt_sovits.engine_cluster import COPIES, ClusterT2SEngine
 from models.gpt_sovits.engine_persistent import PersistentT2SEngine
 from models.gpt_sovits.engine_triton import TritonT2SEngine
 from models.gpt_sovits.engine_weights import (
@@ -205,8 +205,8 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=1))
     if os.environ.get("CLUSTER") == "1":
         copies = os.environ.get("COPIES", "bulk").split(",")
-        if unknown := sorted(set(copies) - {"before", "after", "bulk"}):
-            parser.error(f"COPIES: unknown {unknown}; use before, after or bulk")
+        if unknown := sorted(set(copies) - set(COPIES)):
+            parser.error(f"COPIES: unknown {unknown}; use one of {COPIES}")
         cluster_replicas = [int(value) if value else None
                             for value in os.environ.get("CLUSTER_REPLICAS", os.environ.get("REPLICAS", "")).split(",")]
         sizes = [int(value) if value else None for value in os.environ.get("CLUSTER_SIZE", "").split(",")]

@@ -98,7 +98,10 @@ class FrameStage(nn.Module):
         return self
 
     def mel(self, hidden, used_durations, phoneme_lengths):  # -> (B, n_mels, F_bucket)
-        return self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, self.frames,
+        return self.mel_of(hidden, used_durations, phoneme_lengths, self.frames)
+
+    def mel_of(self, hidden, used_durations, phoneme_lengths, frames):  # -> (B, n_mels, frames)
+        return self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, frames,
                                      masked=True).transpose(1, 2)
 
     def vocode(self, mel, frame_lengths):  # (B, n_mels, F_bucket), (B,) -> (B, F_bucket * hop)
@@ -117,8 +120,7 @@ class AnyFrameStage(FrameStage):
         super().__init__(generator, frames=0)
 
     def forward(self, hidden, used_durations, phoneme_lengths, frame_slots):
-        mel = self.am.frames_to_mel(hidden.to(self.dtype), used_durations, phoneme_lengths, frame_slots.shape[0],
-                                    masked=True).transpose(1, 2)  # (B, n_mels, F)
+        mel = self.mel_of(hidden, used_durations, phoneme_lengths, frame_slots.shape[0])  # (B, n_mels, F)
         return self.vocode(mel, used_durations.sum(dim=-1))
 
 
