@@ -2,8 +2,13 @@
 bucketed engines (models/<family>/engines.py)."""
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 class GraphCache:
@@ -16,7 +21,11 @@ class GraphCache:
 
     def run(self, key: tuple, stage: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         if key not in self.captured:
+            # Logged: a shape first met under load stalls its batch for this long (a compiled stage's
+            # first call at a new shape compiles too).
+            started_s = time.perf_counter()
             self.captured[key] = self._capture(stage, inputs)
+            log.info("captured %s in %.2f s (%d graphs)", key, time.perf_counter() - started_s, len(self.captured))
         graph, static_inputs, static_outputs = self.captured[key]
         for static, value in zip(static_inputs, inputs):
             static.copy_(value)

@@ -41,6 +41,9 @@ class ServedModel:
     noise_device: str = "cpu"  # where request noise is drawn: the device of a bucketed GPU engine
     captures_graphs: bool = False  # a bucketed engine replaying CUDA graphs: each new shape is captured once
     text_buckets: tuple[int, ...] = ()  # phoneme-id lengths a bucketed engine pads to; () runs exact shapes
+    # A bucketed engine that runs a batch in length groups (the model's ``length_groups`` > 1): each group
+    # meets its own frame bucket, so a warm-up of equal-length rows would leave most of its shapes unmet.
+    splits_by_length: bool = False
 
     @property
     def capabilities(self) -> Capabilities:
@@ -148,7 +151,7 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
                                                                 precision if engine_applies_precision else None)
         return ServedModel(engine_model, variant, family, f"torch_{settings.torch_engine}", voice,
                            _noise_channels(model), noise_device=device, captures_graphs=captures_graphs,
-                           text_buckets=text_buckets)
+                           text_buckets=text_buckets, splits_by_length=getattr(engine_model, "length_groups", 1) > 1)
     raise ValueError(f"variant {variant!r} cannot be served without a manifest: use one of {list(SERVABLE_VARIANTS)}")
 
 

@@ -62,6 +62,11 @@ class EngineVoice(VoiceOnEngine):
         super().__init__(voice, engine)
         self.speakers = voice.speakers  # the server's voice names (Family.speaker_names)
 
+    @property
+    def length_groups(self) -> int:
+        """The most length groups a batch's frame stage runs in: the server warms their frame buckets."""
+        return self.engine.frame_groups
+
     @torch.inference_mode()
     def synthesize(self, request: SynthesisRequest) -> SynthesisResult:
         sampling = Sampling.of(request.sampling)

@@ -256,6 +256,28 @@ def test_bucketed_engines_warm_every_text_bucket_batch_bucket_and_pace(tmp_path,
     assert {batch[0].sampling.length_scale for batch in warmup_batches(bucketed, own_pace)} == {1.0}
 
 
+def test_engines_that_split_by_length_warm_spread_lengths_too(tmp_path, onnx_served):
+    """An engine running a batch in length groups meets a frame bucket per group: each warm-up batch of 2 or
+    more rows comes again with lengths spread up to its text bucket's bound, in the same text bucket."""
+    from models.piper.engines import TEXT_BUCKETS, text_bucket
+    from serve.speech import warmup_batches
+
+    settings = serve_settings(tmp_path, "serve.length_buckets=[512]", "serve.max_batch_size=8",
+                              "serve.max_batch_phonemes=2048", "serve.warmup_length_scales=[1.0]")
+    bucketed = dataclasses.replace(onnx_served, engine="torch_cuda_graphs", noise_device="cuda",
+                                   captures_graphs=True, text_buckets=TEXT_BUCKETS)
+    equal = warmup_batches(bucketed, settings)
+    split = warmup_batches(dataclasses.replace(bucketed, splits_by_length=True), settings)
+    spread = [batch for batch in split if len({len(job.phoneme_ids) for job in batch}) > 1]
+    assert [batch for batch in split if batch not in spread] == equal
+    assert len(spread) == sum(len(batch) >= 2 for batch in equal)
+    for batch in spread:
+        lengths = [len(job.phoneme_ids) for job in batch]
+        bound = text_bucket(max(lengths))
+        assert max(lengths) == bound and lengths == sorted(lengths) and min(lengths) <= bound // len(batch) + 1
+        assert [len(other) for other in equal if text_bucket(len(other[0].phoneme_ids)) == bound].count(len(batch)) == 1
+
+
 def test_bearer_token(tmp_path, onnx_served, monkeypatch):
     monkeypatch.setenv("TTS_SERVE_API_KEY", "s3cret-token")
     settings = serve_settings(tmp_path, "serve.warmup=false")

@@ -69,12 +69,19 @@ def test_the_family_engine_settings_reach_its_engine():
 
     calls = []
 
+    class Grouped:  # an engine's model that runs batches in length groups
+        length_groups = 32
+
     def spy_engine(teacher, backend, graphs, package_dir, batch_buckets, **options):
         calls.append(options)
-        return teacher, False, (64,)
+        return (Grouped() if options["options"].frame_groups > 1 else teacher), False, (64,)
 
     family = dataclasses.replace(FAMILY, torch_engine=spy_engine, engine_options=ServedEngineOptions)
     settings = ServeSettings(family="emotivoice", source="teacher", torch_engine="compile", device="cpu")
-    load_variant(family, "teacher", "", 1, "cpu", dataclasses.replace(settings, engine_options={"frame_groups": 32}))
-    load_variant(family, "teacher", "", 1, "cpu", settings)
-    assert calls == [{"options": ServedEngineOptions(frame_groups=32)}, {"options": ServedEngineOptions()}]
+    grouped = load_variant(family, "teacher", "", 1, "cpu",
+                           dataclasses.replace(settings, engine_options={"frame_groups": 32}))
+    one_run = load_variant(family, "teacher", "", 1, "cpu",
+                           dataclasses.replace(settings, engine_options={"frame_groups": 1}))
+    assert calls == [{"options": ServedEngineOptions(frame_groups=32)}, {"options": ServedEngineOptions(frame_groups=1)}]
+    # The warm-up reads it: a model without length groups (the teacher has no such attribute) is warmed as before.
+    assert grouped.splits_by_length and not one_run.splits_by_length

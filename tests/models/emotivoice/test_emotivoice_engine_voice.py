@@ -81,6 +81,7 @@ def test_served_engine_options_set_the_length_groups(voice):
     assert [served.engine._groups(rows) for rows in (31, 32, 64, 512, 1024)] == [1, 1, 2, 16, 32]
     default, _, _ = bucketed_engine(voice, "eager", False, None, ())
     assert default.engine._groups(1024) == 8
+    assert (served.length_groups, default.length_groups) == (32, 8)  # what the server's warm-up reads
     with pytest.raises(ValueError, match="frame_groups=0"):
         ServedEngineOptions(frame_groups=0)
     with pytest.raises(ValueError, match="needs serve.torch_engine=compile"):
