@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> dict:
     capture_log = logging.getLogger("models.cuda_graphs")
     capture_log.setLevel(logging.INFO)
     capture_log.addHandler(captures)
+    echo = logging.StreamHandler()  # each capture's key and time on stderr too
+    echo.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    capture_log.addHandler(echo)
 
     report = {"tool": "scripts/replay_served_batches.py", "provenance": origin, "settings": json.loads(args.settings),
               "device": torch.cuda.get_device_name() if settings.device.startswith("cuda") else "cpu",
@@ -173,9 +176,14 @@ def main(argv: list[str] | None = None) -> dict:
     report["load_s"] = time.perf_counter() - started_s
     batches = warmup_batches(served, settings)
     started_s = time.perf_counter()
-    for batch in batches:
+    for index, batch in enumerate(batches):
+        batch_started_s = time.perf_counter()
         run_batch(served, batch)
-    synchronize(served.noise_device)
+        synchronize(served.noise_device)
+        # One line a batch: a warm-up that runs long shows which shapes took the time.
+        print(f"warm-up batch {index + 1}/{len(batches)}: {len(batch)} rows, longest {max(len(job.phoneme_ids) for job in batch)}"
+              f", {len({len(job.phoneme_ids) for job in batch})} lengths, {time.perf_counter() - batch_started_s:.1f} s, "
+              f"{captures.snapshot()[0]} captures so far", flush=True)
     report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
                         "captures": captures.snapshot()[0], "capture_s": captures.snapshot()[1]}
     print(f"warm-up: {report['warmup']}", flush=True)
