@@ -52,15 +52,17 @@ class CaptureCounter(logging.Handler):
     def __init__(self):
         super().__init__(logging.INFO)
         self.count, self.seconds = 0, 0.0
-        self.lock = threading.Lock()
+        # Not ``self.lock``: that is the Handler's own, held around ``emit``; a second plain lock of that
+        # name would deadlock the first capture.
+        self.counts_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
-        with self.lock:
+        with self.counts_lock:
             self.count += 1
             self.seconds += float(record.args[1])
 
     def snapshot(self) -> tuple[int, float]:
-        with self.lock:
+        with self.counts_lock:
             return self.count, self.seconds
 
 

@@ -1,0 +1,68 @@
+"""scripts/replay_served_batches.py: the served model path without HTTP, on the bundled Piper voice on
+this CPU; and its capture counter, which once deadlocked on the first capture it was told of."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def replay():
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    try:
+        import replay_served_batches
+    finally:
+        sys.path.pop(0)
+    return replay_served_batches
+
+
+def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):
+    """The graph cache logs each capture as ("captured %s in %.2f s (%d graphs)", key, seconds, count):
+    the counter adds them up, from any thread, without holding the logging handler's own lock twice."""
+    counter = replay.CaptureCounter()
+    log = logging.getLogger("models.cuda_graphs.test_replay")
+    log.addHandler(counter)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    def log_two_captures():
+        for index, seconds in enumerate((0.25, 0.5)):
+            log.info("captured %s in %.2f s (%d graphs)", ("frames", 32, 64, 96), seconds, index + 1)
+
+    try:
+        thread = threading.Thread(target=log_two_captures, daemon=True)  # daemon: a deadlock fails, not hangs
+        thread.start()
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "logging a capture blocked"
+    finally:
+        log.removeHandler(counter)
+    assert counter.snapshot() == (2, pytest.approx(0.75))
+
+
+@pytest.mark.slow
+def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
+    from serve.engines import load_served_model
+    from serve.settings import ServeSettings
+    from serve.speech import warmup_batches
+
+    settings = {"family": "piper", "source": "teacher", "device": "cpu", "max_batch_size": 4,
+                "length_buckets": [64], "warmup_length_scales": [1.0]}
+    out = tmp_path / "replay.json"
+    report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
+                          "--threads", "2", "--seconds", "1", "--out", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(report))
+    served = load_served_model(ServeSettings.from_json(json.dumps(settings)))
+    assert report["warmup"]["batches"] == len(warmup_batches(served, ServeSettings.from_json(json.dumps(settings))))
+    for size in ("2", "4"):
+        row = report["one_at_a_time"][size]
+        assert row["median_ms"] > 0 and row["sentences_per_s"] == pytest.approx(int(size) / row["median_ms"] * 1000)
+        assert row["captures"] == 0  # the eager CPU engine captures nothing
+    assert report["concurrent"]["batches"] >= 2 and report["concurrent"]["threads"] == 2
+    with pytest.raises(SystemExit):  # a size the settings' batches never reach
+        replay.main(["--settings", json.dumps(settings), "--sizes", "8", "--out", str(tmp_path / "no.json")])
