@@ -93,6 +93,8 @@ def test_serving_notebook_reads_the_recorded_load_tests(tmp_path):
     html = joined(outputs, "text/html")
     # The recorded H200 run met the target at concurrency 48 with 730 req/s (docs/benchmarks.md).
     assert "h200_5d_loadtest_w3.json" in html and "729.9" in html
+    # EmotiVoice's model path without HTTP (session 41): batch 512 at 1,525.5 sentences/s on an H100.
+    assert "h100_41_emotivoice_replay_b512.json" in html and "1525.5" in html
 
 
 def test_serving_notebook_names_a_folder_without_reports(tmp_path):
