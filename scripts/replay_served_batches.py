@@ -47,7 +47,8 @@ from serve.speech import warmup_batches  # noqa: E402
 
 
 class CaptureCounter(logging.Handler):
-    """Counts the graph captures models.cuda_graphs logs, and their seconds."""
+    """Counts the graph captures models.cuda_graphs logs, and their seconds: the second argument of
+    GraphCache.run's record ("captured %s in %.2f s (%d graphs)")."""
 
     def __init__(self):
         super().__init__(logging.INFO)
@@ -170,9 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
     echo.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     capture_log.addHandler(echo)
 
-    report = {"tool": "scripts/replay_served_batches.py", "provenance": origin, "settings": json.loads(args.settings),
-              "device": torch.cuda.get_device_name() if settings.device.startswith("cuda") else "cpu",
-              "torch": torch.__version__}
+    report = {"tool": "scripts/replay_served_batches.py", "provenance": origin,
+              "settings": json.loads(args.settings), "torch": torch.__version__,
+              "device": torch.cuda.get_device_name() if settings.device.startswith("cuda") else "cpu"}
     started_s = time.perf_counter()
     served = load_served_model(settings)
     report["load_s"] = time.perf_counter() - started_s
@@ -183,11 +184,13 @@ def main(argv: list[str] | None = None) -> dict:
         run_batch(served, batch)
         synchronize(served.noise_device)
         # One line a batch: a warm-up that runs long shows which shapes took the time.
-        print(f"warm-up batch {index + 1}/{len(batches)}: {len(batch)} rows, longest {max(len(job.phoneme_ids) for job in batch)}"
-              f", {len({len(job.phoneme_ids) for job in batch})} lengths, {time.perf_counter() - batch_started_s:.1f} s, "
+        lengths = [len(job.phoneme_ids) for job in batch]
+        print(f"warm-up batch {index + 1}/{len(batches)}: {len(batch)} rows, longest {max(lengths)}, "
+              f"{len(set(lengths))} lengths, {time.perf_counter() - batch_started_s:.1f} s, "
               f"{captures.snapshot()[0]} captures so far", flush=True)
+    captured, capture_s = captures.snapshot()
     report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
-                        "captures": captures.snapshot()[0], "capture_s": captures.snapshot()[1]}
+                        "captures": captured, "capture_s": capture_s}
     print(f"warm-up: {report['warmup']}", flush=True)
 
     rng = random.Random(args.seed)

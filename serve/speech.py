@@ -101,11 +101,11 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     (``captures_graphs``: cuda_graphs and compile on a GPU) captures one per (batch bucket, text
     bucket, frame bucket), and a shape first met under load stalls its batch while it is captured
     (P99 of 1.4-1.8 s in the H200 load test). So it gets a batch of every batch bucket for every one
-    of its own text buckets up to the longest length bucket, at each of serve.warmup_length_scales; an
+    of its own text buckets up to the longest length bucket, at each of serve.warmup_length_scales. An
     engine that runs a batch in length groups (``splits_by_length``) gets each batch of 2 or more rows
-    twice, equal rows and rows of lengths spread up to the bound, whose groups meet the frame buckets a
-    batch of mixed sentences meets. Other bucketed engines (aoti, or any on the CPU) capture nothing: every batch bucket at every length
-    bucket."""
+    twice: equal rows, and rows of lengths spread up to the bound, whose groups meet the frame buckets
+    a batch of mixed sentences meets. Other bucketed engines (aoti, or any on the CPU) capture nothing:
+    every batch bucket at every length bucket."""
     with FRONTEND_LOCK:
         phoneme_ids = served.model.text_to_utterances("Warm up the voice.")[0].phoneme_ids
 
@@ -124,7 +124,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     longest = settings.length_buckets[-1]
     text_buckets = [bound for bound in served.text_buckets if bound <= longest] or [served.text_buckets[0]]
 
-    def rows(bound: int, size: int, scale: float) -> list[list[SentenceJob]]:
+    def batches_of(bound: int, size: int, scale: float) -> list[list[SentenceJob]]:
         equal = [[sentence(bound, scale)] * size]
         if not served.splits_by_length or size < 2:
             return equal
@@ -137,7 +137,7 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
     # through a dozen more). In the other order, each larger capture needs blocks the pool lacks.
     return [batch for bound in reversed(text_buckets) for scale in sorted(settings.warmup_length_scales, reverse=True)
             for size in reversed(settings.batch_buckets) if budget.fits(size, bound, scale)
-            for batch in rows(bound, size, scale)]
+            for batch in batches_of(bound, size, scale)]
 
 
 def speech_router(context: ServeContext) -> APIRouter:

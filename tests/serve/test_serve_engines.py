@@ -82,6 +82,7 @@ def test_the_family_engine_settings_reach_its_engine():
                            dataclasses.replace(settings, engine_options={"frame_groups": 32}))
     one_run = load_variant(family, "teacher", "", 1, "cpu",
                            dataclasses.replace(settings, engine_options={"frame_groups": 1}))
-    assert calls == [{"options": ServedEngineOptions(frame_groups=32)}, {"options": ServedEngineOptions(frame_groups=1)}]
-    # The warm-up reads it: a model without length groups (the teacher has no such attribute) is warmed as before.
+    assert calls == [{"options": ServedEngineOptions(frame_groups=32)},
+                     {"options": ServedEngineOptions(frame_groups=1)}]
+    # The warm-up reads it: a model without length groups (the teacher has no such attribute) warms as before.
     assert grouped.splits_by_length and not one_run.splits_by_length
