@@ -25,6 +25,9 @@ Side by side in one process, median of warm runs:
   half compiled (``engine_graphs_fp16_fused``); with ``--lite-vocoder-engine`` the compiled FP16
   engine with a HiFi-GAN of the Lite student's width, randomly initialised
   (``engine_graphs_fp16_compiled_lite_vocoder``: what the distilled student costs, no SNR);
+  ``--grouped-engine G:R`` adds the compiled engine with each batch's frame stage in up to G length
+  groups of at least R rows (``_groups<G>_rows<R>``), ``--dynamic-engine`` each of those compiled with
+  symbolic sizes (``_dynamic``), ``--frame-buckets`` each of those once per frame bucket (``_fb<N>``);
   ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
@@ -65,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import platform
@@ -319,6 +323,7 @@ class EngineSpec(NamedTuple):
     frame_groups: int = 1
     min_group_rows: int = 1
     compile_dynamic: bool = False
+    frame_bucket: int = FRAME_BUCKET
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -456,6 +461,9 @@ def main() -> None:
                         help="with --compiled-engine: also that engine with each batch's frame stage in this many "
                              "length groups, of at least ROWS rows each where given (fewer groups then; one engine "
                              "per spec)")
+    parser.add_argument("--frame-buckets", type=int, nargs="+", default=[FRAME_BUCKET], metavar="FRAMES",
+                        help="with --grouped-engine: each grouped engine once per frame bucket (the multiple of "
+                             "frames a group pads to; names end in _fb<FRAMES> where it is not the default)")
     parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
                         "and each --grouped-engine, with one frame stage for every bucket compiled with symbolic "
                         "sizes (``_dynamic``; BucketedEngine's compile_dynamic)")
@@ -475,6 +483,10 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
+    if args.frame_buckets != [FRAME_BUCKET] and not args.grouped_engine:
+        parser.error("--frame-buckets applies to the --grouped-engine engines: add one")
+    if min(args.frame_buckets) < 1:
+        parser.error(f"--frame-buckets {args.frame_buckets}: each at least 1")
     if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine
@@ -539,13 +551,14 @@ def main() -> None:
             if args.pageable_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_pageable", True, half, compile_frames=True,
                                        pinned_output=False)]
-            for groups, rows in args.grouped_engine:
-                name = f"engine_graphs_fp16_compiled_groups{groups}" + (f"_rows{rows}" if rows > 1 else "")
+            for (groups, rows), frames in itertools.product(args.grouped_engine, args.frame_buckets):
+                name = (f"engine_graphs_fp16_compiled_groups{groups}" + (f"_rows{rows}" if rows > 1 else "")
+                        + (f"_fb{frames}" if frames != FRAME_BUCKET else ""))
                 engines += [EngineSpec(name, True, half, compile_frames=True, frame_groups=groups,
-                                       min_group_rows=rows)]
+                                       min_group_rows=rows, frame_bucket=frames)]
                 if args.dynamic_engine:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
-                                           min_group_rows=rows, compile_dynamic=True)]
+                                           min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
             if args.dynamic_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
                                        compile_dynamic=True)]

@@ -56,11 +56,13 @@ def test_the_family_hook_builds_it_and_refuses_what_it_cannot_run(voice):
         served.replace_part("vocoder", voice.generator.generator)
 
 
-def test_the_served_engine_cuts_large_batches_into_length_groups_row_for_row(voice):
+@pytest.mark.parametrize("frame_bucket", [32, 8])
+def test_the_served_engine_cuts_large_batches_into_length_groups_row_for_row(voice, frame_bucket):
     """The server's engine runs batches of 64 in four length groups, 32 in two, 256 in eight of 32
     rows, smaller ones in one run; 32 mixed-length rows (two groups here, eager buckets) come out as
-    the one-run engine's."""
-    served, _, _ = bucketed_engine(voice, "eager", False, None, ())
+    the one-run engine's, whatever multiple of frames the groups pad to."""
+    served, _, _ = bucketed_engine(voice, "eager", False, None, (),
+                                   options=ServedEngineOptions(frame_bucket=frame_bucket))
     assert [served.engine._groups(rows) for rows in (1, 16, 31, 32, 64, 128, 256)] == [1, 1, 1, 2, 4, 8, 8]
     one_run = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
     texts = ["Hello there.", "The train leaves at nine tonight.", "Yes.", "A much longer sentence than the rest."]
@@ -82,6 +84,10 @@ def test_served_engine_options_set_the_length_groups(voice):
     default, _, _ = bucketed_engine(voice, "eager", False, None, ())
     assert default.engine._groups(1024) == 8
     assert (served.length_groups, default.length_groups) == (32, 8)  # what the server's warm-up reads
+    finer, _, _ = bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(frame_bucket=8))
+    assert (finer.engine.frame_bucket, default.engine.frame_bucket) == (8, 32)
+    with pytest.raises(ValueError, match="frame_bucket=0"):
+        ServedEngineOptions(frame_bucket=0)
     with pytest.raises(ValueError, match="frame_groups=0"):
         ServedEngineOptions(frame_groups=0)
     with pytest.raises(ValueError, match="needs serve.torch_engine=compile"):
