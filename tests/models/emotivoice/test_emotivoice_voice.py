@@ -155,3 +155,15 @@ def test_teacher_without_files_is_the_full_size_layout():
     assert sum(p.numel() for p in teacher.generator.parameters()) == 52_003_287 - 10_113
     result = teacher.synthesize(_request(teacher, "今天天气很好。", emotion="开心"))
     assert result.sample_rate_hz == 16000 and result.audio_lengths[0] == result.durations.sum() * 256
+
+
+def test_each_row_of_a_padded_batch_gets_its_own_sentence_text(voice):
+    """The content embedding reads each row's text: the sentence the front end made those ids from, and
+    for ids it never made, their symbols joined; padding past a row's length is never read."""
+    texts = ["Yes.", "The train leaves at nine tonight."]
+    utterances = [utterance for text in texts for utterance in voice.text_to_utterances(text)]
+    request = SynthesisRequest.from_utterances(utterances)
+    assert request.phoneme_ids.shape[1] > int(request.phoneme_lengths.min())  # the short row is padded
+    assert voice.sentence_texts(request) == [utterance.text for utterance in utterances]
+    unknown = tuple(utterances[0].phoneme_ids[::-1])
+    assert voice.sentence_text(unknown) == " ".join(voice.frontend.tokens[i] for i in unknown)
