@@ -31,6 +31,7 @@ def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):
     log.addHandler(counter)
     log.setLevel(logging.INFO)
     log.propagate = False
+
     def log_two_captures():
         for index, seconds in enumerate((0.25, 0.5)):
             log.info("captured %s in %.2f s (%d graphs)", ("frames", 32, 64, 96), seconds, index + 1)
@@ -57,8 +58,8 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
     report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
                           "--threads", "2", "--seconds", "1", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
-    served = load_served_model(ServeSettings.from_json(json.dumps(settings)))
-    assert report["warmup"]["batches"] == len(warmup_batches(served, ServeSettings.from_json(json.dumps(settings))))
+    serve_settings = ServeSettings.from_json(json.dumps(settings))
+    assert report["warmup"]["batches"] == len(warmup_batches(load_served_model(serve_settings), serve_settings))
     for size in ("2", "4"):
         row = report["one_at_a_time"][size]
         assert row["median_ms"] > 0 and row["sentences_per_s"] == pytest.approx(int(size) / row["median_ms"] * 1000)
