@@ -136,10 +136,11 @@ def profile_batch(served, jobs: list[SentenceJob], top: int = 15) -> dict:
         run_batch(served, jobs)
         synchronize(served.noise_device)
         wall_s = time.perf_counter() - started_s
-    kernels = [event for event in prof.key_averages() if event.device_time_total > 0]
-    kernels.sort(key=lambda event: event.self_device_time_total, reverse=True)
+    averages = prof.key_averages()
+    kernels = sorted((event for event in averages if event.device_time_total > 0),
+                     key=lambda event: event.self_device_time_total, reverse=True)
     device_us = sum(event.self_device_time_total for event in kernels)
-    cpu_ops = sorted(prof.key_averages(), key=lambda event: event.self_cpu_time_total, reverse=True)
+    cpu_ops = sorted(averages, key=lambda event: event.self_cpu_time_total, reverse=True)
     return {"batch": len(jobs), "wall_ms": wall_s * 1000, "kernel_ms": device_us / 1000,
             "top_kernels": [{"name": event.key[:120], "ms": event.self_device_time_total / 1000, "calls": event.count}
                             for event in kernels[:top]],

@@ -56,7 +56,7 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
                 "length_buckets": [64], "warmup_length_scales": [1.0]}
     out = tmp_path / "replay.json"
     report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
-                          "--threads", "2", "--seconds", "1", "--out", str(out)])
+                          "--threads", "2", "--seconds", "1", "--profile", "--out", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     serve_settings = ServeSettings.from_json(json.dumps(settings))
     assert report["warmup"]["batches"] == len(warmup_batches(load_served_model(serve_settings), serve_settings))
@@ -65,5 +65,8 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
         assert row["median_ms"] > 0 and row["sentences_per_s"] == pytest.approx(int(size) / row["median_ms"] * 1000)
         assert row["captures"] == 0  # the eager CPU engine captures nothing
     assert report["concurrent"]["batches"] >= 2 and report["concurrent"]["threads"] == 2
+    profiled = report["profile"]  # on this CPU no kernel has device time: the host ops carry the batch
+    assert profiled["batch"] == 4 and profiled["wall_ms"] > 0 and profiled["kernel_ms"] == 0
+    assert profiled["top_host_ops"] and all(op["self_ms"] >= 0 for op in profiled["top_host_ops"])
     with pytest.raises(SystemExit):  # a size the settings' batches never reach
         replay.main(["--settings", json.dumps(settings), "--sizes", "8", "--out", str(tmp_path / "no.json")])
