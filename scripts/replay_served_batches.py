@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from serve.batching import SentenceJob, synthesize_jobs  # noqa: E402
 from serve.engines import load_served_model  # noqa: E402
+from serve.gc_pauses import freeze_warm_heap  # noqa: E402
 from serve.loadtest import pick_sentences  # noqa: E402
 from serve.settings import ServeSettings  # noqa: E402
 from serve.speech import warmup_batches  # noqa: E402
@@ -192,6 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     captured, capture_s = captures.snapshot()
     report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
                         "captures": captured, "capture_s": capture_s}
+    if settings.gc_freeze:  # as the server does before it answers ready
+        report["warmup"]["gc_frozen_objects"] = freeze_warm_heap()
     print(f"warm-up: {report['warmup']}", flush=True)
 
     rng = random.Random(args.seed)

@@ -46,6 +46,7 @@ from serve.context import ServeContext
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
 from serve.error_boundary import ErrorBoundaryMiddleware
 from serve.errors import ApiError, install_error_handlers
+from serve.gc_pauses import GcPauseRecorder, freeze_warm_heap, unfreeze_heap
 from serve.health import health_router
 from serve.http_protocol import REFUSAL_COUNTER_STATE_KEY, BoundedHeadProtocol
 from serve.metrics import RequestMetricsMiddleware
@@ -112,6 +113,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
                     "offers them; %s (family %s) runs %s: streaming by sentence",
                     served.model_id, served.family.name, served.engine)
 
+    gc_pauses = GcPauseRecorder(metrics.gc_pause_s)
     if served.noise_device.startswith("cuda"):
         metrics.device_memory.set_function(lambda: device_memory_reserved(served.noise_device))
 
@@ -138,6 +140,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             log.exception("warm-up failed")
             state.warmup_error = f"warm-up failed: {type(error).__name__}: {error}"
             return
+        if settings.gc_freeze:
+            freeze_warm_heap()
         state.ready = True
         log.info("ready: %s (%s, %s) warmed up in %.1f s%s", served.model_id, served.engine, served.note or "named",
                  time.perf_counter() - started_s, device_memory_note(served.noise_device))
@@ -145,6 +149,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
     @asynccontextmanager
     async def lifespan(_: FastAPI):
         state.executor = ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model")
+        gc_pauses.install()
         if step_decoder is not None:
             decoder = step_decoder(settings.max_batch_size)
             stream_chunks = (settings.streaming == "decoder_chunks" and streams_tokens
@@ -183,6 +188,9 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             await warm_up_task
             await state.batcher.close()
             state.executor.shutdown(wait=True)
+            gc_pauses.uninstall()
+            if settings.gc_freeze:
+                unfreeze_heap()
 
     app = SpeechServerApp(
         title="tts-compress speech server",

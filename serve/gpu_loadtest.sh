@@ -44,6 +44,8 @@ SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load and warm up (compiled engines: minutes)
+GC_FREEZE=${GC_FREEZE:-true}         # false: the garbage collector keeps scanning the warm heap (serve/gc_pauses.py), an A/B
+QUEUE_CAPACITY=${QUEUE_CAPACITY:-512}  # requests a worker admits at once; past it 503 queue_full, and per client 429
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
@@ -68,7 +70,7 @@ python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.so
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.max_batch_phonemes="$MAX_BATCH_PHONEMES" \
   ++serve.engine_options="$ENGINE_OPTIONS" serve.warmup_length_scales="$WARMUP_SCALES" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
-  serve.queue_capacity=512 serve.max_requests_per_client=512 serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
+  serve.queue_capacity="$QUEUE_CAPACITY" serve.max_requests_per_client="$QUEUE_CAPACITY" serve.gc_freeze="$GC_FREEZE" serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 GPU_LOG_PID=

@@ -9,8 +9,11 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from serve.client_limits import REFUSED_STATUS_SCOPE_KEY
+from serve.gc_pauses import GC_PAUSE_BUCKETS_S
 
 LATENCY_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Up to the batches of a GPU engine serving short sentences (serve.max_batch_size 1,024 and more).
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 2048)
 
 
 class ServeMetrics:
@@ -31,7 +34,7 @@ class ServeMetrics:
         self.admitted = Gauge("tts_requests_in_flight", "Speech requests admitted and not yet synthesized",
                               registry=self.registry)
         self.queue_depth = Gauge("tts_batcher_queue_depth", "Sentences waiting for a batch", registry=self.registry)
-        self.batch_size = Histogram("tts_batch_size", "Sentences per batch run", buckets=(1, 2, 4, 8, 16, 32, 64),
+        self.batch_size = Histogram("tts_batch_size", "Sentences per batch run", buckets=BATCH_SIZE_BUCKETS,
                                     registry=self.registry)
         self.rejected = Counter("tts_rejected_requests", "Requests refused, by reason (queue_full, too_many_requests, "
                                 "header_timeout, headers_too_large, request_timeout, body_too_large, "
@@ -42,6 +45,9 @@ class ServeMetrics:
         self.device_memory = Gauge("tts_device_memory_reserved_bytes",
                                    "GPU memory this process's allocator holds, CUDA graph pools included",
                                    registry=self.registry)
+        self.gc_pause_s = Histogram("tts_gc_pause_seconds", "Garbage collections of this process, by generation: "
+                                    "the GIL is held throughout (serve/gc_pauses.py)", ["generation"],
+                                    buckets=GC_PAUSE_BUCKETS_S, registry=self.registry)
         self.speaker_cache = Counter("tts_speaker_cache_lookups", "Speaker-embedding cache lookups", ["result"],
                                      registry=self.registry)
 

@@ -89,6 +89,9 @@ class ServeSettings:
     # Bucketed engines on a GPU warm each text bucket at these paces too, so the frame buckets either side
     # of the voice's own are captured before load; a deployment whose clients never set speed needs [1.0]
     warmup_length_scales: tuple[float, ...] = (0.8, 1.0, 1.25)
+    # After the warm-up, move the warm heap (compiled graphs, front-end dictionaries) out of the garbage
+    # collector's scans, whose full passes hold the GIL and starve the GPU of launches (serve/gc_pauses.py)
+    gc_freeze: bool = True
     access_log: bool = True
     workers: int = 1  # server processes sharing the port, each with its own model and batcher
     shutdown_grace_s: float = 30.0

@@ -1,0 +1,83 @@
+"""Python's cyclic garbage collector in a long-lived server: its pauses measured, and the warm heap kept
+out of its scans.
+
+A full (generation 2) collection walks every container object the process tracks, holding the GIL
+throughout. A warmed-up server holds millions of them that never die: torch.compile's graphs and
+guards, the front end's dictionaries (CMUdict, jieba, pypinyin), the CUDA-graph cache's keys. On this
+project's CPU, compiling a 30-layer toy convolution stack alone left 623k tracked objects and a 296 ms
+full collection. While a collection runs, the model thread cannot launch its next batch, and the GPU
+drains once the batch it holds is done. (One worker serving EmotiVoice on an H100 under steady load left
+the GPU idle for 0.6-1.0 s about every 5.5 s, the pattern such pauses would make; docs/benchmarks.md
+says what the histogram below showed.)
+
+``gc.freeze()`` after the warm-up moves every object alive then into a permanent generation that no
+collection scans; objects made later are collected as usual. ``GcPauseRecorder`` times each
+collection through ``gc.callbacks`` into ``tts_gc_pause_seconds`` (by generation) and logs the long
+ones, so a server's /metrics shows whether collections still stall it.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+import time
+
+from prometheus_client import Histogram
+
+log = logging.getLogger(__name__)
+
+GC_PAUSE_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LONG_PAUSE_S = 0.05  # pauses at least this long are logged: a few ms is a GPU batch's launch slack
+
+
+class GcPauseRecorder:
+    """Times every garbage collection of this process into ``histogram`` (labelled by generation) while
+    installed. A collection runs on whichever thread allocated past the threshold, and callbacks run on
+    that thread between its "start" and "stop" phases, so one start time per thread suffices."""
+
+    def __init__(self, histogram: Histogram, long_pause_s: float = LONG_PAUSE_S):
+        self.histogram = histogram
+        self.long_pause_s = long_pause_s
+        self._started = threading.local()
+        self._installed = False
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started.at_s = time.perf_counter()
+            return
+        started_s = getattr(self._started, "at_s", None)
+        if started_s is None:  # installed during a collection
+            return
+        self._started.at_s = None
+        pause_s = time.perf_counter() - started_s
+        self.histogram.labels(str(info["generation"])).observe(pause_s)
+        if pause_s >= self.long_pause_s:
+            log.warning("garbage collection of generation %d held the GIL for %.0f ms (%d objects collected, "
+                        "%d frozen)", info["generation"], pause_s * 1e3, info["collected"], gc.get_freeze_count())
+
+    def install(self) -> None:
+        if not self._installed:
+            gc.callbacks.append(self)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed:
+            gc.callbacks.remove(self)
+            self._installed = False
+
+
+def freeze_warm_heap() -> int:
+    """Collect once, then move every object still alive out of the collector's scans (module docstring).
+    Returns how many objects are frozen now."""
+    started_s = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.info("garbage collector: %d objects of the warm heap frozen out of its scans (%.0f ms)", frozen,
+             (time.perf_counter() - started_s) * 1e3)
+    return frozen
+
+
+def unfreeze_heap() -> None:
+    """Hand the frozen objects back to the collector (a server that stops, in a process that goes on)."""
+    gc.unfreeze()
