@@ -15,7 +15,9 @@ time and sentences/s of ``--repeats`` batches run one at a time; with ``--thread
 running batches of the largest size together for ``--seconds`` (as serve.batches_in_flight=N runs them);
 and the CUDA graphs captured at each point (models/cuda_graphs.py logs each capture): a capture in a
 timed batch is a shape the warm-up missed. ``--profile`` adds the device time of one batch of the
-largest size (torch.profiler: kernel time against wall time, and the top kernels).
+largest size (torch.profiler: kernel time against wall time, and the top kernels). After the warm-up it
+reports the heap the garbage collector tracks and one full collection's time, then freezes the heap as the
+server does (``gc_freeze``) and times a full collection again.
 
 Why: the HTTP load test gives one number for the whole server; this splits off the model thread, the
 only part that touches the GPU, so a gap between the served rate and the engine's bench is placed in the
@@ -25,6 +27,7 @@ runtime's packages (serve/gpu_wheels.txt), not a port.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import random
@@ -149,6 +152,13 @@ def profile_batch(served, jobs: list[SentenceJob], top: int = 15) -> dict:
                               "calls": event.count} for event in cpu_ops[:top]]}
 
 
+def full_collection_ms() -> float:
+    """One full garbage collection's wall time: what a server pauses for when one falls due (serve/gc_pauses.py)."""
+    started_s = time.perf_counter()
+    gc.collect()
+    return (time.perf_counter() - started_s) * 1e3
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--settings", required=True, help="serve.settings.ServeSettings fields as JSON")
@@ -193,8 +203,10 @@ def main(argv: list[str] | None = None) -> dict:
     captured, capture_s = captures.snapshot()
     report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
                         "captures": captured, "capture_s": capture_s}
+    report["warmup"]["gc"] = {"tracked_objects": len(gc.get_objects()), "full_collection_ms": full_collection_ms()}
     if settings.gc_freeze:  # as the server does before it answers ready
-        report["warmup"]["gc_frozen_objects"] = freeze_warm_heap()
+        report["warmup"]["gc"]["frozen_objects"] = freeze_warm_heap()
+        report["warmup"]["gc"]["full_collection_ms_frozen"] = full_collection_ms()
     print(f"warm-up: {report['warmup']}", flush=True)
 
     rng = random.Random(args.seed)

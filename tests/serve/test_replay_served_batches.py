@@ -2,6 +2,7 @@
 this CPU; and its capture counter, which once deadlocked on the first capture it was told of."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import sys
@@ -55,11 +56,17 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
     settings = {"family": "piper", "source": "teacher", "device": "cpu", "max_batch_size": 4,
                 "length_buckets": [64], "warmup_length_scales": [1.0]}
     out = tmp_path / "replay.json"
-    report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
-                          "--threads", "2", "--seconds", "1", "--profile", "--out", str(out)])
+    try:
+        report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
+                              "--threads", "2", "--seconds", "1", "--profile", "--out", str(out)])
+    finally:
+        gc.unfreeze()  # the replay froze this test process's heap, as a server does after its warm-up
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     serve_settings = ServeSettings.from_json(json.dumps(settings))
     assert report["warmup"]["batches"] == len(warmup_batches(load_served_model(serve_settings), serve_settings))
+    heap = report["warmup"]["gc"]  # a full collection of the frozen heap scans almost nothing
+    assert heap["frozen_objects"] > 0.5 * heap["tracked_objects"] > 0
+    assert heap["full_collection_ms_frozen"] < 0.5 * heap["full_collection_ms"]
     for size in ("2", "4"):
         row = report["one_at_a_time"][size]
         assert row["median_ms"] > 0 and row["sentences_per_s"] == pytest.approx(int(size) / row["median_ms"] * 1000)
