@@ -6,9 +6,9 @@ throughout. A warmed-up server holds millions of them that never die: torch.comp
 guards, the front end's dictionaries (CMUdict, jieba, pypinyin), the CUDA-graph cache's keys. On this
 project's CPU, compiling a 30-layer toy convolution stack alone left 623k tracked objects and a 296 ms
 full collection. While a collection runs, the model thread cannot launch its next batch, and the GPU
-drains once the batch it holds is done. (One worker serving EmotiVoice on an H100 under steady load left
-the GPU idle for 0.6-1.0 s about every 5.5 s, the pattern such pauses would make; docs/benchmarks.md
-says what the histogram below showed.)
+drains once the batch it holds is done. One worker serving EmotiVoice's compiled engine on an H100
+(docs/benchmarks.md, session 42) held 1.6 M tracked objects after its warm-up; under load it ran a full
+collection about every 6 s, 555-663 ms each, and each ended as the GPU came back from an idle gap.
 
 ``gc.freeze()`` after the warm-up moves every object alive then into a permanent generation that no
 collection scans; objects made later are collected as usual. ``GcPauseRecorder`` times each
