@@ -1,7 +1,7 @@
 """The server's garbage-collector handling (serve/gc_pauses.py): every collection is timed into the
 ``tts_gc_pause_seconds`` histogram and long ones are logged; after the warm-up the heap alive then is
-frozen out of the collector's scans (a cycle made before the freeze survives a full collection, one
-made after it does not), and a server that stops hands it back.
+frozen out of the collector's scans (a cycle alive at the freeze and dropped after it survives full
+collections, one made after it does not), and a server that stops hands it back.
 
     python -m pytest -q tests/serve/test_gc_pauses.py
 """
@@ -37,18 +37,13 @@ REGISTRY = CollectorRegistry()
 HISTOGRAM = Histogram("gc_pause_seconds", "test", ["generation"], buckets=(0.001, 1.0), registry=REGISTRY)
 
 
-@pytest.fixture
-def histogram():
-    return HISTOGRAM
-
-
 def observed(generation: int) -> float:
     """Collections of ``generation`` timed so far."""
     return REGISTRY.get_sample_value("gc_pause_seconds_count", {"generation": str(generation)}) or 0.0
 
 
-def test_every_collection_is_timed_while_installed(histogram):
-    recorder = GcPauseRecorder(histogram)
+def test_every_collection_is_timed_while_installed():
+    recorder = GcPauseRecorder(HISTOGRAM)
     recorder.install()
     try:
         gc.collect()
@@ -60,8 +55,8 @@ def test_every_collection_is_timed_while_installed(histogram):
     assert observed(2) == count  # uninstalled: no more samples
 
 
-def test_a_long_pause_is_logged(histogram, caplog):
-    recorder = GcPauseRecorder(histogram, long_pause_s=0.0)
+def test_a_long_pause_is_logged(caplog):
+    recorder = GcPauseRecorder(HISTOGRAM, long_pause_s=0.0)
     recorder.install()
     try:
         with caplog.at_level(logging.WARNING, logger="serve.gc_pauses"):
