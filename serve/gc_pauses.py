@@ -11,7 +11,9 @@ drains once the batch it holds is done. One worker serving EmotiVoice's compiled
 collection about every 6 s, 555-663 ms each, and each ended as the GPU came back from an idle gap.
 
 ``gc.freeze()`` after the warm-up moves every object alive then into a permanent generation that no
-collection scans; objects made later are collected as usual. ``GcPauseRecorder`` times each
+collection scans; objects made later are collected as usual. A frozen object still dies when its last
+reference goes (reference counting is untouched); only a cycle among frozen objects waits for the thaw,
+so the heap is collected once just before the freeze. ``GcPauseRecorder`` times each
 collection through ``gc.callbacks`` into ``tts_gc_pause_seconds`` (by generation) and logs the long
 ones, so a server's /metrics shows whether collections still stall it.
 """
