@@ -11,6 +11,7 @@
 #   OUT=$OUT bash serve/gpu_loadtest.sh
 #   OUT=$OUT ENGINE=eager bash serve/gpu_loadtest.sh           # the eager PyTorch teacher, for comparison
 #   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
+#   OUT=$OUT WORKERS=2 MPS=1 bash serve/gpu_loadtest.sh        # the workers' kernels share the GPU through CUDA MPS
 #   OUT=$OUT MODEL=emotivoice ENGINE=cuda_graphs bash serve/gpu_loadtest.sh  # another family (random weights without its files)
 # It writes a dozen files; to bring them back as one, write elsewhere and pack them:
 #   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
@@ -47,6 +48,7 @@ READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load a
 GC_FREEZE=${GC_FREEZE:-true}         # false: the garbage collector keeps scanning the warm heap (serve/gc_pauses.py), an A/B
 QUEUE_CAPACITY=${QUEUE_CAPACITY:-512}  # requests a worker admits at once; past it 503 queue_full, and per client 429
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
+MPS=${MPS:-0}                        # 1: the workers share the GPU through CUDA MPS (kernels of two processes at once) instead of time slices
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
 if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
@@ -64,6 +66,13 @@ if ! python -c "import serve.__main__, serve.app, serve.loadtest, httpx" 2>"$OUT
   exit 3
 fi
 rm -f "$OUT/import_error.txt"
+if [ "$MPS" = 1 ]; then  # a control daemon of this run's own; every CUDA process started below joins it
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "MPS=1 needs nvidia-cuda-mps-control on PATH" >&2; exit 2; }
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/loadtest_mps_pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps_log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d
+  trap 'echo quit | nvidia-cuda-mps-control || true' EXIT  # until the server's trap below takes over
+fi
 
 python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.source="$SOURCE" serve.device="$DEVICE" serve.port="$PORT" \
   serve.torch_engine="$ENGINE" serve.aoti_package_dir=/tmp/serve_aoti serve.workers="$WORKERS" \
@@ -78,7 +87,8 @@ if command -v nvidia-smi >/dev/null; then  # GPU busy % every 200 ms: says wheth
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 200 >"$OUT/gpu_utilisation.csv" &
   GPU_LOG_PID=$!
 fi
-trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
+stop_mps() { [ "$MPS" != 1 ] || echo quit | nvidia-cuda-mps-control || true; }
+trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; stop_mps' EXIT
 
 URL=http://127.0.0.1:$PORT
 READY_BY=$(( $(date +%s) + READY_TIMEOUT_S ))
