@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,30 +45,40 @@ class BodyCap:
 
 
 class ClientConnection:
-    """The connection under one request, as the server (uvicorn) holds it."""
+    """The connection under one request, as the server (uvicorn) holds it.
+
+    It refers to uvicorn's request cycle weakly: the cycle owns the request's scope, where this object
+    lives, and a strong reference back would make every request a reference cycle that only the
+    garbage collector frees, holding its scope, body and response state until a full collection."""
 
     def __init__(self, server_send):
         cycle = getattr(server_send, "__self__", None)  # uvicorn's request cycle owns ``send`` and the transport
-        self._cycle = cycle if hasattr(cycle, "transport") else None
+        self._cycle_ref = weakref.ref(cycle) if hasattr(cycle, "transport") else None
         self.cut = False
+
+    def _cycle(self):
+        """uvicorn's request cycle while it lives; None under a server without one (the test client)."""
+        return None if self._cycle_ref is None else self._cycle_ref()
 
     @property
     def response_started(self) -> bool | None:
         """Whether the response's first message went out; None when the server is not reachable."""
-        return None if self._cycle is None else bool(self._cycle.response_started)
+        cycle = self._cycle()
+        return None if cycle is None else bool(cycle.response_started)
 
     async def cut_off(self) -> None:
         """Drop the connection now, with whatever the kernel still holds for it: the client sees its
         response end early. Under a server without a reachable transport (the test client) the
         response only stops."""
         self.cut = True
-        if self._cycle is None:
+        cycle = self._cycle()
+        if cycle is None:
             return
-        self._cycle.transport.abort()
+        cycle.transport.abort()
         # uvicorn hears of the loss a loop turn later; a response that returned before would be logged
         # as "returned without completing response".
         for _ in range(100):
-            if getattr(self._cycle, "disconnected", True):
+            if getattr(cycle, "disconnected", True):
                 return
             await asyncio.sleep(0)
 

@@ -260,15 +260,18 @@ def speech_router(context: ServeContext) -> APIRouter:
             while True:
                 deadline_s = first_deadline_s if waiting_for_first else total_deadline_s
                 try:
-                    yield await asyncio.wait_for(anext(chunks), max(deadline_s - time.monotonic(), 0.0))
-                except StopAsyncIteration:
-                    return
+                    # anext's default ends the stream without raising StopAsyncIteration through wait_for:
+                    # that exception's traceback would hold wait_for's frame and task, a cycle per request.
+                    chunk = await asyncio.wait_for(anext(chunks, None), max(deadline_s - time.monotonic(), 0.0))
                 except TimeoutError:
                     if waiting_for_first:
                         raise SynthesisTimeout("no audio within serve.first_audio_timeout_s="
                                                f"{settings.first_audio_timeout_s:g} s") from None
                     raise SynthesisTimeout(f"audio not complete within serve.total_timeout_s="
                                            f"{settings.total_timeout_s:g} s") from None
+                if chunk is None:
+                    return
+                yield chunk
                 waiting_for_first = False
         finally:
             await chunks.aclose()

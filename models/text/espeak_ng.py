@@ -98,8 +98,11 @@ def _start(text: str, espeak_voice: str) -> list[list[str]]:
 
 def _clauses(library: ctypes.CDLL, text: str) -> list[tuple[str, int]]:
     """(IPA, terminator) of each clause of ``text``, as espeak-ng splits it."""
-    buffer = ctypes.create_string_buffer(text.encode("utf-8"))
-    position = ctypes.c_void_p(ctypes.addressof(buffer))  # espeak-ng moves it past each clause; NULL at the end
+    # espeak-ng reads the text in place and never writes it, so it can read the bytes object's own NUL-ended
+    # buffer (held by ``encoded`` until the loop ends). create_string_buffer would make a new ctypes array
+    # type for each text length, and each type is a reference cycle left to the garbage collector.
+    encoded = text.encode("utf-8")
+    position = ctypes.cast(ctypes.c_char_p(encoded), ctypes.c_void_p)  # espeak-ng moves it past each clause; NULL at the end
     clauses = []
     while position.value is not None:
         terminator = ctypes.c_int(0)
