@@ -102,7 +102,8 @@ def _clauses(library: ctypes.CDLL, text: str) -> list[tuple[str, int]]:
     # buffer (held by ``encoded`` until the loop ends). create_string_buffer would make a new ctypes array
     # type for each text length, and each type is a reference cycle left to the garbage collector.
     encoded = text.encode("utf-8")
-    position = ctypes.cast(ctypes.c_char_p(encoded), ctypes.c_void_p)  # espeak-ng moves it past each clause; NULL at the end
+    # espeak-ng moves ``position`` past each clause, to NULL at the end.
+    position = ctypes.cast(ctypes.c_char_p(encoded), ctypes.c_void_p)
     clauses = []
     while position.value is not None:
         terminator = ctypes.c_int(0)
