@@ -71,7 +71,9 @@ def test_a_cycle_alive_at_the_freeze_outlives_full_collections_and_a_later_one_d
     warm_ref = weakref.ref(warm)
     try:
         frozen = freeze_warm_heap()
-        assert frozen > 0 and gc.get_freeze_count() == frozen
+        # Frozen objects still die by reference counting, so another thread of this process (a server
+        # another test left stopping) can lower the count as soon as the freeze returns.
+        assert 0 < gc.get_freeze_count() <= frozen
         late = cycle()
         late_ref = weakref.ref(late)
         del warm, late
