@@ -66,12 +66,13 @@ if ! python -c "import serve.__main__, serve.app, serve.loadtest, httpx" 2>"$OUT
   exit 3
 fi
 rm -f "$OUT/import_error.txt"
+stop_mps() { [ "$MPS" != 1 ] || echo quit | nvidia-cuda-mps-control || true; }
 if [ "$MPS" = 1 ]; then  # a control daemon of this run's own; every CUDA process started below joins it
   command -v nvidia-cuda-mps-control >/dev/null || { echo "MPS=1 needs nvidia-cuda-mps-control on PATH" >&2; exit 2; }
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/loadtest_mps_pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps_log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d
-  trap 'echo quit | nvidia-cuda-mps-control || true' EXIT  # until the server's trap below takes over
+  trap stop_mps EXIT  # until the server's trap below takes over
 fi
 
 python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.source="$SOURCE" serve.device="$DEVICE" serve.port="$PORT" \
@@ -87,7 +88,6 @@ if command -v nvidia-smi >/dev/null; then  # GPU busy % every 200 ms: says wheth
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 200 >"$OUT/gpu_utilisation.csv" &
   GPU_LOG_PID=$!
 fi
-stop_mps() { [ "$MPS" != 1 ] || echo quit | nvidia-cuda-mps-control || true; }
 trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; stop_mps' EXIT
 
 URL=http://127.0.0.1:$PORT

@@ -91,14 +91,20 @@ def wait_until(condition, timeout_s: float = 20.0, what: str = "condition") -> N
         time.sleep(0.01)
 
 
-@contextmanager
-def tiny_family_client(family, model, tmp_path: Path, *overrides: str):
-    """A TestClient of the server in front of ``model`` (the family's tiny model, or a wrapper of it)
-    as the family's teacher, ready; yields (client, voice id)."""
+def tiny_family_app(family, model, tmp_path: Path, *overrides: str):
+    """The server's app in front of ``model`` (the family's tiny model, or a wrapper of it) as the
+    family's teacher, without a warm-up; returns (app, served model)."""
     torch.set_num_threads(1)
     settings = serve_settings(tmp_path, "serve.source=teacher", "serve.warmup=false", *overrides)
     served = served_as_is(model, family, "teacher", family.default_voice)
-    with TestClient(create_app(settings, served)) as client:
+    return create_app(settings, served), served
+
+
+@contextmanager
+def tiny_family_client(family, model, tmp_path: Path, *overrides: str):
+    """A TestClient of ``tiny_family_app``, ready; yields (client, voice id)."""
+    app, served = tiny_family_app(family, model, tmp_path, *overrides)
+    with TestClient(app) as client:
         wait_until(lambda: client.get("/readyz").status_code == 200, timeout_s=30, what="/readyz 200")
         yield client, served.voice_name
 

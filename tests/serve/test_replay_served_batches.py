@@ -2,7 +2,6 @@
 this CPU; and its capture counter, which once deadlocked on the first capture it was told of."""
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import sys
@@ -50,6 +49,7 @@ def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):
 @pytest.mark.slow
 def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
     from serve.engines import load_served_model
+    from serve.gc_pauses import unfreeze_heap
     from serve.settings import ServeSettings
     from serve.speech import warmup_batches
 
@@ -60,7 +60,7 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
         report = replay.main(["--settings", json.dumps(settings), "--sizes", "2", "4", "--repeats", "1",
                               "--threads", "2", "--seconds", "1", "--profile", "--out", str(out)])
     finally:
-        gc.unfreeze()  # the replay froze this test process's heap, as a server does after its warm-up
+        unfreeze_heap()  # the replay froze this test process's heap, as a server does after its warm-up
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     serve_settings = ServeSettings.from_json(json.dumps(settings))
     assert report["warmup"]["batches"] == len(warmup_batches(load_served_model(serve_settings), serve_settings))

@@ -20,12 +20,9 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-import torch
-from serve_support import running_server, serve_settings
+from serve_support import running_server, tiny_family_app
 
 from models.registry import FAMILIES
-from serve.app import create_app
-from serve.engines import served_as_is
 
 SENTENCES = ["The train to the coast leaves at nine.", "Please keep the window open tonight.",
              "Our neighbour paints the fence every spring.", "A quiet voice carried across the hall."]
@@ -58,14 +55,12 @@ def describe(objects: list) -> list[tuple[str, int]]:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("family_name", sorted(FAMILIES))
 def test_a_served_request_leaves_no_reference_cycle(tmp_path, family_name, stream):
-    torch.set_num_threads(1)
     family = FAMILIES[family_name]
-    settings = serve_settings(tmp_path, "serve.source=teacher", "serve.warmup=false")
-    served = served_as_is(family.tiny_model(0), family, "teacher", family.default_voice)
+    app, served = tiny_family_app(family, family.tiny_model(0), tmp_path)
     body = {"model": "teacher", "voice": served.voice_name, "input": " ".join(SENTENCES), "response_format": "wav"}
     if stream:
         body["stream_format"] = "audio"
-    with running_server(create_app(settings, served)) as (_, base_url):
+    with running_server(app) as (_, base_url):
         for _ in range(2):  # first calls fill lazily built caches: those live on, they are not garbage
             post_speech(base_url, body)
         gc.collect()
