@@ -15,11 +15,15 @@ With ``serve.workers`` > 1, uvicorn starts that many processes on the one port (
 connections); each loads the model and warms up on its own before it accepts any (serve/worker.py). Why: one Python
 process tops out on parsing, phonemizing and encoding long before a GPU engine does. Each worker
 keeps its own batcher, queue and /metrics; share uploaded voices through ``serve.redis_url``.
+``serve.gpu_sharing=mps`` starts a CUDA MPS daemon before the workers, so their kernels share the GPU
+at once rather than in time slices (serve/gpu_sharing.py); its log goes to $CUDA_MPS_LOG_DIRECTORY
+when set, else to mps_log/ in the run's folder.
 """
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import hydra
 import uvicorn
@@ -28,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from serve.app import create_app, uvicorn_options
 from serve.engines import load_served_model
+from serve.gpu_sharing import LOG_ENV, shared_gpu
 from serve.settings import serve_settings_from_config
 
 
@@ -42,7 +47,9 @@ def main(cfg: DictConfig) -> None:
         from serve.worker import SETTINGS_ENV
 
         os.environ[SETTINGS_ENV] = settings.to_json()  # the workers' only input: spawned processes inherit it
-        uvicorn.run("serve.worker:create_worker_app", factory=True, workers=settings.workers, **options)
+        run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+        with shared_gpu(settings.gpu_sharing, Path(os.environ.get(LOG_ENV) or run_dir / "mps_log")):
+            uvicorn.run("serve.worker:create_worker_app", factory=True, workers=settings.workers, **options)
         return
     served = load_served_model(settings)
     uvicorn.Server(uvicorn.Config(create_app(settings, served), **options)).run()

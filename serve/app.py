@@ -46,7 +46,13 @@ from serve.context import ServeContext
 from serve.engines import ServedModel, device_memory_note, device_memory_reserved
 from serve.error_boundary import ErrorBoundaryMiddleware
 from serve.errors import ApiError, install_error_handlers
-from serve.gc_pauses import GcPauseRecorder, freeze_warm_heap, unfreeze_heap
+from serve.gc_pauses import (
+    GcPauseRecorder,
+    freeze_warm_heap,
+    restore_thresholds,
+    space_full_collections,
+    unfreeze_heap,
+)
 from serve.health import health_router
 from serve.http_protocol import REFUSAL_COUNTER_STATE_KEY, BoundedHeadProtocol
 from serve.metrics import RequestMetricsMiddleware
@@ -142,6 +148,7 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             return
         if settings.gc_freeze:
             freeze_warm_heap()
+        state.gc_thresholds = space_full_collections(settings.gc_full_collection_after)
         state.ready = True
         log.info("ready: %s (%s, %s) warmed up in %.1f s%s", served.model_id, served.engine, served.note or "named",
                  time.perf_counter() - started_s, device_memory_note(served.noise_device))
@@ -191,6 +198,8 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
             gc_pauses.uninstall()
             if settings.gc_freeze:
                 unfreeze_heap()
+            if state.gc_thresholds is not None:
+                restore_thresholds(state.gc_thresholds)
 
     app = SpeechServerApp(
         title="tts-compress speech server",

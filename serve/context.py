@@ -33,6 +33,7 @@ class ServerState:
     batcher: SentenceScheduler | None = None
     executor: ThreadPoolExecutor | None = None
     speaker_cache: SpeakerCache | None = None
+    gc_thresholds: tuple[int, int, int] | None = None  # the collector's thresholds before the server spaced them
 
 
 @dataclass

@@ -17,7 +17,11 @@ so the heap is collected once just before the freeze. Frozen, a full collection 
 requests in flight hold, and CPython 3.12 runs one whenever the objects promoted since the last outnumber a
 quarter of those it left: every ~1.7 s on that H100 under load, 51-152 ms each. A request that ended
 inside a reference cycle would add its objects to that count, so the served path leaves none
-(tests/serve/test_serve_cyclic_garbage.py). ``GcPauseRecorder`` times each
+(tests/serve/test_serve_cyclic_garbage.py). With nothing left in cycles, those frequent full collections
+find nothing: one H100 worker under load ran one every ~2.4 s, 53-178 ms each, 4.5 % of its time, and
+none of them collected more than 39 objects (session 44). ``space_full_collections`` therefore raises
+CPython's third threshold (a full collection waits for that many collections of generation 1; 10 by
+default) once the heap is frozen. ``GcPauseRecorder`` times each
 collection through ``gc.callbacks`` into ``tts_gc_pause_seconds`` (by generation) and logs the long
 ones, so a server's /metrics shows whether collections still stall it.
 """
@@ -82,6 +86,21 @@ def freeze_warm_heap() -> int:
     log.info("garbage collector: %d objects of the warm heap frozen out of its scans (%.0f ms)", frozen,
              (time.perf_counter() - started_s) * 1e3)
     return frozen
+
+
+def space_full_collections(young_collections: int) -> tuple[int, int, int]:
+    """Let a full collection run only after ``young_collections`` collections of generation 1 (CPython's
+    third threshold). Returns the thresholds it replaces, for ``gc.set_threshold`` to restore."""
+    if young_collections < 1:
+        raise ValueError(f"young_collections must be >= 1, got {young_collections}")
+    previous = gc.get_threshold()
+    gc.set_threshold(previous[0], previous[1], young_collections)
+    return previous
+
+
+def restore_thresholds(thresholds: tuple[int, int, int]) -> None:
+    """Put back what ``space_full_collections`` returned (a server that stops, in a process that goes on)."""
+    gc.set_threshold(*thresholds)
 
 
 def unfreeze_heap() -> None:

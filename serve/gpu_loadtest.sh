@@ -46,9 +46,10 @@ LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load and warm up (compiled engines: minutes)
 GC_FREEZE=${GC_FREEZE:-true}         # false: the garbage collector keeps scanning the warm heap (serve/gc_pauses.py), an A/B
+GC_FULL_AFTER=${GC_FULL_AFTER:-100}  # generation-1 collections before a full one may run once warm (CPython's default: 10)
 QUEUE_CAPACITY=${QUEUE_CAPACITY:-512}  # requests a worker admits at once; past it 503 queue_full, and per client 429
 PROFILE=${PROFILE:-0}                # 1: py-spy records the server's processes over the measured levels
-MPS=${MPS:-0}                        # 1: the workers share the GPU through CUDA MPS (kernels of two processes at once) instead of time slices
+MPS=${MPS:-0}                        # 1: serve.gpu_sharing=mps: the workers' kernels share the GPU at once, not in time slices
 STREAMING=${STREAMING:-$([ "$SOURCE" = teacher ] && [ "$ENGINE" = eager ] && echo decoder_chunks || echo sentence)}
 
 if [ "$SOURCE" = original_onnx ] && [[ "$VOICE" == *.safetensors ]]; then
@@ -66,13 +67,11 @@ if ! python -c "import serve.__main__, serve.app, serve.loadtest, httpx" 2>"$OUT
   exit 3
 fi
 rm -f "$OUT/import_error.txt"
-stop_mps() { [ "$MPS" != 1 ] || echo quit | nvidia-cuda-mps-control || true; }
-if [ "$MPS" = 1 ]; then  # a control daemon of this run's own; every CUDA process started below joins it
+GPU_SHARING=time_slices
+if [ "$MPS" = 1 ]; then  # the server starts its own MPS daemon before its workers (serve/gpu_sharing.py)
   command -v nvidia-cuda-mps-control >/dev/null || { echo "MPS=1 needs nvidia-cuda-mps-control on PATH" >&2; exit 2; }
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/loadtest_mps_pipe CUDA_MPS_LOG_DIRECTORY=$OUT/mps_log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  nvidia-cuda-mps-control -d
-  trap stop_mps EXIT  # until the server's trap below takes over
+  GPU_SHARING=mps
+  export CUDA_MPS_LOG_DIRECTORY=$OUT/mps_log  # the daemon's log comes back with the reports
 fi
 
 python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.source="$SOURCE" serve.device="$DEVICE" serve.port="$PORT" \
@@ -80,7 +79,7 @@ python -m serve ${MODEL:+model="$MODEL"} ${VOICE:+serve.voice="$VOICE"} serve.so
   serve.threads="$THREADS" serve.max_batch_size="$MAX_BATCH" serve.max_wait_ms="$MAX_WAIT_MS" \
   serve.batches_in_flight="$IN_FLIGHT" serve.length_buckets="$LENGTH_BUCKETS" serve.max_batch_phonemes="$MAX_BATCH_PHONEMES" \
   ++serve.engine_options="$ENGINE_OPTIONS" serve.warmup_length_scales="$WARMUP_SCALES" serve.cudnn_benchmark="$CUDNN_BENCHMARK" \
-  serve.queue_capacity="$QUEUE_CAPACITY" serve.max_requests_per_client="$QUEUE_CAPACITY" serve.gc_freeze="$GC_FREEZE" serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
+  serve.queue_capacity="$QUEUE_CAPACITY" serve.max_requests_per_client="$QUEUE_CAPACITY" serve.gc_freeze="$GC_FREEZE" serve.gc_full_collection_after="$GC_FULL_AFTER" serve.gpu_sharing="$GPU_SHARING" serve.streaming="$STREAMING" serve.access_log=false hydra.run.dir=/tmp/serve_hydra \
   >"$OUT/server.log" 2>&1 &
 SERVER_PID=$!
 GPU_LOG_PID=
@@ -88,7 +87,7 @@ if command -v nvidia-smi >/dev/null; then  # GPU busy % every 200 ms: says wheth
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -lms 200 >"$OUT/gpu_utilisation.csv" &
   GPU_LOG_PID=$!
 fi
-trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true; stop_mps' EXIT
+trap 'kill -TERM $SERVER_PID $GPU_LOG_PID 2>/dev/null || true; wait $SERVER_PID 2>/dev/null || true' EXIT
 
 URL=http://127.0.0.1:$PORT
 READY_BY=$(( $(date +%s) + READY_TIMEOUT_S ))

@@ -20,6 +20,7 @@ from models.registry import FAMILIES
 SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16")
 HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
+GPU_SHARING_MODES = ("time_slices", "mps")  # serve/gpu_sharing.py
 TORCH_ENGINES = ("eager", "cuda_graphs", "compile", "aoti")  # a family's bucketed engines (models/<family>/engines.py)
 
 
@@ -92,8 +93,14 @@ class ServeSettings:
     # After the warm-up, move the warm heap (compiled graphs, front-end dictionaries) out of the garbage
     # collector's scans, whose full passes hold the GIL and starve the GPU of launches (serve/gc_pauses.py)
     gc_freeze: bool = True
+    # Then a full collection waits for this many collections of generation 1 (CPython's third threshold,
+    # 10 by default): served requests leave no cycles, so under load its frequent passes found nothing
+    gc_full_collection_after: int = 100
     access_log: bool = True
     workers: int = 1  # server processes sharing the port, each with its own model and batcher
+    # How those workers share one GPU: time_slices (CUDA's default) or mps (a CUDA MPS daemon of the server's
+    # own, under which their kernels run at once; serve/gpu_sharing.py)
+    gpu_sharing: str = "time_slices"
     shutdown_grace_s: float = 30.0
     model_aliases: tuple[str, ...] = ()
     voice_aliases: tuple[str, ...] = ()
@@ -146,10 +153,15 @@ class ServeSettings:
             fail("port", "use 0..65535 (0 picks a free port)")
         if self.workers > 1 and self.port == 0:
             fail("port", "several workers share one port: give a fixed port, not 0")
+        if self.gpu_sharing not in GPU_SHARING_MODES:
+            fail("gpu_sharing", f"use one of {list(GPU_SHARING_MODES)}")
+        if self.gpu_sharing == "mps" and (self.workers < 2 or not self.device.startswith("cuda")):
+            fail("gpu_sharing", "mps shares one GPU between worker processes: set serve.device=cuda and "
+                                "serve.workers >= 2")
         for key in ("workers", "threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
                     "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
                     "speaker_cache_entries", "min_upload_sample_rate_hz", "max_requests_per_client", "max_body_bytes",
-                    "max_connections", "max_header_bytes"):
+                    "max_connections", "max_header_bytes", "gc_full_collection_after"):
             if getattr(self, key) < 1:
                 fail(key, "must be >= 1")
         for key in ("max_wait_ms", "decoder_context_frames"):

@@ -33,6 +33,8 @@ from serve_support import serve_settings
     ("serve.engine_options=8", ValueError, r"use a mapping of the family's engine settings \(piper's: \[\]\)"),
     ("serve.warmup_length_scales=[]", ValueError, "serve.warmup_length_scales"),
     ("serve.warmup_length_scales=[1.0,0]", ValueError, "give one or more paces > 0"),
+    ("serve.gc_full_collection_after=0", ValueError, "serve.gc_full_collection_after=0: must be >= 1"),
+    ("serve.gc_full_collection_after=true", ValueError, "serve.gc_full_collection_after=True: use a whole number"),
 ])
 def test_bad_serve_config_fails_at_start(tmp_path, override, error, message):
     with pytest.raises(error, match=message):
