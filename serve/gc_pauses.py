@@ -21,7 +21,7 @@ inside a reference cycle would add its objects to that count, so the served path
 find nothing: one H100 worker under load ran one every ~2.4 s, 53-178 ms each, 4.5 % of its time, and
 none of them collected more than 39 objects (session 44). ``space_full_collections`` therefore raises
 CPython's third threshold (a full collection waits for that many collections of generation 1; 10 by
-default) once the heap is frozen. ``GcPauseRecorder`` times each
+default) once the server is warm. ``GcPauseRecorder`` times each
 collection through ``gc.callbacks`` into ``tts_gc_pause_seconds`` (by generation) and logs the long
 ones, so a server's /metrics shows whether collections still stall it.
 """
@@ -90,7 +90,7 @@ def freeze_warm_heap() -> int:
 
 def space_full_collections(young_collections: int) -> tuple[int, int, int]:
     """Let a full collection run only after ``young_collections`` collections of generation 1 (CPython's
-    third threshold). Returns the thresholds it replaces, for ``gc.set_threshold`` to restore."""
+    third threshold). Returns the thresholds it replaces, for ``restore_thresholds``."""
     if young_collections < 1:
         raise ValueError(f"young_collections must be >= 1, got {young_collections}")
     previous = gc.get_threshold()

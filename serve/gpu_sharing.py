@@ -1,9 +1,9 @@
 """How several server workers share one GPU: in time slices (CUDA's default), or through a CUDA MPS
 (Multi-Process Service) daemon of the server's own, under which their kernels run at once.
 
-Without MPS the GPU runs one process's kernels at a time and switches between them in slices, so while
-one worker's batch is in its small kernels (the text stage, the length groups' tails) the other's wait.
-Under MPS both workers' kernels go through one daemon's context and fill each other's gaps: two workers
+Without MPS the GPU runs one process's kernels at a time and switches between them in slices, so
+while one worker's kernels leave SMs idle, the other's wait. Under MPS both workers' kernels go
+through one daemon's context and can run side by side: two workers
 serving EmotiVoice on an H100 made 1.07x and 1.14x the sentences a second with it, in two pairs of runs
 on one machine (docs/benchmarks.md, session 44).
 

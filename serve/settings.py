@@ -93,8 +93,8 @@ class ServeSettings:
     # After the warm-up, move the warm heap (compiled graphs, front-end dictionaries) out of the garbage
     # collector's scans, whose full passes hold the GIL and starve the GPU of launches (serve/gc_pauses.py)
     gc_freeze: bool = True
-    # Then a full collection waits for this many collections of generation 1 (CPython's third threshold,
-    # 10 by default): served requests leave no cycles, so under load its frequent passes found nothing
+    # Once warm, a full collection waits for this many collections of generation 1 (CPython's third
+    # threshold, 10 by default): served requests leave no cycles, so under load its frequent passes found nothing
     gc_full_collection_after: int = 100
     access_log: bool = True
     workers: int = 1  # server processes sharing the port, each with its own model and batcher

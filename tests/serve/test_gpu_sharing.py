@@ -8,6 +8,7 @@ before the workers would, the server's environment names that directory only whi
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,7 @@ def test_the_daemon_runs_with_a_private_pipe_while_the_workers_would_and_quits_a
 
 def test_a_daemon_that_does_not_start_leaves_no_pipe_and_no_environment(tmp_path, fake_control, monkeypatch):
     monkeypatch.setenv("MPS_EXIT", "1")
-    with pytest.raises(Exception, match="returned non-zero exit status 1"):
+    with pytest.raises(subprocess.CalledProcessError, match="returned non-zero exit status 1"):
         with mps_daemon(tmp_path / "mps_log"):
             pytest.fail("the body must not run without a daemon")
     assert PIPE_ENV not in os.environ
