@@ -104,6 +104,13 @@ LABEL="${MODEL:+$MODEL-}$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"  # the fa
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
+scrape_metrics() {  # each worker answers its own /metrics (batch sizes, collections); the kernel picks which
+  for worker in $(seq "$WORKERS"); do
+    python -c "import urllib.request; print(urllib.request.urlopen('$URL/metrics', timeout=5).read().decode())" \
+      >"$OUT/metrics_${LABEL}_$1$worker.txt" 2>&1 || true
+  done
+}
+scrape_metrics before_  # counters as the measured levels start: with one worker the difference is theirs alone
 PROFILER_PID=
 if [ "$PROFILE" = 1 ]; then  # collapsed stacks of every server process (workers are its children), idle included
   py-spy record --pid "$SERVER_PID" --subprocesses --idle --rate 100 --format raw --nonblocking \
@@ -115,9 +122,6 @@ python -m serve.loadtest --url "$URL" --concurrency "$CONCURRENCY" --requests "$
   --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL" \
   --out "$OUT/loadtest_${LABEL}.json"
 if [ -n "$PROFILER_PID" ]; then kill -INT "$PROFILER_PID" 2>/dev/null || true; wait "$PROFILER_PID" || true; fi
-for worker in $(seq "$WORKERS"); do  # each worker answers its own /metrics (batch sizes); the kernel picks which
-  python -c "import urllib.request; print(urllib.request.urlopen('$URL/metrics', timeout=5).read().decode())" \
-    >"$OUT/metrics_${LABEL}_$worker.txt" 2>&1 || true
-done
+scrape_metrics ""
 python -m serve.loadtest --url "$URL" --concurrency 1 --requests 200 --max-seconds "$MAX_SECONDS" \
   --stream audio --warmup 4 --label "$LABEL-stream" --out "$OUT/loadtest_${LABEL}_stream.json"
