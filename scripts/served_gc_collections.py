@@ -1,0 +1,135 @@
+"""The garbage collector's passes inside a loaded server, at several values of
+``serve.gc_full_collection_after``, side by side on this machine.
+
+A family's tiny model stands in for the engine, so the server is bound by its host side (HTTP,
+front end, batching), as a one-worker GPU server is, and makes objects at a high rate. Each arm starts
+the real app under uvicorn in this process with its warm heap frozen, loads it with ``serve.loadtest``
+from another process (whose objects then do not count), and reads ``tts_gc_pause_seconds`` from
+/metrics before and after the measured level: collections by generation, and the GIL time they took.
+Arms run in interleaved rounds. Writes one JSON report.
+
+    python scripts/served_gc_collections.py --family emotivoice --after 10 100 --rounds 2 \
+        --concurrency 256 --seconds 30 --out docs/results/cpu_44_served_gc_collections.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import uvicorn  # noqa: E402
+
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
+from models.registry import FAMILIES  # noqa: E402
+from serve.app import create_app  # noqa: E402
+from serve.engines import served_as_is  # noqa: E402
+from serve.settings import ServeSettings  # noqa: E402
+
+PAUSES = re.compile(r'^tts_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', re.M)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def collections(url: str) -> dict[str, dict[str, float]]:
+    """{generation: {"count", "seconds"}} from the server's /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    found: dict[str, dict[str, float]] = {}
+    for kind, generation, value in PAUSES.findall(text):
+        found.setdefault(generation, {})["count" if kind == "count" else "seconds"] = float(value)
+    return found
+
+
+def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
+    """One server with ``gc_full_collection_after=after`` under one measured load level."""
+    family = FAMILIES[family_name]
+    port = free_port()
+    settings = ServeSettings(source="teacher", family=family_name, port=port, warmup=False, access_log=False,
+                             max_batch_size=args.max_batch, max_wait_ms=0, batches_in_flight=2, threads=1,
+                             queue_capacity=1024, max_requests_per_client=1024, gc_full_collection_after=after)
+    served = served_as_is(family.tiny_model(0), family, "teacher", family.default_voice)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, served), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, name="server", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            load = [sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(args.concurrency),
+                    "--requests", "1000000", "--max-seconds", str(args.seconds), "--warmup", "16",
+                    "--sentences-per-request", str(args.sentences), "--ready-timeout-s", "60", "--no-table",
+                    "--model", served.model_id, "--voice", served.voice_name]
+            # An untimed level first: the collections of start-up and the first full pass after the freeze
+            # (which waits for a quarter of the frozen heap) fall before the measured level.
+            subprocess.run([*load[:load.index("--max-seconds") + 1], "10", *load[load.index("--max-seconds") + 2:],
+                            "--out", f"{scratch}/warm.json"], check=True, cwd=REPO, timeout=600)
+            before = collections(url)
+            subprocess.run([*load, "--out", f"{scratch}/level.json"], check=True, cwd=REPO, timeout=600)
+            after_level = collections(url)
+            level = json.loads(Path(f"{scratch}/level.json").read_text())["levels"][0]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+    if not level["requests_ok"]:  # a few failures stay in the report; none answered means no measurement
+        raise SystemExit(f"gc_full_collection_after={after}: no request of the measured level was answered: "
+                         f"{level['errors_by_status']}")
+    by_generation = {generation: {"count": int(after_level[generation]["count"] - before[generation]["count"]),
+                                  "seconds": after_level[generation]["seconds"] - before[generation]["seconds"]}
+                     for generation in sorted(after_level)}
+    return {"gc_full_collection_after": after, "wall_s": level["wall_s"], "requests_ok": level["requests_ok"],
+            "errors_by_status": level["errors_by_status"], "requests_per_s": level["throughput_rps"],
+            "sentences_per_s": level["throughput_rps"] * args.sentences,
+            "latency_ms": level["latency_ms"], "collections": by_generation,
+            "gil_share_of_full_collections": by_generation["2"]["seconds"] / level["wall_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", default="emotivoice", choices=sorted(FAMILIES))
+    parser.add_argument("--after", type=int, nargs="+", default=[10, 100], help="values of gc_full_collection_after")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all arms")
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--sentences", type=int, default=8, help="sentences a request")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each measured level")
+    parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--out", type=Path, required=True)
+    add_allow_dirty_argument(parser)
+    args = parser.parse_args()
+    origin = publication_or_exit(parser, REPO, args.out, args.allow_dirty)
+    torch.set_num_threads(1)
+    arms = []
+    for round_index in range(args.rounds):
+        for after in args.after:
+            arm = run_arm(args.family, after, args)
+            arm["round"] = round_index
+            arms.append(arm)
+            full = arm["collections"]["2"]
+            print(f"round {round_index} after={after}: {arm['sentences_per_s']:.1f} sentences/s, "
+                  f"{full['count']} full collections, {full['seconds'] * 1e3:.1f} ms "
+                  f"({arm['gil_share_of_full_collections']:.2%})", flush=True)
+    print_and_save_report({
+        "tool": "scripts/served_gc_collections.py", "argv": sys.argv[1:], "provenance": origin,
+        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "torch": torch.__version__},
+        "family": args.family, "model": "the family's tiny model (random weights): the host side is the bottleneck",
+        "arms": arms}, args.out)
+
+
+if __name__ == "__main__":
+    main()
