@@ -9,7 +9,7 @@ from another process (whose objects then do not count), and reads ``tts_gc_pause
 Arms run in interleaved rounds. Writes one JSON report.
 
     python scripts/served_gc_collections.py --family emotivoice --after 10 100 --rounds 2 \
-        --concurrency 256 --seconds 30 --out docs/results/cpu_44_served_gc_collections.json
+        --concurrency 192 --seconds 30 --out docs/results/cpu_44_served_gc_collections.json
 """
 from __future__ import annotations
 
@@ -39,6 +39,17 @@ from serve.engines import served_as_is  # noqa: E402
 from serve.settings import ServeSettings  # noqa: E402
 
 PAUSES = re.compile(r'^tts_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', re.M)
+
+
+def processor_name() -> str:
+    """The CPU's model name (platform.processor() is often empty on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def free_port() -> int:
@@ -77,8 +88,8 @@ def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
                     "--model", served.model_id, "--voice", served.voice_name]
             # An untimed level first: the collections of start-up and the first full pass after the freeze
             # (which waits for a quarter of the frozen heap) fall before the measured level.
-            subprocess.run([*load[:load.index("--max-seconds") + 1], "10", *load[load.index("--max-seconds") + 2:],
-                            "--out", f"{scratch}/warm.json"], check=True, cwd=REPO, timeout=600)
+            warm = [*load[:load.index("--max-seconds") + 1], str(args.warm_seconds), *load[load.index("--max-seconds") + 2:]]
+            subprocess.run([*warm, "--out", f"{scratch}/warm.json"], check=True, cwd=REPO, timeout=600)
             before = collections(url)
             subprocess.run([*load, "--out", f"{scratch}/level.json"], check=True, cwd=REPO, timeout=600)
             after_level = collections(url)
@@ -99,7 +110,7 @@ def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
             "gil_share_of_full_collections": by_generation["2"]["seconds"] / level["wall_s"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="emotivoice", choices=sorted(FAMILIES))
     parser.add_argument("--after", type=int, nargs="+", default=[10, 100], help="values of gc_full_collection_after")
@@ -107,10 +118,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--sentences", type=int, default=8, help="sentences a request")
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each measured level")
+    parser.add_argument("--warm-seconds", type=float, default=10.0, help="length of the untimed level before each")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     origin = publication_or_exit(parser, REPO, args.out, args.allow_dirty)
     torch.set_num_threads(1)
     arms = []
@@ -123,12 +135,14 @@ def main() -> None:
             print(f"round {round_index} after={after}: {arm['sentences_per_s']:.1f} sentences/s, "
                   f"{full['count']} full collections, {full['seconds'] * 1e3:.1f} ms "
                   f"({arm['gil_share_of_full_collections']:.2%})", flush=True)
-    print_and_save_report({
+    report = {
         "tool": "scripts/served_gc_collections.py", "argv": sys.argv[1:], "provenance": origin,
-        "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+        "machine": {"processor": processor_name(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "torch": torch.__version__},
         "family": args.family, "model": "the family's tiny model (random weights): the host side is the bottleneck",
-        "arms": arms}, args.out)
+        "arms": arms}
+    print_and_save_report(report, args.out)
+    return report
 
 
 if __name__ == "__main__":
