@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import re
 import socket
 import subprocess
 import sys
@@ -31,25 +28,13 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 import uvicorn  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from models.registry import FAMILIES  # noqa: E402
 from serve.app import create_app  # noqa: E402
 from serve.engines import served_as_is  # noqa: E402
 from serve.settings import ServeSettings  # noqa: E402
-
-PAUSES = re.compile(r'^tts_gc_pause_seconds_(count|sum)\{generation="(\d)"\} (\S+)$', re.M)
-
-
-def processor_name() -> str:
-    """The CPU's model name (platform.processor() is often empty on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def free_port() -> int:
@@ -59,12 +44,25 @@ def free_port() -> int:
 
 
 def collections(url: str) -> dict[str, dict[str, float]]:
-    """{generation: {"count", "seconds"}} from the server's /metrics."""
+    """{generation: {"count", "seconds"}} of ``tts_gc_pause_seconds`` from the server's /metrics."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     found: dict[str, dict[str, float]] = {}
-    for kind, generation, value in PAUSES.findall(text):
-        found.setdefault(generation, {})["count" if kind == "count" else "seconds"] = float(value)
+    for family in text_string_to_metric_families(text):
+        if family.name == "tts_gc_pause_seconds":
+            for sample in family.samples:
+                kind = {"tts_gc_pause_seconds_count": "count", "tts_gc_pause_seconds_sum": "seconds"}.get(sample.name)
+                if kind:
+                    found.setdefault(sample.labels["generation"], {})[kind] = sample.value
     return found
+
+
+def run_load(url: str, served, args: argparse.Namespace, seconds: float, out: str) -> None:
+    """One ``serve.loadtest`` level of ``seconds`` against ``url``, from another process; its report at ``out``."""
+    subprocess.run([sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(args.concurrency),
+                    "--requests", "1000000", "--max-seconds", str(seconds), "--warmup", "16",
+                    "--sentences-per-request", str(args.sentences), "--ready-timeout-s", "60", "--no-table",
+                    "--model", served.model_id, "--voice", served.voice_name, "--out", out],
+                   check=True, cwd=REPO, timeout=600)
 
 
 def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
@@ -82,16 +80,11 @@ def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
     url = f"http://127.0.0.1:{port}"
     try:
         with tempfile.TemporaryDirectory() as scratch:
-            load = [sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(args.concurrency),
-                    "--requests", "1000000", "--max-seconds", str(args.seconds), "--warmup", "16",
-                    "--sentences-per-request", str(args.sentences), "--ready-timeout-s", "60", "--no-table",
-                    "--model", served.model_id, "--voice", served.voice_name]
             # An untimed level first: the collections of start-up and the first full pass after the freeze
             # (which waits for a quarter of the frozen heap) fall before the measured level.
-            warm = [*load[:load.index("--max-seconds") + 1], str(args.warm_seconds), *load[load.index("--max-seconds") + 2:]]
-            subprocess.run([*warm, "--out", f"{scratch}/warm.json"], check=True, cwd=REPO, timeout=600)
+            run_load(url, served, args, args.warm_seconds, f"{scratch}/warm.json")
             before = collections(url)
-            subprocess.run([*load, "--out", f"{scratch}/level.json"], check=True, cwd=REPO, timeout=600)
+            run_load(url, served, args, args.seconds, f"{scratch}/level.json")
             after_level = collections(url)
             level = json.loads(Path(f"{scratch}/level.json").read_text())["levels"][0]
     finally:
@@ -137,8 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"({arm['gil_share_of_full_collections']:.2%})", flush=True)
     report = {
         "tool": "scripts/served_gc_collections.py", "argv": sys.argv[1:], "provenance": origin,
-        "machine": {"processor": processor_name(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "torch": torch.__version__},
+        "torch": torch.__version__,  # the machine is in the provenance
         "family": args.family, "model": "the family's tiny model (random weights): the host side is the bottleneck",
         "arms": arms}
     print_and_save_report(report, args.out)

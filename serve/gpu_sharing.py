@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from serve.settings import GPU_SHARING_MODES, ServeConfigError
+from serve.settings import ServeConfigError
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,5 @@ def mps_daemon(log_dir: Path) -> Iterator[Path]:
 
 
 def shared_gpu(mode: str, log_dir: Path) -> contextlib.AbstractContextManager:
-    """The context the workers run in for ``mode`` (one of GPU_SHARING_MODES)."""
-    if mode == "mps":
-        return mps_daemon(log_dir)
-    if mode == "time_slices":
-        return contextlib.nullcontext()
-    raise ServeConfigError(f"serve.gpu_sharing={mode!r}: use one of {list(GPU_SHARING_MODES)}")
+    """The context the workers run in for ``mode`` (serve.settings.GPU_SHARING_MODES, checked there)."""
+    return mps_daemon(log_dir) if mode == "mps" else contextlib.nullcontext()
