@@ -37,6 +37,9 @@ from serve.engines import served_as_is  # noqa: E402
 from serve.settings import ServeSettings  # noqa: E402
 
 
+GENERATIONS = ("0", "1", "2")
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -44,15 +47,16 @@ def free_port() -> int:
 
 
 def collections(url: str) -> dict[str, dict[str, float]]:
-    """{generation: {"count", "seconds"}} of ``tts_gc_pause_seconds`` from the server's /metrics."""
+    """{generation: {"count", "seconds"}} of ``tts_gc_pause_seconds`` from the server's /metrics, for every
+    generation: one the server has not yet collected has no sample, and counts zero."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    found: dict[str, dict[str, float]] = {}
+    found = {generation: {"count": 0.0, "seconds": 0.0} for generation in GENERATIONS}
     for family in text_string_to_metric_families(text):
         if family.name == "tts_gc_pause_seconds":
             for sample in family.samples:
                 kind = {"tts_gc_pause_seconds_count": "count", "tts_gc_pause_seconds_sum": "seconds"}.get(sample.name)
                 if kind:
-                    found.setdefault(sample.labels["generation"], {})[kind] = sample.value
+                    found[sample.labels["generation"]][kind] = sample.value
     return found
 
 
@@ -95,7 +99,7 @@ def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
                          f"{level['errors_by_status']}")
     by_generation = {generation: {"count": int(after_level[generation]["count"] - before[generation]["count"]),
                                   "seconds": after_level[generation]["seconds"] - before[generation]["seconds"]}
-                     for generation in sorted(after_level)}
+                     for generation in GENERATIONS}
     return {"gc_full_collection_after": after, "wall_s": level["wall_s"], "requests_ok": level["requests_ok"],
             "errors_by_status": level["errors_by_status"], "requests_per_s": level["throughput_rps"],
             "sentences_per_s": level["throughput_rps"] * args.sentences,
