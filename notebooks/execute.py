@@ -6,13 +6,15 @@
     python -m notebooks.execute --notebook notebooks/h200_engines.ipynb [--results-dir docs/results]
     python -m notebooks.execute --notebook notebooks/gpt_sovits_engine.ipynb [--results-dir docs/results]
     python -m notebooks.execute --notebook notebooks/kokoro.ipynb [--results-dir docs/results]
+    python -m notebooks.execute --notebook notebooks/emotivoice_engine.ipynb [--results-dir docs/results]
 
 The notebooks read their parameters from environment variables, which this sets for the kernel:
 compare_variants.ipynb TTS_MLFLOW_URI, TTS_MLFLOW_EXPERIMENT and TTS_MLFLOW_RUN_ID (an MLflow store);
 serving_loadtests.ipynb TTS_LOADTEST_DIR (a folder of serve.loadtest reports); h200_engines.ipynb
 TTS_RESULTS_DIR (a folder of evaluate.gpu_engines reports and their audio scores); gpt_sovits_engine.ipynb
 the same TTS_RESULTS_DIR (GPT-SoVITS's H200 benchmark reports); kokoro.ipynb the same TTS_RESULTS_DIR (Kokoro's
-CPU, FLOP, H200 and TensorRT reports and its training logs). The kernel starts in notebooks/, as in Jupyter.
+CPU, FLOP, H200 and TensorRT reports and its training logs); emotivoice_engine.ipynb the same TTS_RESULTS_DIR
+(EmotiVoice's H100 and H200 engine benches and load tests). The kernel starts in notebooks/, as in Jupyter.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ SERVING_LOADTESTS = NOTEBOOKS_DIR / "serving_loadtests.ipynb"
 H200_ENGINES = NOTEBOOKS_DIR / "h200_engines.ipynb"
 GPT_SOVITS_ENGINE = NOTEBOOKS_DIR / "gpt_sovits_engine.ipynb"
 KOKORO = NOTEBOOKS_DIR / "kokoro.ipynb"
+EMOTIVOICE_ENGINE = NOTEBOOKS_DIR / "emotivoice_engine.ipynb"
 
 
 def execute_notebook(path: Path = COMPARE_VARIANTS, tracking_uri: str | None = None, experiment: str | None = None,
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output", type=Path, help="default: overwrite the notebook in place")
     parser.add_argument("--loadtest-dir", type=Path, help="serving_loadtests: default docs/results")
     parser.add_argument("--results-dir", type=Path,
-                        help="h200_engines, gpt_sovits_engine, kokoro: default docs/results")
+                        help="h200_engines, gpt_sovits_engine, kokoro, emotivoice_engine: default docs/results")
     parser.add_argument("--timeout-s", type=int, default=600, help="per cell")
     args = parser.parse_args(argv)
     execute_notebook(args.notebook, args.tracking_uri, args.experiment, args.run_id, args.output, args.timeout_s,

@@ -7,8 +7,8 @@ import pytest
 
 from compress.pipeline import run
 from compress.run_config import settings_from_config
-from notebooks.execute import (COMPARE_VARIANTS, GPT_SOVITS_ENGINE, H200_ENGINES, KOKORO, SERVING_LOADTESTS,
-                               execute_notebook)
+from notebooks.execute import (COMPARE_VARIANTS, EMOTIVOICE_ENGINE, GPT_SOVITS_ENGINE, H200_ENGINES, KOKORO,
+                               SERVING_LOADTESTS, execute_notebook)
 
 pytestmark = pytest.mark.slow  # loads the real voice
 
@@ -211,3 +211,44 @@ def test_kokoro_notebook_reads_the_recorded_reports(tmp_path):
     assert "Students meeting both: checkpoints/lite_kokoro_jf_alpha.safetensors, s33/lite_128_64_long.safetensors." in notes
     assert ("**`cpu_33_kokoro_lite_quality_128_64_float16.json`** (1 students): DNSMOS 3.685-3.685" in notes
             and "Students meeting both: checkpoints/lite_kokoro_jf_alpha_128_64.safetensors." in notes)
+
+
+def test_emotivoice_notebook_reads_the_recorded_reports(tmp_path):
+    """Against the committed EmotiVoice reports (docs/results): each #16 target's verdict names the card and
+    carries the figures of the reports themselves, computed here from the JSON."""
+    outputs = outputs_without_errors(execute_notebook(EMOTIVOICE_ENGINE, results_dir=RESULTS,
+                                                      output_path=tmp_path / "emotivoice.ipynb", timeout_s=120))
+    assert pngs(outputs) == 3  # batch 1 per report, sentences/s by batch size, served levels
+    notes = joined(outputs, "text/markdown")
+    # Batch 1: the fastest engine of the released model (an engine with another vocoder is another model).
+    report = json.loads((RESULTS / "h200_39_emotivoice_b1024_groups32.json").read_text())
+    engine, figures = min(((name, figures) for name, figures in report["engines"].items() if "vocoder" not in figures),
+                          key=lambda item: item[1]["total_ms"])
+    speedup = report["batch1"]["eager_fp32"]["total_ms"] / figures["total_ms"]
+    assert (f"- H200 `h200_39_emotivoice_b1024_groups32.json`: {engine} {figures['total_ms']:.2f} ms, "
+            f"{speedup:.2f}x eager FP32: met") in notes
+    assert "**H200: met**" in notes.split("**End to end")[0]
+    # Dynamic batching: the same call's batch of 1,024, the first past 2,000 sentences/s on the H200.
+    rate = figures["b1024_sentences_per_s"]
+    assert rate >= 2_000 and f"{engine} {rate:,.1f} at b1024: met" in notes
+    # End to end, Mandarin: front end + warm style + engine.
+    end_to_end = json.loads((RESULTS / "h200_8_emotivoice_e2e.json").read_text())["end_to_end"]["zh"]
+    assert f"{end_to_end['total_with_engine_ms']:.2f} ms = front end" in notes
+    # Served: the one H200 load test (one sentence a request) misses; the best H100 run is named with its card.
+    served = json.loads((RESULTS / "h200_15_emotivoice_serve.json").read_text())
+    best_rps = max(level["throughput_rps"] for level in served["levels"])
+    assert "sentences_per_request" not in served
+    assert f"`h200_15_emotivoice_serve.json`: {best_rps:,.1f} sentences/s" in notes
+    assert "**Served, at least 2,000 sentences/s on an H200.**" in notes and "**H200: not met**" in notes
+    mps = json.loads((RESULTS / "h100_44_emotivoice_serve_w2_mps_b.json").read_text())
+    assert f"`h100_44_emotivoice_serve_w2_mps_b.json` on an H100, {mps['sentences_per_s']['768']:,.1f}" in notes
+    # The ratio the report itself disowns is named, not counted.
+    assert "Not counted: `h200_7_emotivoice_engines.json`" in notes
+
+
+def test_emotivoice_notebook_names_a_folder_without_reports(tmp_path):
+    from nbclient.exceptions import CellExecutionError
+
+    with pytest.raises(CellExecutionError, match="no EmotiVoice reports"):
+        execute_notebook(EMOTIVOICE_ENGINE, results_dir=tmp_path, output_path=tmp_path / "emotivoice.ipynb",
+                         timeout_s=120)
