@@ -47,7 +47,7 @@ from serve.engines import load_served_model  # noqa: E402
 from serve.gc_pauses import freeze_warm_heap  # noqa: E402
 from serve.loadtest import pick_sentences  # noqa: E402
 from serve.settings import ServeSettings  # noqa: E402
-from serve.speech import warmup_batches  # noqa: E402
+from serve.speech import capture_shapes_between, warmup_batches  # noqa: E402
 
 
 class CaptureCounter(logging.Handler):
@@ -200,8 +200,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"warm-up batch {index + 1}/{len(batches)}: {len(batch)} rows, longest {max(lengths)}, "
               f"{len(set(lengths))} lengths, {time.perf_counter() - batch_started_s:.1f} s, "
               f"{captures.snapshot()[0]} captures so far", flush=True)
+    between = capture_shapes_between(served, settings)  # as the server does after its batches
+    synchronize(served.noise_device)
     captured, capture_s = captures.snapshot()
-    report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
+    report["warmup"] = {"batches": len(batches), "shapes_captured_between": between, "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
                         "captures": captured, "capture_s": capture_s}
     report["warmup"]["gc"] = {"tracked_objects": len(gc.get_objects()), "full_collection_ms": full_collection_ms()}
     if settings.gc_freeze:  # as the server does before it answers ready

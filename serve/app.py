@@ -58,7 +58,7 @@ from serve.http_protocol import REFUSAL_COUNTER_STATE_KEY, BoundedHeadProtocol
 from serve.metrics import RequestMetricsMiddleware
 from serve.settings import ServeSettings
 from serve.speaker_cache import make_speaker_cache
-from serve.speech import batch_budget, speech_router, warmup_batches
+from serve.speech import batch_budget, capture_shapes_between, speech_router, warmup_batches
 from serve.streaming import decoder_chunks
 from serve.token_scheduler import TokenStepScheduler
 from serve.voices import voices_router
@@ -132,6 +132,10 @@ def create_app(settings: ServeSettings, served: ServedModel, warm_up_before_serv
         batches = warmup_batches(served, settings)
         for batch in batches:
             run_batch(batch)
+        started_s = time.perf_counter()
+        if captured := capture_shapes_between(served, settings):
+            log.info("warm-up: %d more shapes captured between those the batches met, in %.1f s", captured,
+                     time.perf_counter() - started_s)
         if use_decoder_chunks:
             for _ in decoder_chunks(served.model, batches[0][0], served.noise_channels,
                                     settings.decoder_chunk_frames, settings.decoder_context_frames):

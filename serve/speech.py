@@ -140,6 +140,14 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
             for batch in batches_of(bound, size, scale)]
 
 
+def capture_shapes_between(served: ServedModel, settings: ServeSettings) -> int:
+    """After the warm-up batches: a model that can capture the shapes lying between those the batches met
+    (``complete_warm_up(max_batch)``, e.g. EmotiVoice's engine with engine_options.fill_frame_shapes) does
+    so now, since each one left would stall a batch under load. Returns how many it captured."""
+    complete_warm_up = getattr(served.model, "complete_warm_up", None)
+    return complete_warm_up(settings.max_batch_size) if callable(complete_warm_up) else 0
+
+
 def speech_router(context: ServeContext) -> APIRouter:
     settings, served, state, metrics = context.settings, context.served, context.state, context.metrics
     family, capabilities = served.family, served.capabilities

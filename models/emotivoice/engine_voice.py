@@ -47,14 +47,19 @@ class ServedEngineOptions:
     # compile_dynamic, each a compile without it). With compile_dynamic, 8 ran batch 1,024 at 1,814 sentences/s
     # against 1,736 at 32 on an H100, same call (docs/results/h100_42_emotivoice_frame_buckets.json)
     frame_bucket: int = FRAME_BUCKET
+    # After the server's warm-up batches, capture every (group rows, frame bucket) shape between those they
+    # met (BucketedEngine.fill_frame_shapes), so fewer are first met under load. Off: the longer warm-up's
+    # gain under load is not yet measured
+    fill_frame_shapes: bool = False
 
     def __post_init__(self):
         for name in ("frame_groups", "min_group_rows", "frame_bucket"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= 1")
-        if not isinstance(self.compile_dynamic, bool):
-            raise ValueError(f"serve.engine_options.compile_dynamic={self.compile_dynamic!r}: use true or false")
+        for name in ("compile_dynamic", "fill_frame_shapes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"serve.engine_options.{name}={getattr(self, name)!r}: use true or false")
 
 
 class EngineVoice(VoiceOnEngine):
@@ -64,9 +69,16 @@ class EngineVoice(VoiceOnEngine):
     capabilities = CAPABILITIES
     sampling_type = Sampling
 
-    def __init__(self, voice: EmotiVoiceVoice, engine: BucketedEngine):
+    def __init__(self, voice: EmotiVoiceVoice, engine: BucketedEngine, fill_frame_shapes: bool = False):
         super().__init__(voice, engine)
         self.speakers = voice.speakers  # the server's voice names (Family.speaker_names)
+        self.fill_frame_shapes = fill_frame_shapes
+
+    def complete_warm_up(self, max_batch: int) -> int:
+        """Called by the server after its warm-up batches: with ``fill_frame_shapes``, the engine captures
+        the frame shapes between those the batches met (BucketedEngine.fill_frame_shapes). Returns how many
+        graphs it captured."""
+        return self.engine.fill_frame_shapes(max_batch) if self.fill_frame_shapes else 0
 
     @property
     def length_groups(self) -> int:
@@ -98,4 +110,4 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
                             min_group_rows=options.min_group_rows, frame_bucket=options.frame_bucket,
                             compile_dynamic=options.compile_dynamic)
-    return EngineVoice(voice, engine), engine.graphs, TEXT_BUCKETS
+    return EngineVoice(voice, engine, options.fill_frame_shapes), engine.graphs, TEXT_BUCKETS

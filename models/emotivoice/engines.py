@@ -343,6 +343,41 @@ class BucketedEngine:
             size = bucket_of(target, self.batch_buckets, "batch")
         return [size] * (batch // size) + ([batch % size] if batch % size else [])
 
+    def group_rows(self, max_batch: int) -> list[int]:
+        """Every row count a frame-stage run can have in batches of 1 to ``max_batch`` rows: each length
+        group's size, padded to its batch bucket."""
+        if self.batch_buckets is None:
+            raise ValueError("group_rows needs batch buckets: without them a run has any row count")
+        return sorted({self._rows(size) for batch in range(1, max_batch + 1) for size in self._group_sizes(batch)})
+
+    def fill_frame_shapes(self, max_batch: int) -> int:
+        """Captures the frame stage at every shape not yet captured between those that are: for each text
+        bucket the frame stage has run at, every row count of ``group_rows(max_batch)`` at every frame
+        bucket up to the longest captured at that text bucket. Returns how many it captured; 0 without
+        graphs. Why: a server's warm-up batches meet only some (rows, frame bucket) pairs, and on an H100
+        two workers still captured 8-12 graphs in each 23 s load level after it (0.1-0.7 s each, the
+        worker's batch waiting; docs/benchmarks.md, session 45). Lengths past the longest warm-up
+        sentence stay to be met under load."""
+        if not self.graphs:
+            return 0
+        captured = {key[1:] for key in self.cache.captured if key[0] == "frames"}  # (rows, text, frame bucket)
+        longest: dict[int, int] = {}
+        for _, text, bucket in captured:
+            longest[text] = max(bucket, longest.get(text, 0))
+        missing = [(rows, text, bucket) for text in sorted(longest)
+                   for bucket in range(self.frame_bucket, longest[text] + 1, self.frame_bucket)
+                   for rows in self.group_rows(max_batch) if (rows, text, bucket) not in captured]
+        width = self.frame_model.config.encoder_n_hidden
+        with self.device_lock:
+            for rows, text, bucket in missing:
+                # One symbol a row lasting the whole bucket: what the graph computes does not depend on it.
+                hidden = torch.zeros(rows, text, width, device=self.device)  # (rows, T_text, h), as the text stage's
+                durations = torch.zeros(rows, text, dtype=torch.long, device=self.device)  # (rows, T_text)
+                durations[:, 0] = bucket
+                lengths = torch.ones(rows, dtype=torch.long, device=self.device)
+                self._frame_run(rows, text, bucket, hidden, durations, lengths)
+        return len(missing)
+
     def _rows(self, batch: int) -> int:
         return batch if self.batch_buckets is None else bucket_of(batch, self.batch_buckets, "batch")
 
