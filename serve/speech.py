@@ -141,9 +141,9 @@ def warmup_batches(served: ServedModel, settings: ServeSettings) -> list[list[Se
 
 
 def capture_shapes_between(served: ServedModel, settings: ServeSettings) -> int:
-    """After the warm-up batches: a model that can capture the shapes lying between those the batches met
-    (``complete_warm_up(max_batch)``, e.g. EmotiVoice's engine with engine_options.fill_frame_shapes) does
-    so now, since each one left would stall a batch under load. Returns how many it captured."""
+    """After the warm-up batches: a model that can prepare the shapes lying between those the batches met
+    (it has ``complete_warm_up(max_batch)``; a family's engine option turns it on) does so now, since each
+    one left would stall a batch under load. Returns how many shapes it prepared."""
     complete_warm_up = getattr(served.model, "complete_warm_up", None)
     return complete_warm_up(settings.max_batch_size) if callable(complete_warm_up) else 0
 

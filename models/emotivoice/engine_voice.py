@@ -103,6 +103,9 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
     if backend not in BACKENDS:
         raise ValueError(f"EmotiVoice's bucketed engine runs backend {list(BACKENDS)}, not {backend!r} "
                          "(it has no AOTInductor packages)")
+    if options.fill_frame_shapes and backend == "compile" and not options.compile_dynamic:
+        raise ValueError("serve.engine_options.fill_frame_shapes=true with serve.torch_engine=compile needs "
+                         "compile_dynamic=true: with static shapes every filled shape would be a compile of its own")
     if options.compile_dynamic and backend != "compile":
         raise ValueError(f"serve.engine_options.compile_dynamic=true compiles the frame stage: it needs "
                          f"serve.torch_engine=compile, not the {backend!r} backend")

@@ -350,14 +350,17 @@ class BucketedEngine:
             raise ValueError("group_rows needs batch buckets: without them a run has any row count")
         return sorted({self._rows(size) for batch in range(1, max_batch + 1) for size in self._group_sizes(batch)})
 
+    @torch.inference_mode()  # as synthesize: no autograd state kept in the graphs' pool
     def fill_frame_shapes(self, max_batch: int) -> int:
         """Captures the frame stage at every shape not yet captured between those that are: for each text
         bucket the frame stage has run at, every row count of ``group_rows(max_batch)`` at every frame
         bucket up to the longest captured at that text bucket. Returns how many it captured; 0 without
         graphs. Why: a server's warm-up batches meet only some (rows, frame bucket) pairs, and on an H100
         two workers still captured 8-12 graphs in each 23 s load level after it (0.1-0.7 s each, the
-        worker's batch waiting; docs/benchmarks.md, session 45). Lengths past the longest warm-up
-        sentence stay to be met under load."""
+        worker's batch waiting; docs/benchmarks.md, session 45), each at a frame bucket the warm-up had met
+        only with other row counts. Lengths past the longest warm-up sentence stay to be met under load.
+        Rows are not checked against the server's phoneme budget: a shape it can never form costs only
+        warm-up time."""
         if not self.graphs:
             return 0
         captured = {key[1:] for key in self.cache.captured if key[0] == "frames"}  # (rows, text, frame bucket)

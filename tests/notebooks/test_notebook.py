@@ -240,8 +240,12 @@ def test_emotivoice_notebook_reads_the_recorded_reports(tmp_path):
     assert "sentences_per_request" not in served
     assert f"`h200_15_emotivoice_serve.json`: {best_rps:,.1f} sentences/s" in notes
     assert "**Served, at least 2,000 sentences/s on an H200.**" in notes and "**H200: not met**" in notes
-    mps = json.loads((RESULTS / "h100_44_emotivoice_serve_w2_mps_b.json").read_text())
-    assert f"`h100_44_emotivoice_serve_w2_mps_b.json` on an H100, {mps['sentences_per_s']['768']:,.1f}" in notes
+    # The most served on any card: found here from the reports, so a later run that serves more moves it.
+    rates = {path.name: max(json.loads(path.read_text()).get("sentences_per_s", {"": 0}).values())
+             for path in RESULTS.glob("h[12]00_*emotivoice_serve*.json")
+             if not path.name.endswith(("_stream.json", "_warmup.json"))}
+    most = max(rates, key=rates.get)
+    assert f"`{most}` on an H{most[1:4]}, {rates[most]:,.1f}" in notes
     # The ratio the report itself disowns is named, not counted.
     assert "Not counted: `h200_7_emotivoice_engines.json`" in notes
 
