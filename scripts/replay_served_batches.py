@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> dict:
     between = capture_shapes_between(served, settings)  # as the server does after its batches
     synchronize(served.noise_device)
     captured, capture_s = captures.snapshot()
-    report["warmup"] = {"batches": len(batches), "shapes_captured_between": between, "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
-                        "captures": captured, "capture_s": capture_s}
+    report["warmup"] = {"batches": len(batches), "rows": sum(map(len, batches)), "s": time.perf_counter() - started_s,
+                        "captures": captured, "capture_s": capture_s, "shapes_captured_between": between}
     report["warmup"]["gc"] = {"tracked_objects": len(gc.get_objects()), "full_collection_ms": full_collection_ms()}
     if settings.gc_freeze:  # as the server does before it answers ready
         report["warmup"]["gc"]["frozen_objects"] = freeze_warm_heap()

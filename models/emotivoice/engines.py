@@ -367,9 +367,10 @@ class BucketedEngine:
         longest: dict[int, int] = {}
         for _, text, bucket in captured:
             longest[text] = max(bucket, longest.get(text, 0))
+        row_counts = self.group_rows(max_batch)
         missing = [(rows, text, bucket) for text in sorted(longest)
                    for bucket in range(self.frame_bucket, longest[text] + 1, self.frame_bucket)
-                   for rows in self.group_rows(max_batch) if (rows, text, bucket) not in captured]
+                   for rows in row_counts if (rows, text, bucket) not in captured]
         width = self.frame_model.config.encoder_n_hidden
         with self.device_lock:
             for rows, text, bucket in missing:
