@@ -59,10 +59,6 @@ def batch_request(voice: EmotiVoiceVoice, rng: random.Random, rows: int, most_wo
     return SynthesisRequest.from_utterances([voice.text_to_utterances(sentence)[0] for sentence in sentences])
 
 
-def frame_keys(served: EngineVoice) -> set[tuple]:
-    return {key for key in served.engine.cache.captured if key[0] == "frames"}  # ("frames", rows, text, bucket)
-
-
 def shapes_met_first(voice: EmotiVoiceVoice, fill: bool, batches: int = 12, seed: int = 0) -> dict:
     """The warm-up, the fill if asked, then ``batches`` mixed batches: the frame keys they met first,
     those inside the warmed range (a text bucket the warm-up ran at, a frame bucket no longer than its
@@ -71,15 +67,12 @@ def shapes_met_first(voice: EmotiVoiceVoice, fill: bool, batches: int = 12, seed
     for rows in WARMUP_ROWS:  # long sentences, so the warmed range covers what follows
         served.synthesize(batch_request(voice, random.Random(rows), rows, len(WORDS)))
     filled = served.complete_warm_up(max(BATCH_BUCKETS))
-    warmed = frame_keys(served)
-    longest: dict[int, int] = {}
-    for _, _, text, bucket in warmed:
-        longest[text] = max(bucket, longest.get(text, 0))
+    warmed, longest = served.engine.captured_frame_shapes(), served.engine.longest_frame_buckets()
     rng = random.Random(seed)
     for _ in range(batches):
         served.synthesize(batch_request(voice, rng, rng.choice(range(1, max(BATCH_BUCKETS) + 1)), len(WORDS) // 2))
-    met_first = frame_keys(served) - warmed
-    inside = {key for key in met_first if key[2] in longest and key[3] <= longest[key[2]]}
+    met_first = served.engine.captured_frame_shapes() - warmed  # (rows, text bucket, frame bucket)
+    inside = {shape for shape in met_first if shape[1] in longest and shape[2] <= longest[shape[1]]}
     return {"fill": fill, "filled": filled, "warmed_shapes": len(warmed), "longest_frame_bucket_by_text": longest,
             "met_first": sorted(met_first), "met_first_inside_warmed_range": sorted(inside), "engine": served}
 
@@ -98,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
         arm = shapes_met_first(voice, fill, args.batches, args.seed)
         arm.pop("engine")
         arm["met_first"], arm["met_first_inside_warmed_range"] = (
-            [list(key[1:]) for key in arm[name]] for name in ("met_first", "met_first_inside_warmed_range"))
+            [list(shape) for shape in arm[name]] for name in ("met_first", "met_first_inside_warmed_range"))
         arms.append(arm)
     report = {"tool": "scripts/emotivoice_frame_shape_fill.py", "argv": sys.argv[1:] if argv is None else argv,
               "provenance": origin, "torch": torch.__version__,

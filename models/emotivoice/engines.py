@@ -350,6 +350,17 @@ class BucketedEngine:
             raise ValueError("group_rows needs batch buckets: without them a run has any row count")
         return sorted({self._rows(size) for batch in range(1, max_batch + 1) for size in self._group_sizes(batch)})
 
+    def captured_frame_shapes(self) -> set[tuple[int, int, int]]:
+        """(rows, text bucket, frame bucket) of every frame-stage graph captured so far; none without graphs."""
+        return {key[1:] for key in self.cache.captured if key[0] == "frames"} if self.graphs else set()
+
+    def longest_frame_buckets(self) -> dict[int, int]:
+        """Text bucket -> the longest frame bucket captured at it."""
+        longest: dict[int, int] = {}
+        for _, text, bucket in self.captured_frame_shapes():
+            longest[text] = max(bucket, longest.get(text, 0))
+        return longest
+
     @torch.inference_mode()  # as synthesize: no autograd state kept in the graphs' pool
     def fill_frame_shapes(self, max_batch: int) -> int:
         """Captures the frame stage at every shape not yet captured between those that are: for each text
@@ -363,10 +374,7 @@ class BucketedEngine:
         warm-up time."""
         if not self.graphs:
             return 0
-        captured = {key[1:] for key in self.cache.captured if key[0] == "frames"}  # (rows, text, frame bucket)
-        longest: dict[int, int] = {}
-        for _, text, bucket in captured:
-            longest[text] = max(bucket, longest.get(text, 0))
+        captured, longest = self.captured_frame_shapes(), self.longest_frame_buckets()
         row_counts = self.group_rows(max_batch)
         missing = [(rows, text, bucket) for text in sorted(longest)
                    for bucket in range(self.frame_bucket, longest[text] + 1, self.frame_bucket)
