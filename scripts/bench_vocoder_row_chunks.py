@@ -8,8 +8,7 @@ What it answers: whether ``HifiganGenerator.chunk_rows`` (models/emotivoice/hifi
 vocoder faster by keeping the late, memory-bound stages' tensors in L2, before any engine or server
 takes it. Every variant runs the same full-size vocoder (random weights, weight norm folded), FP16,
 channels-last 2-D convolutions as the engines run them, compiled with static shapes and replayed as a
-CUDA graph (the stages before and from the split compiled apart; the input convolution on the
-mel eager in every variant), on one batch of ``--rows`` rows whose frame counts spread +-30 % around ``--frames``
+CUDA graph (``head`` and ``tail``, the stages before and from the split, compiled apart), on one batch of ``--rows`` rows whose frame counts spread +-30 % around ``--frames``
 (masked, as the engine's length groups run). Reported per variant: the median replay time over
 ``--repeats`` replays, sentences/s of the batch, and the largest difference from the whole batch's
 audio (rounding only: kernels may be picked per row count). Only torch and numpy: it runs on the GPU
@@ -98,12 +97,14 @@ def main() -> None:
         name = "whole" if rows == 0 else f"rows{rows}_from_stage{stage}"
         vocoder.chunk_rows(rows or None, stage if rows else 1)
         torch._dynamo.reset()
-        vocoder.__dict__.pop("_stages", None)
+        for half in ("head", "tail"):
+            vocoder.__dict__.pop(half, None)
         if not args.no_compile:
-            # The stages compiled, the loop over chunks not: one compile per chunk shape instead of the
-            # late stages unrolled once per chunk (minutes to compile at 1-row chunks). Replayed as one
+            # The halves compiled apart, the loop over chunks not: one compile per chunk shape instead of
+            # the late stages unrolled once per chunk (minutes to compile at 1-row chunks). Replayed as one
             # CUDA graph, the loop costs no host time.
-            vocoder._stages = torch.compile(vocoder._stages, dynamic=False)
+            vocoder.head = torch.compile(vocoder.head, dynamic=False)
+            vocoder.tail = torch.compile(vocoder.tail, dynamic=False)
         module = vocoder
         started = time.perf_counter()
         with torch.inference_mode():

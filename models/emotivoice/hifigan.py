@@ -17,6 +17,8 @@ the next kernel reads it. Same sums, same order within a row: outputs equal the 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -94,22 +96,30 @@ class HifiganGenerator(nn.Module):
 
     def forward(self, mel: torch.Tensor, frame_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """mel (B, n_mels, T_feats); ``frame_lengths`` (B,) masks padded frames, None runs unmasked."""
-        x = self.conv_pre(_masked(mel, _frame_mask(frame_lengths, 1, mel)))  # (B, C0, T)
         rows, split = self.row_chunk, self.chunk_from_stage
-        if rows is None or x.size(0) <= rows:
-            return self._stages(x, frame_lengths, 0, len(self.upsample_rates))
-        x = self._stages(x, frame_lengths, 0, split)  # (B, C_split, T * factor)
-        chunks = [self._stages(x[start:start + rows], None if frame_lengths is None else frame_lengths[start:start + rows],
-                               split, len(self.upsample_rates))
-                  for start in range(0, x.size(0), rows)]
-        return torch.cat(chunks)  # (B, 1, T_audio)
+        if rows is None or mel.size(0) <= rows:
+            return self.tail(self.head(mel, frame_lengths, 0), frame_lengths, 0)
+        x = self.head(mel, frame_lengths, split)  # (B, C_split, T * factor before split)
+        return torch.cat([self.tail(x[start:start + rows],
+                                    None if frame_lengths is None else frame_lengths[start:start + rows], split)
+                          for start in range(0, x.size(0), rows)])  # (B, 1, T_audio)
 
-    def _stages(self, x: torch.Tensor, frame_lengths: torch.Tensor | None, first: int, stop: int) -> torch.Tensor:
-        """Stages ``first``..``stop - 1`` on x (B, C_first, T * factor before ``first``); through the
-        output convolution and tanh when ``stop`` is the last stage's end."""
-        factor = 1
-        for rate in self.upsample_rates[:first]:
-            factor *= rate
+    def head(self, mel: torch.Tensor, frame_lengths: torch.Tensor | None, stop: int) -> torch.Tensor:
+        """The input convolution and stages 0..``stop - 1``: (B, n_mels, T) -> (B, C, T * their rates)."""
+        x = self.conv_pre(_masked(mel, _frame_mask(frame_lengths, 1, mel)))  # (B, C0, T)
+        return self._stages(x, frame_lengths, 0, stop)[0] if stop else x
+
+    def tail(self, x: torch.Tensor, frame_lengths: torch.Tensor | None, first: int) -> torch.Tensor:
+        """Stages ``first``.. and the output convolution: what ``head(mel, frame_lengths, first)`` gave
+        -> audio (B, 1, T_audio) in [-1, 1]."""
+        x, mask = self._stages(x, frame_lengths, first, len(self.upsample_rates))  # (B, C_last, T_audio)
+        return torch.tanh(self.conv_post(_masked(F.leaky_relu(x, FINAL_LRELU_SLOPE), mask)))
+
+    def _stages(self, x: torch.Tensor, frame_lengths: torch.Tensor | None, first: int,
+                stop: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stages ``first``..``stop - 1``: x (B, C, T * the rates before ``first``) -> (B, C', T * those to
+        ``stop``) and its padding mask (B, 1, T * those to ``stop``), None unmasked."""
+        factor = math.prod(self.upsample_rates[:first])
         mask = _frame_mask(frame_lengths, factor, x)
         for stage in range(first, stop):
             x = self.ups[stage](_masked(F.leaky_relu(x, LRELU_SLOPE), mask))  # (B, C_i, T * factor)
@@ -120,10 +130,7 @@ class HifiganGenerator(nn.Module):
             for block in blocks[1:]:
                 total = total + block(x, mask)
             x = total / self.num_kernels
-        if stop < len(self.upsample_rates):
-            return x
-        x = self.conv_post(_masked(F.leaky_relu(x, FINAL_LRELU_SLOPE), mask))
-        return torch.tanh(x)  # (B, 1, T_audio)
+        return x, mask
 
 
 def _frame_mask(frame_lengths: torch.Tensor | None, factor: int, x: torch.Tensor) -> torch.Tensor | None:
