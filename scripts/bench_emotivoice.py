@@ -429,22 +429,23 @@ def end_to_end(args, report: dict) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 
+def int_pair(text: str, form: str) -> tuple[int, int]:
+    """"A" or "A:B" as (A, B), B 1 when left out; ``form`` names them in the error."""
+    first, _, second = text.partition(":")
+    try:
+        return int(first), int(second or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {form}, both integers") from None
+
+
 def group_spec(text: str) -> tuple[int, int]:
     """``--grouped-engine``'s "GROUPS" or "GROUPS:ROWS" as (frame_groups, min_group_rows)."""
-    groups, _, rows = text.partition(":")
-    try:
-        return int(groups), int(rows or 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: GROUPS or GROUPS:ROWS, both integers") from None
+    return int_pair(text, "GROUPS or GROUPS:ROWS")
 
 
 def row_chunk_spec(text: str) -> tuple[int, int]:
     """``--row-chunks``' "ROWS" or "ROWS:STAGE" as (vocoder_row_chunk, vocoder_chunk_from_stage)."""
-    rows, _, stage = text.partition(":")
-    try:
-        return int(rows), int(stage or 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: ROWS or ROWS:STAGE, both integers") from None
+    return int_pair(text, "ROWS or ROWS:STAGE")
 
 
 def main() -> None:
