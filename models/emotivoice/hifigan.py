@@ -9,11 +9,13 @@ equals its single run (the official code has no such mask; at batch 1 both are i
 
 ``chunk_rows`` runs the stages from ``chunk_from_stage`` on over a few batch rows at a time. Why: past
 the first stage every row's activations are ~16 KiB a frame in FP16 (128 channels at 64x the frame
-rate, 64 at 128x, 32 at 256x), so a batch of 32 rows of 200 frames moves ~100 MiB through each of the
-stage's 18 convolutions and the elementwise pass after each; the 64- and 32-channel convolutions do
-too few sums per byte to be bound by anything but memory. A chunk of a few rows keeps each tensor a
-convolution writes small enough to still be in the GPU's L2 cache (50 MiB on an H100 or H200) when
-the next kernel reads it. Same sums, same order within a row: outputs equal the whole batch's.
+rate, 64 at 128x, 32 at 256x), so a batch of 32 rows of 200 frames writes ~100 MiB in each of a
+stage's 19 convolutions and in the elementwise pass after each; all the 32-channel convolutions and most
+of the 64-channel ones do too few sums per byte to be bound by anything but memory
+(scripts/emotivoice_vocoder_roofline.py). A chunk of a few rows keeps each tensor a convolution writes
+small enough to still be in the GPU's L2 cache (50 MiB on an H100 or H200) when the next kernel reads
+it. Same sums, same order within a row: outputs equal the whole batch's up to rounding (a convolution's
+kernel may be picked per row count).
 """
 from __future__ import annotations
 
