@@ -324,8 +324,6 @@ class EngineSpec(NamedTuple):
     min_group_rows: int = 1
     compile_dynamic: bool = False
     frame_bucket: int = FRAME_BUCKET
-    vocoder_row_chunk: int | None = None
-    vocoder_chunk_from_stage: int = 1
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -429,23 +427,13 @@ def end_to_end(args, report: dict) -> None:
     print(json.dumps(report, indent=2, ensure_ascii=False))
 
 
-def int_pair(text: str, form: str) -> tuple[int, int]:
-    """"A" or "A:B" as (A, B), B 1 when left out; ``form`` names them in the error."""
-    first, _, second = text.partition(":")
-    try:
-        return int(first), int(second or 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: {form}, both integers") from None
-
-
 def group_spec(text: str) -> tuple[int, int]:
     """``--grouped-engine``'s "GROUPS" or "GROUPS:ROWS" as (frame_groups, min_group_rows)."""
-    return int_pair(text, "GROUPS or GROUPS:ROWS")
-
-
-def row_chunk_spec(text: str) -> tuple[int, int]:
-    """``--row-chunks``' "ROWS" or "ROWS:STAGE" as (vocoder_row_chunk, vocoder_chunk_from_stage)."""
-    return int_pair(text, "ROWS or ROWS:STAGE")
+    groups, _, rows = text.partition(":")
+    try:
+        return int(groups), int(rows or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: GROUPS or GROUPS:ROWS, both integers") from None
 
 
 def main() -> None:
@@ -479,10 +467,6 @@ def main() -> None:
     parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
                         "and each --grouped-engine, with one frame stage for every bucket compiled with symbolic "
                         "sizes (``_dynamic``; BucketedEngine's compile_dynamic)")
-    parser.add_argument("--row-chunks", type=row_chunk_spec, nargs="+", default=[], metavar="ROWS[:STAGE]",
-                        help="with --dynamic-engine: also each dynamic grouped engine with its vocoder's stages from "
-                             "STAGE (default 1) on run ROWS rows at a time (``_chunk<ROWS>_from<STAGE>``; "
-                             "BucketedEngine's vocoder_row_chunk)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -499,8 +483,6 @@ def main() -> None:
                         help="batch sizes of mixed-length sentences through the bucketed engine")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
-    if args.row_chunks and not (args.dynamic_engine and args.grouped_engine):
-        parser.error("--row-chunks applies to the dynamic grouped engines: add --dynamic-engine and --grouped-engine")
     if args.frame_buckets != [FRAME_BUCKET] and not args.grouped_engine:
         parser.error("--frame-buckets applies to the --grouped-engine engines: add one")
     if min(args.frame_buckets) < 1:
@@ -577,11 +559,6 @@ def main() -> None:
                 if args.dynamic_engine:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
-                    engines += [EngineSpec(f"{name}_dynamic_chunk{chunk}_from{stage}", True, half, compile_frames=True,
-                                           frame_groups=groups, min_group_rows=rows, compile_dynamic=True,
-                                           frame_bucket=frames, vocoder_row_chunk=chunk,
-                                           vocoder_chunk_from_stage=stage)
-                                for chunk, stage in args.row_chunks]
             if args.dynamic_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
                                        compile_dynamic=True)]

@@ -7,10 +7,10 @@ one row of ``--frames`` frames, records each convolution's shapes with forward h
 per convolution: FP16 multiply-add FLOPs, the fewest bytes it must move (its input, output and
 weights once each, FP16), their ratio (arithmetic intensity), and its floor time on each GPU of
 GPU_PEAKS (the larger of FLOPs over peak and bytes over bandwidth). Summed per stage, for a batch of
-``--rows`` rows. Why: it says which stages row chunks that keep activations in L2
-(``HifiganGenerator.chunk_rows``) can help: only those whose floor is set by memory. The elementwise
-passes between convolutions are memory traffic too and are not counted here. No GPU is timed: a
-floor, not a measurement.
+``--rows`` rows. Why: it says how far the engine's vocoder is from what the card allows, and which
+stages a change that saves memory traffic could speed up: only those whose floor is set by memory.
+The elementwise passes between convolutions are memory traffic too and are not counted here. No GPU
+is timed: a floor, not a measurement.
 """
 from __future__ import annotations
 

@@ -51,18 +51,12 @@ class ServedEngineOptions:
     # met (BucketedEngine.fill_frame_shapes), so fewer are first met under load. Off: the longer warm-up's
     # gain under load is not yet measured
     fill_frame_shapes: bool = False
-    # The vocoder's stages from vocoder_chunk_from_stage on over this many rows at a time, so the tensors a
-    # memory-bound convolution writes may still be in L2 when the next kernel reads them
-    # (HifiganGenerator.chunk_rows); 0 runs each length group whole
-    vocoder_row_chunk: int = 0
-    vocoder_chunk_from_stage: int = 1
 
     def __post_init__(self):
-        for name, least in (("frame_groups", 1), ("min_group_rows", 1), ("frame_bucket", 1),
-                            ("vocoder_row_chunk", 0), ("vocoder_chunk_from_stage", 0)):
+        for name in ("frame_groups", "min_group_rows", "frame_bucket"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= {least}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= 1")
         for name in ("compile_dynamic", "fill_frame_shapes"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"serve.engine_options.{name}={getattr(self, name)!r}: use true or false")
@@ -118,7 +112,5 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
                             min_group_rows=options.min_group_rows, frame_bucket=options.frame_bucket,
-                            compile_dynamic=options.compile_dynamic,
-                            vocoder_row_chunk=options.vocoder_row_chunk or None,
-                            vocoder_chunk_from_stage=options.vocoder_chunk_from_stage)
+                            compile_dynamic=options.compile_dynamic)
     return EngineVoice(voice, engine, options.fill_frame_shapes), engine.graphs, TEXT_BUCKETS

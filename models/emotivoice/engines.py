@@ -42,7 +42,6 @@ import copy
 import importlib.util
 import math
 import threading
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -125,51 +124,6 @@ class AnyFrameStage(FrameStage):
         return self.vocode(mel, used_durations.sum(dim=-1))
 
 
-class FrameStageHead(nn.Module):
-    """A frame stage up to its vocoder's stage ``split``: (the stage's inputs) -> (x (B, C_split, F * the
-    rates before ``split``), frame lengths (B,)). Takes ``frame_slots`` where ``stage`` is an AnyFrameStage."""
-
-    def __init__(self, stage: FrameStage, split: int):
-        super().__init__()
-        self.stage, self.split = stage, split
-
-    def forward(self, hidden, used_durations, phoneme_lengths, frame_slots=None):
-        frames = self.stage.frames if frame_slots is None else frame_slots.shape[0]
-        mel = self.stage.mel_of(hidden, used_durations, phoneme_lengths, frames)  # (B, n_mels, F)
-        frame_lengths = used_durations.sum(dim=-1)  # (B,)
-        return self.stage.vocoder.head(mel, frame_lengths, self.split), frame_lengths
-
-
-class VocoderTail(nn.Module):
-    """The vocoder's stages from ``split`` on: (x, frame lengths) -> audio (B, T_audio)."""
-
-    def __init__(self, vocoder: nn.Module, split: int):
-        super().__init__()
-        self.vocoder, self.split = vocoder, split
-
-    def forward(self, x, frame_lengths):
-        return self.vocoder.tail(x, frame_lengths, self.split)[:, 0]
-
-
-class RowChunkedFrameStage(nn.Module):
-    """A frame stage whose vocoder runs its stages from ``split`` on over ``rows`` rows at a time
-    (HifiganGenerator.chunk_rows says why), same audio. ``compiled`` wraps each half (head, tail) as the
-    engine compiles a stage. Why the halves apart: compiled whole, the loop over chunks would be traced,
-    so the graph would hold the late stages once per chunk (a compile that long) and symbolic sizes
-    would be pinned to each row count. Replayed as one CUDA graph, the loop costs no host time."""
-
-    def __init__(self, stage: FrameStage, rows: int, split: int, compiled: Callable[[nn.Module], nn.Module]):
-        super().__init__()
-        self.rows = rows
-        self.head = compiled(FrameStageHead(stage, split))
-        self.tail = compiled(VocoderTail(stage.vocoder, split))
-
-    def forward(self, *inputs):  # the wrapped stage's inputs -> audio (B, F * hop)
-        x, frame_lengths = self.head(*inputs)
-        return torch.cat([self.tail(x[start:start + self.rows], frame_lengths[start:start + self.rows])
-                          for start in range(0, x.size(0), self.rows)])
-
-
 class DistinctSizes(nn.Module):
     """``module`` traced with every size a symbol of its own. Why: by default torch gives sizes that happen
     to be equal one symbol when it traces (a text bucket equal to the model width), and the next shape
@@ -234,8 +188,7 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
                  pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1,
-                 min_group_rows: int = 1, compile_dynamic: bool = False, vocoder_row_chunk: int | None = None,
-                 vocoder_chunk_from_stage: int = 1):
+                 min_group_rows: int = 1, compile_dynamic: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -266,22 +219,12 @@ class BucketedEngine:
         Why: a server warms every batch bucket at every text bucket and meets new frame buckets under
         load; at about 20 s a compile (H100), a 2-worker server with batches up to 1,024 was still warming
         up after 8 minutes (docs/benchmarks.md). CUDA graphs are still captured per shape, in a fraction
-        of a second each. ``vocoder_row_chunk``: the vocoder's stages from ``vocoder_chunk_from_stage`` on run
-        over that many rows at a time (RowChunkedFrameStage; HifiganGenerator.chunk_rows says why), same audio;
-        None runs each frame-stage batch whole."""
+        of a second each."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
         if compile_dynamic and vocoder_kernels != "torch":
             raise ValueError(f"compile_dynamic=True compiles the torch HiFi-GAN, not "
                              f"vocoder_kernels={vocoder_kernels!r}")
-        if vocoder_row_chunk is not None and (vocoder_row_chunk < 1 or vocoder_kernels != "torch"):
-            raise ValueError(f"vocoder_row_chunk={vocoder_row_chunk} with vocoder_kernels={vocoder_kernels!r}: "
-                             "chunks of at least 1 row, of the torch HiFi-GAN")
-        stages = len(generator.generator.upsample_rates)
-        if not 0 <= vocoder_chunk_from_stage < stages:
-            raise ValueError(f"vocoder_chunk_from_stage={vocoder_chunk_from_stage}: one of the vocoder's {stages} "
-                             f"stages (0-{stages - 1})")
-        self.vocoder_row_chunk, self.vocoder_chunk_from_stage = vocoder_row_chunk, vocoder_chunk_from_stage
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows
@@ -328,7 +271,8 @@ class BucketedEngine:
         bucket = math.ceil(frames / self.frame_bucket) * self.frame_bucket
         if self.compile_dynamic:
             if self.any_frame_stage is None:
-                self.any_frame_stage = self._prepared(AnyFrameStage(self.frame_model).eval(), dynamic=True)
+                self.any_frame_stage = DistinctSizes(torch.compile(AnyFrameStage(self.frame_model).eval(),
+                                                                   dynamic=True, mode=self.compile_mode))
             if bucket not in self.frame_slots:
                 self.frame_slots[bucket] = torch.empty(bucket, dtype=torch.uint8, device=self.device)
             audio, = self._run(("frames", rows, text, bucket), self.any_frame_stage,
@@ -338,25 +282,14 @@ class BucketedEngine:
             stage = FrameStage(self.frame_model, bucket, self.triton_vocoder).eval()
             # Static shapes: a compile per (rows, text bucket) shape of this frame bucket, each replayed as a
             # graph anyway.
-            self.frame_stages[bucket] = (stage.with_compiled_mel() if self.compile_frames and self.triton_vocoder
-                                         is not None else self._prepared(stage, dynamic=False))
+            if self.compile_frames and self.triton_vocoder is not None:
+                stage = stage.with_compiled_mel()
+            elif self.compile_frames:
+                stage = torch.compile(stage, dynamic=False, mode=self.compile_mode)
+            self.frame_stages[bucket] = stage
         # A filler row longer than the bucket would only be cut short: its durations are not read back.
         audio, = self._run(("frames", rows, text, bucket), self.frame_stages[bucket], (hidden, used_durations, lengths))
         return audio
-
-    def _prepared(self, stage: FrameStage, dynamic: bool) -> nn.Module:
-        """``stage`` as the engine runs it: through torch.compile with ``compile_frames`` (symbolic sizes if
-        ``dynamic``), its vocoder's late stages in row chunks with ``vocoder_row_chunk``."""
-        def compiled(module: nn.Module) -> nn.Module:
-            if not self.compile_frames:
-                return module
-            if dynamic:
-                return DistinctSizes(torch.compile(module, dynamic=True, mode=self.compile_mode))
-            return torch.compile(module, dynamic=False, mode=self.compile_mode)
-
-        if self.vocoder_row_chunk is None:
-            return compiled(stage)
-        return RowChunkedFrameStage(stage, self.vocoder_row_chunk, self.vocoder_chunk_from_stage, compiled)
 
     def _grouped_frame_runs(self, batch: int, text: int, frame_lengths: torch.Tensor, hidden: torch.Tensor,
                             used_durations: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, int]:
