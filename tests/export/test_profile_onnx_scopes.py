@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import import_script
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,11 +36,7 @@ def test_scopes_cover_the_graph_and_fit_in_wall_time(tmp_path):
 
 
 def test_a_scope_is_the_leading_names_of_a_node():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        from profile_onnx_scopes import scope_of
-    finally:
-        sys.path.pop(0)
+    scope_of = import_script("profile_onnx_scopes").scope_of
     assert scope_of("/enc_p/encoder/attn_layers.0/MatMul", 1) == "enc_p"
     assert scope_of("/enc_p/encoder/attn_layers.0/MatMul", 2) == "enc_p/encoder"
     assert scope_of("/Add_3", 1) == "(top level)"

@@ -4,23 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
-from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from conftest import import_script
 
 
 @pytest.fixture(scope="module")
 def replay():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        import replay_served_batches
-    finally:
-        sys.path.pop(0)
-    return replay_served_batches
+    return import_script("replay_served_batches")
 
 
 def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from conftest import import_script
 
 
 def test_each_arm_reports_its_level_and_the_collections_within_it(tmp_path):
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        import served_gc_collections
-    finally:
-        sys.path.pop(0)
+    served_gc_collections = import_script("served_gc_collections")
     thresholds = gc.get_threshold()
     out = tmp_path / "gc.json"
     report = served_gc_collections.main(["--family", "piper", "--after", "10", "100", "--rounds", "1",

@@ -3,31 +3,18 @@ and its byte counts with the tensors' sizes, on a small HiFi-GAN."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
-import pytest
 import torch
+from conftest import import_script
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.emotivoice.hifigan import HifiganGenerator
 from models.emotivoice.symbols import synthetic_tokenlist
 from models.emotivoice.tiny import tiny_config
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
-
-@pytest.fixture(scope="module")
-def roofline():
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        import emotivoice_vocoder_roofline
-    finally:
-        sys.path.pop(0)
-    return emotivoice_vocoder_roofline
-
-
-def test_convolution_flops_and_bytes_match_torch(roofline):
+def test_convolution_flops_and_bytes_match_torch():
+    roofline = import_script("emotivoice_vocoder_roofline")
     config = dataclasses.replace(tiny_config(len(synthetic_tokenlist()), 32), upsample_rates=(4, 2),
                                  upsample_kernel_sizes=(8, 4), resblock_kernel_sizes=(3, 5),
                                  resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
