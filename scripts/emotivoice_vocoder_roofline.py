@@ -15,14 +15,14 @@ is timed: a floor, not a measurement.
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import platform
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from core.publishing import add_allow_dirty_argument, publication_or_exit
+from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 
 # Dense FP16 tensor-core peak and memory bandwidth of the SXM parts, from NVIDIA's data sheets.
@@ -85,33 +85,28 @@ def main() -> None:
         moved = record["activation_bytes"] * args.rows + record["weight_bytes"]
         record["intensity_flops_per_byte"] = flops / moved
         stage = per_stage.setdefault(stage_of(record["name"], kernels_per_stage, stages),
-                                     {"convolutions": 0, "gflop": 0.0, "mib_moved": 0.0,
+                                     {"convolutions": 0, "gflop": 0.0, "mib_moved": 0.0, "largest_activation_mib": 0.0,
                                       **{f"{gpu} floor_ms": 0.0 for gpu in GPU_PEAKS},
                                       **{f"{gpu} memory_bound_convolutions": 0 for gpu in GPU_PEAKS}})
         stage["convolutions"] += 1
         stage["gflop"] += flops / 1e9
         stage["mib_moved"] += moved / 2 ** 20
-        stage["largest_activation_mib"] = max(stage.get("largest_activation_mib", 0.0),
-                                              BYTES * args.rows * max(torch.Size(record["out"]).numel(),
-                                                                      torch.Size(record["in"]).numel()) / 2 ** 20)
+        largest = BYTES * args.rows * max(math.prod(record["out"]), math.prod(record["in"])) / 2 ** 20
+        stage["largest_activation_mib"] = max(stage["largest_activation_mib"], largest)
         for gpu, peak in GPU_PEAKS.items():
             compute_s = flops / (peak["fp16_tflops"] * 1e12)
             memory_s = moved / (peak["hbm_tb_per_s"] * 1e12)
             stage[f"{gpu} floor_ms"] += max(compute_s, memory_s) * 1e3
             stage[f"{gpu} memory_bound_convolutions"] += memory_s > compute_s
-    for gpu, peak in GPU_PEAKS.items():
-        ridge = peak["fp16_tflops"] * 1e12 / (peak["hbm_tb_per_s"] * 1e12)
-        for stage in per_stage.values():
-            stage[f"{gpu} ridge_flops_per_byte"] = ridge
     report = {"what": "EmotiVoice HiFi-GAN convolutions on paper: FLOPs, fewest bytes moved, roofline floor "
                       "(FP16, full-size random weights; no GPU timed)",
               "manifest": GENERATOR_MANIFEST.name, "provenance": origin, "torch": torch.__version__,
               "machine": platform.processor(), "frames": args.frames, "rows": args.rows, "gpu_peaks": GPU_PEAKS,
+              # Above this many FLOPs a byte a convolution is bound by arithmetic, below it by memory.
+              "ridge_flops_per_byte": {gpu: peak["fp16_tflops"] / peak["hbm_tb_per_s"]
+                                       for gpu, peak in GPU_PEAKS.items()},
               "per_stage": per_stage, "convolutions": records}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    for name, stage in per_stage.items():
-        print(name, {key: round(value, 3) if isinstance(value, float) else value for key, value in stage.items()})
+    print_and_save_report(report, args.out)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,9 @@ that several test files read."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import logging
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -49,15 +47,6 @@ def server_log(caplog):
     caplog.set_level(logging.INFO)
     yield caplog
     uvicorn_logger.removeHandler(caplog.handler)
-
-
-def import_script(name: str):
-    """The module ``scripts/<name>.py`` (scripts/ is a folder of programs, not a package)."""
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.pop(0)
 
 
 def run_git(root: Path, *args: str) -> None:

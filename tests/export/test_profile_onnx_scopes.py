@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import import_script
+
+from scripts.profile_onnx_scopes import scope_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +37,6 @@ def test_scopes_cover_the_graph_and_fit_in_wall_time(tmp_path):
 
 
 def test_a_scope_is_the_leading_names_of_a_node():
-    scope_of = import_script("profile_onnx_scopes").scope_of
     assert scope_of("/enc_p/encoder/attn_layers.0/MatMul", 1) == "enc_p"
     assert scope_of("/enc_p/encoder/attn_layers.0/MatMul", 2) == "enc_p/encoder"
     assert scope_of("/Add_3", 1) == "(top level)"

@@ -7,15 +7,11 @@ import logging
 import threading
 
 import pytest
-from conftest import import_script
+
+from scripts import replay_served_batches as replay
 
 
-@pytest.fixture(scope="module")
-def replay():
-    return import_script("replay_served_batches")
-
-
-def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):
+def test_the_capture_counter_counts_what_the_graph_cache_logs():
     """The graph cache logs each capture as ("captured %s in %.2f s (%d graphs)", key, seconds, count):
     the counter adds them up, from any thread, without holding the logging handler's own lock twice."""
     counter = replay.CaptureCounter()
@@ -39,7 +35,7 @@ def test_the_capture_counter_counts_what_the_graph_cache_logs(replay):
 
 
 @pytest.mark.slow
-def test_replay_runs_the_warm_up_and_times_each_batch_size(replay, tmp_path):
+def test_replay_runs_the_warm_up_and_times_each_batch_size(tmp_path):
     from serve.engines import load_served_model
     from serve.gc_pauses import unfreeze_heap
     from serve.settings import ServeSettings

@@ -9,11 +9,10 @@ from __future__ import annotations
 import gc
 import json
 
-from conftest import import_script
+from scripts import served_gc_collections
 
 
 def test_each_arm_reports_its_level_and_the_collections_within_it(tmp_path):
-    served_gc_collections = import_script("served_gc_collections")
     thresholds = gc.get_threshold()
     out = tmp_path / "gc.json"
     report = served_gc_collections.main(["--family", "piper", "--after", "10", "100", "--rounds", "1",

@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from conftest import import_script
 from torch.utils.flop_counter import FlopCounterMode
 
 from models.emotivoice.hifigan import HifiganGenerator
 from models.emotivoice.symbols import synthetic_tokenlist
 from models.emotivoice.tiny import tiny_config
+from scripts import emotivoice_vocoder_roofline as roofline
 
 
 def test_convolution_flops_and_bytes_match_torch():
-    roofline = import_script("emotivoice_vocoder_roofline")
     config = dataclasses.replace(tiny_config(len(synthetic_tokenlist()), 32), upsample_rates=(4, 2),
                                  upsample_kernel_sizes=(8, 4), resblock_kernel_sizes=(3, 5),
                                  resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
