@@ -95,20 +95,49 @@ class FusedConv:
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
-        graph.build_plans()
+        graph.build_plans(cudnn.build_plan_policy.ALL)
         self.graph, self.spec, self.handle = graph, spec, handle
-        self.workspace = torch.empty(max(graph.get_workspace_size(), 1), device="cuda", dtype=torch.uint8)
+        self.plan_count = graph.get_execution_plan_count()
+        sizes = [graph.get_workspace_size_plan_at_index(i) for i in range(self.plan_count)]
+        self.workspace = torch.empty(max(sizes + [1]), device="cuda", dtype=torch.uint8)
+        self.plan = 0
+        self.plan_times_ms: list[float] = []
+
+    def pick_fastest_plan(self, a, mask, out, residual=None, repeats: int = 5) -> None:
+        """Time every plan cuDNN built for this graph and keep the fastest (cuDNN's own autotuning)."""
+        for index in range(self.plan_count):
+            self.plan = index
+            try:
+                self(a, mask, out, residual)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(repeats):
+                    self(a, mask, out, residual)
+                end.record()
+                end.synchronize()
+                self.plan_times_ms.append(start.elapsed_time(end) / repeats)
+            except Exception:  # noqa: BLE001 -- a plan that fails to run is not a candidate
+                self.plan_times_ms.append(float("inf"))
+        self.plan = min(range(self.plan_count), key=self.plan_times_ms.__getitem__)
 
     def __call__(self, a, mask, out, residual=None):
         pack = {self.x: a, self.w: self.spec["weight"], self.b: self.spec["bias"], self.m: mask, self.y: out}
         if self.r is not None:
             pack[self.r] = residual
-        self.graph.execute(pack, self.workspace, handle=self.handle)
+        self.graph.execute_plan_at_index(pack, self.workspace, self.plan, handle=self.handle)
         return out
+
+    def reference(self, a, mask, residual=None):
+        """The same formula in PyTorch, for the self-check."""
+        y = F.conv2d(a, self.spec["weight"], self.spec["bias"].view(-1), padding=(0, self.spec["padding"]),
+                     dilation=(1, self.spec["dilation"])).float()
+        if residual is not None:
+            y = y + F.leaky_relu(residual.float(), INVERSE_SLOPE)
+        return F.leaky_relu(y, SLOPE) * mask
 
 
 def fused_block(cudnn, handle, blocks, x, mask):
-    """The block as cuDNN graphs: returns run(x, mask) -> output, buffers preallocated."""
+    """The block as cuDNN graphs: run(x, mask) -> output, buffers preallocated; and each graph kind's check."""
     t = torch.empty_like(x)
     outs = [[torch.empty_like(x), torch.empty_like(x)] for _ in blocks]
     first = [[FusedConv(cudnn, handle, x, c1, mask, False) for c1, _ in pairs] for pairs in blocks]
@@ -118,6 +147,20 @@ def fused_block(cudnn, handle, blocks, x, mask):
     mean_of_streams = torch.compile(  # the residual streams read back from their activations
         lambda finals, mask: F.leaky_relu(sum(F.leaky_relu(a.float(), INVERSE_SLOPE) for a in finals)
                                           / len(finals), SLOPE).mul(mask).half(), dynamic=False)
+
+    a0 = activate(x, mask)
+    checks = {}
+    for r, pairs in enumerate(blocks):  # each graph against PyTorch, then cuDNN's plans timed
+        for j in range(len(pairs)):
+            first[r][j].pick_fastest_plan(a0, mask, t)
+            second[r][j].pick_fastest_plan(t, mask, outs[r][0], residual=a0)
+    for name, conv, inputs in (("conv1", first[0][0], (a0, mask, t)),
+                               ("conv2_residual", second[0][0], (t, mask, outs[0][0], a0))):
+        got = conv(*inputs).float()
+        want = conv.reference(inputs[0], inputs[1], *inputs[3:])
+        checks[name] = {"max_abs_diff_over_peak": ((got - want).abs().max() / want.abs().max()).item(),
+                        "plans": conv.plan_count, "plan_ms": conv.plan_times_ms,
+                        "plan": getattr(conv.graph, "get_plan_name_at_index", lambda i: str(i))(conv.plan)}
 
     def run(x, mask):
         a0 = activate(x, mask)
@@ -132,7 +175,7 @@ def fused_block(cudnn, handle, blocks, x, mask):
             finals.append(a)
         return mean_of_streams(finals, mask)
 
-    return run
+    return run, checks
 
 
 def replay_ms(fn, args, repeats: int) -> tuple[list[float], torch.Tensor]:
@@ -156,6 +199,19 @@ def replay_ms(fn, args, repeats: int) -> tuple[list[float], torch.Tensor]:
     return times[3:], out
 
 
+def kernel_table(fn, args, calls: int = 3, top: int = 12) -> list[dict]:
+    """Each CUDA kernel's time per call of ``fn`` (eager launches, not a graph), the largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+    rows = [{"kernel": e.key[:120], "ms_per_call": e.device_time_total / 1e3 / calls, "count_per_call": e.count / calls}
+            for e in prof.key_averages() if e.device_time_total > 0]
+    return sorted(rows, key=lambda row: -row["ms_per_call"])[:top]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path)
@@ -163,6 +219,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=200, help="the longest row's frames (200: 3.2 s)")
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--profile", action="store_true", help="also list the compiled arm's kernels")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
@@ -193,9 +250,11 @@ def main() -> None:
             compiled = compiled_block(blocks)
             times, reference = replay_ms(compiled, (x, mask), args.repeats)
             entry["compiled_ms"] = statistics.median(times)
+            if args.profile:
+                entry["compiled_kernels"] = kernel_table(compiled, (x, mask))
             try:
                 cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-                run = fused_block(cudnn, handle, blocks, x, mask)
+                run, entry["cudnn_checks"] = fused_block(cudnn, handle, blocks, x, mask)
                 stream_holder = {}
 
                 def on_stream(x, mask):  # the handle follows whichever stream captures
