@@ -39,6 +39,8 @@ from models.emotivoice.checkpoints import random_generator
 
 SLOPE = 0.1
 INVERSE_SLOPE = 1.0 / SLOPE
+TEN = torch.full((1, 1, 1, 1), INVERSE_SLOPE)  # a pass-by-value operand: on the host
+RESIDUAL_FORMS = ("min10", "relu10", "plain")
 
 
 def stage_blocks(vocoder, stage: int) -> list[list[tuple[dict, dict]]]:
@@ -74,7 +76,7 @@ def compiled_block(blocks):
 class FusedConv:
     """One cuDNN graph: mask * lrelu(conv(a) + bias [+ lrelu_10(residual)])."""
 
-    def __init__(self, cudnn, handle, a, spec, mask, with_residual: bool):
+    def __init__(self, cudnn, handle, a, spec, mask, residual_form: str | None):
         graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
         self.x = graph.tensor_like(a)
@@ -84,10 +86,10 @@ class FusedConv:
         y = graph.conv_fprop(image=self.x, weight=self.w, padding=[0, spec["padding"]], stride=[1, 1],
                              dilation=[1, spec["dilation"]], compute_data_type=cudnn.data_type.FLOAT)
         y = graph.add(a=y, b=self.b)
-        self.r = None
-        if with_residual:
+        self.r, self.ten, self.residual_form = None, None, residual_form
+        if residual_form is not None:
             self.r = graph.tensor_like(a)
-            y = graph.add(a=y, b=graph.relu(input=self.r, negative_slope=INVERSE_SLOPE))
+            y = graph.add(a=y, b=self._residual(cudnn, graph, residual_form))
         y = graph.mul(a=graph.relu(input=y, negative_slope=SLOPE), b=self.m)
         y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(list(a.shape)).set_stride(list(a.stride()))
         self.y = y
@@ -102,6 +104,19 @@ class FusedConv:
         self.workspace = torch.empty(max(sizes + [1]), device="cuda", dtype=torch.uint8)
         self.plan = 0
         self.plan_times_ms: list[float] = []
+
+    def _residual(self, cudnn, graph, form: str):
+        """The residual stream as the graph reads it: the activation itself ("plain", a diagnostic),
+        or x = lrelu_10(a) as cuDNN's ReLU with slope 10 ("relu10") or as min(a, 10 a) ("min10")."""
+        if form == "plain":
+            return self.r
+        if form == "relu10":
+            return graph.relu(input=self.r, negative_slope=INVERSE_SLOPE)
+        if form == "min10":
+            self.ten = graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
+                                    is_pass_by_value=True)
+            return graph.min(input0=self.r, input1=graph.mul(a=self.r, b=self.ten))
+        raise ValueError(f"unknown residual form {form!r}")
 
     def pick_fastest_plan(self, a, mask, out, residual=None, repeats: int = 5) -> None:
         """Time every plan cuDNN built for this graph and keep the fastest (cuDNN's own autotuning)."""
@@ -124,6 +139,8 @@ class FusedConv:
         pack = {self.x: a, self.w: self.spec["weight"], self.b: self.spec["bias"], self.m: mask, self.y: out}
         if self.r is not None:
             pack[self.r] = residual
+        if self.ten is not None:
+            pack[self.ten] = TEN
         self.graph.execute_plan_at_index(pack, self.workspace, self.plan, handle=self.handle)
         return out
 
@@ -132,16 +149,17 @@ class FusedConv:
         y = F.conv2d(a, self.spec["weight"], self.spec["bias"].view(-1), padding=(0, self.spec["padding"]),
                      dilation=(1, self.spec["dilation"])).float()
         if residual is not None:
-            y = y + F.leaky_relu(residual.float(), INVERSE_SLOPE)
+            y = y + (residual.float() if self.residual_form == "plain"
+                     else F.leaky_relu(residual.float(), INVERSE_SLOPE))
         return F.leaky_relu(y, SLOPE) * mask
 
 
-def fused_block(cudnn, handle, blocks, x, mask):
+def fused_block(cudnn, handle, blocks, x, mask, residual_form: str):
     """The block as cuDNN graphs: run(x, mask) -> output, buffers preallocated; and each graph kind's check."""
     t = torch.empty_like(x)
     outs = [[torch.empty_like(x), torch.empty_like(x)] for _ in blocks]
-    first = [[FusedConv(cudnn, handle, x, c1, mask, False) for c1, _ in pairs] for pairs in blocks]
-    second = [[FusedConv(cudnn, handle, x, c2, mask, True) for _, c2 in pairs] for pairs in blocks]
+    first = [[FusedConv(cudnn, handle, x, c1, mask, None) for c1, _ in pairs] for pairs in blocks]
+    second = [[FusedConv(cudnn, handle, x, c2, mask, residual_form) for _, c2 in pairs] for pairs in blocks]
 
     activate = torch.compile(lambda x, mask: F.leaky_relu(x, SLOPE) * mask, dynamic=False)
     mean_of_streams = torch.compile(  # the residual streams read back from their activations
@@ -154,8 +172,13 @@ def fused_block(cudnn, handle, blocks, x, mask):
         for j in range(len(pairs)):
             first[r][j].pick_fastest_plan(a0, mask, t)
             second[r][j].pick_fastest_plan(t, mask, outs[r][0], residual=a0)
-    for name, conv, inputs in (("conv1", first[0][0], (a0, mask, t)),
-                               ("conv2_residual", second[0][0], (t, mask, outs[0][0], a0))):
+    others = [(f"conv2_{form}", FusedConv(cudnn, handle, x, blocks[0][0][1], mask, form))
+              for form in RESIDUAL_FORMS if form != residual_form]
+    for _, conv in others:
+        conv.pick_fastest_plan(t, mask, outs[0][0], residual=a0)
+    for name, conv, inputs in [("conv1", first[0][0], (a0, mask, t)),
+                               (f"conv2_{residual_form}", second[0][0], (t, mask, outs[0][0], a0))] + [
+                               (name, conv, (t, mask, outs[0][0], a0)) for name, conv in others]:
         got = conv(*inputs).float()
         want = conv.reference(inputs[0], inputs[1], *inputs[3:])
         checks[name] = {"max_abs_diff_over_peak": ((got - want).abs().max() / want.abs().max()).item(),
@@ -219,6 +242,8 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=200, help="the longest row's frames (200: 3.2 s)")
     parser.add_argument("--stages", type=int, nargs="+", default=[0, 1, 2, 3])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--residual-form", choices=RESIDUAL_FORMS[:2], default="min10",
+                        help="how the fused graphs read the residual stream back from an activation")
     parser.add_argument("--profile", action="store_true", help="also list the compiled arm's kernels")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()
@@ -254,7 +279,7 @@ def main() -> None:
                 entry["compiled_kernels"] = kernel_table(compiled, (x, mask))
             try:
                 cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
-                run, entry["cudnn_checks"] = fused_block(cudnn, handle, blocks, x, mask)
+                run, entry["cudnn_checks"] = fused_block(cudnn, handle, blocks, x, mask, args.residual_form)
                 stream_holder = {}
 
                 def on_stream(x, mask):  # the handle follows whichever stream captures
