@@ -79,16 +79,16 @@ class FusedConv:
     def __init__(self, cudnn, handle, a, spec, mask, residual_form: str | None):
         graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        self.x = graph.tensor_like(a)
-        self.w = graph.tensor_like(spec["weight"])
-        self.b = graph.tensor_like(spec["bias"])
-        self.m = graph.tensor_like(mask)
+        self.x = graph.tensor_like(a, name="image")
+        self.w = graph.tensor_like(spec["weight"], name="weight")
+        self.b = graph.tensor_like(spec["bias"], name="bias")
+        self.m = graph.tensor_like(mask, name="mask")
         y = graph.conv_fprop(image=self.x, weight=self.w, padding=[0, spec["padding"]], stride=[1, 1],
                              dilation=[1, spec["dilation"]], compute_data_type=cudnn.data_type.FLOAT)
         y = graph.add(a=y, b=self.b)
         self.r, self.ten, self.residual_form = None, None, residual_form
         if residual_form is not None:
-            self.r = graph.tensor_like(a)
+            self.r = graph.tensor_like(a, name="residual")
             y = graph.add(a=y, b=self._residual(cudnn, graph, residual_form))
         y = graph.mul(a=graph.relu(input=y, negative_slope=SLOPE), b=self.m)
         y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(list(a.shape)).set_stride(list(a.stride()))
@@ -114,7 +114,7 @@ class FusedConv:
             return graph.relu(input=self.r, negative_slope=INVERSE_SLOPE)
         if form == "min10":
             self.ten = graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
-                                    is_pass_by_value=True)
+                                    is_pass_by_value=True, name="ten")
             return graph.min(input0=self.r, input1=graph.mul(a=self.r, b=self.ten))
         raise ValueError(f"unknown residual form {form!r}")
 
