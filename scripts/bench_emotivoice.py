@@ -27,7 +27,9 @@ Side by side in one process, median of warm runs:
   (``engine_graphs_fp16_compiled_lite_vocoder``: what the distilled student costs, no SNR);
   ``--grouped-engine G:R`` adds the compiled engine with each batch's frame stage in up to G length
   groups of at least R rows (``_groups<G>_rows<R>``), ``--dynamic-engine`` each of those compiled with
-  symbolic sizes (``_dynamic``), ``--frame-buckets`` each of those once per frame bucket (``_fb<N>``);
+  symbolic sizes (``_dynamic``), ``--frame-buckets`` each of those once per frame bucket (``_fb<N>``),
+  ``--epilogue-engine`` each of those with its vocoder's block convolutions in cuDNN's epilogue
+  (``_epilogue``, models/epilogue_hifigan.py);
   ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
@@ -473,6 +475,9 @@ def main() -> None:
                         "compiled in max-autotune mode (minutes a frame bucket)")
     parser.add_argument("--lite-vocoder-engine", action="store_true",
                         help="also the compiled FP16 engine with the Lite student's vocoder width (random weights)")
+    parser.add_argument("--epilogue-engine", action="store_true", help="with --grouped-engine: also each grouped "
+                        "engine with its vocoder's block convolutions in cuDNN's epilogue (vocoder_kernels='cudnn', "
+                        "_epilogue; needs nvidia-cudnn-frontend)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
     parser.add_argument("--kernel-profile", action="store_true", help="each engine's 25 heaviest kernels over one "
@@ -489,6 +494,8 @@ def main() -> None:
         parser.error(f"--frame-buckets {args.frame_buckets}: each at least 1")
     if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
+    if args.epilogue_engine and not args.grouped_engine:
+        parser.error("--epilogue-engine adds a variant of each --grouped-engine")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine
             or args.dynamic_engine) and not args.compiled_engine:
         parser.error("--pageable-engine, --autotune-engine, --folded-engine, --grouped-engine and --dynamic-engine "
@@ -559,6 +566,11 @@ def main() -> None:
                 if args.dynamic_engine:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
+                if args.epilogue_engine:
+                    engines += [EngineSpec(f"{name}{suffix}_epilogue", True, half, compile_frames=True,
+                                           frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
+                                           frame_bucket=frames, vocoder_kernels="cudnn")
+                                for suffix, dynamic in [("", False)] + [("_dynamic", True)] * args.dynamic_engine]
             if args.dynamic_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
                                        compile_dynamic=True)]

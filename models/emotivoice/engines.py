@@ -51,11 +51,13 @@ from torch.nn.utils import parametrize
 from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple, to_host
 from models.emotivoice.generator import EmotiVoiceGenerator
+from models.cudnn_epilogue import cudnn_frontend_available
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
+from models.epilogue_hifigan import EpilogueHifigan
 
 TEXT_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # symbols; a batch pads to the next one
 FRAME_BUCKET = 32  # frames round up to a multiple of this (0.51 s at hop 256, 16 kHz)
-VOCODER_KERNELS = ("torch", "triton")
+VOCODER_KERNELS = ("torch", "triton", "cudnn")
 COMPILED_SHAPES = 256  # compiled frame-stage shapes kept before torch.compile would fall back to eager
 
 
@@ -196,7 +198,9 @@ class BucketedEngine:
         first batch of a new (rows, text bucket, frame bucket) shape pays a compile. ``vocoder_kernels``:
         "torch" (the HiFi-GAN module, in ``conv_layout``), or "triton": one fused Triton kernel per
         convolution (models/fused_hifigan.py; needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with
-        ``compile_frames`` only the mel half is then compiled. "torch" is the default: on the H200 the
+        ``compile_frames`` only the mel half is then compiled; or "cudnn": the block convolutions with
+        their bias, LeakyReLU, mask and residual in cuDNN's epilogue (models/epilogue_hifigan.py; on CUDA
+        it needs nvidia-cudnn-frontend, elsewhere the same formula runs in PyTorch), compiled like "torch". "torch" is the default: on the H200 the
         fused vocoder is the slower one as its kernels stand, and compiling them takes minutes
         (docs/benchmarks.md, EmotiVoice rows).
         ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with
@@ -222,9 +226,8 @@ class BucketedEngine:
         of a second each."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
-        if compile_dynamic and vocoder_kernels != "torch":
-            raise ValueError(f"compile_dynamic=True compiles the torch HiFi-GAN, not "
-                             f"vocoder_kernels={vocoder_kernels!r}")
+        if compile_dynamic and vocoder_kernels == "triton":
+            raise ValueError("compile_dynamic=True compiles a PyTorch vocoder, not vocoder_kernels='triton'")
         if frame_groups < 1 or min_group_rows < 1:
             raise ValueError(f"frame_groups={frame_groups}, min_group_rows={min_group_rows}: each at least 1")
         self.frame_groups, self.min_group_rows = frame_groups, min_group_rows
@@ -241,6 +244,11 @@ class BucketedEngine:
         self.triton_vocoder = None
         if vocoder_kernels == "triton":  # built before the layout conversion: it packs plain Conv1d weights
             self.triton_vocoder = fused_vocoder(self.frame_model.generator, frame_dtype)
+        elif vocoder_kernels == "cudnn":  # likewise; its upsampling and outer convolutions are converted below
+            if self.device.type == "cuda" and not cudnn_frontend_available():
+                raise ValueError("vocoder_kernels='cudnn' on CUDA needs nvidia-cudnn-frontend (pip install "
+                                 "nvidia-cudnn-frontend==1.16.0)")
+            self.frame_model.generator = EpilogueHifigan(self.frame_model.generator, LRELU_SLOPE, FINAL_LRELU_SLOPE)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
         if conv_layout != "ncw" or fold_dilation:  # the acoustic decoder's convolutions, and the vocoder's unless
             # fused kernels replace it

@@ -1,0 +1,205 @@
+"""A convolution with its elementwise tail run in cuDNN's epilogue, as one PyTorch operator.
+
+    from models.cudnn_epilogue import conv_lrelu, inner_layout
+
+    weight = inner_layout(conv.weight)                  # (C_out, C_in, K), C_in fastest
+    t = conv_lrelu(a, weight, bias, mask, padding=5, dilation=3, slope=0.1)
+    a = conv_lrelu(t, weight2, bias2, mask, padding=5, dilation=1, slope=0.1, residual=a, residual_slope=10.0)
+
+computes ``mask * lrelu(conv1d(a, weight, bias) [+ lrelu(residual, residual_slope)], slope)``. Tensors
+are (B, C, T) with channels as their fastest dimension (the (N, C, T) view of an NHWC tensor, which
+models/conv_layout.py's channels-last convolutions produce), ``mask`` is (B, 1, T), and the output
+has the input's layout. Stride-1 convolutions with zero padding on both sides only.
+
+Why: in a HiFi-GAN stage the compiled engine runs each convolution in cuDNN and then one elementwise
+kernel for its bias, LeakyReLU, padding mask and residual sum, so every activation crosses memory
+once more between two convolutions; in stages 1-3 of EmotiVoice's vocoder those kernels are a third
+of the time (scripts/bench_cudnn_fused_resblocks.py --profile). cuDNN's graph API (the
+nvidia-cudnn-frontend package) runs the convolution with that tail inside its own epilogue.
+
+On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
+slopes) builds one cuDNN graph at first use, with the plan cuDNN's heuristics rank first, and keeps
+it; launches follow PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same
+formula runs in PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
+one opaque call (a fake implementation gives the output's shape) and fuses the code around it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import torch
+import torch.nn.functional as F
+
+LIBRARY = "tts"
+
+_graphs: dict[tuple, _EpilogueGraph] = {}
+_graphs_lock = threading.Lock()
+_handles = threading.local()  # cuDNN handles may not be shared between threads
+
+
+def cudnn_frontend_available() -> bool:
+    return importlib.util.find_spec("cudnn") is not None
+
+
+def inner_layout(weight: torch.Tensor) -> torch.Tensor:
+    """A (C_out, C_in, K) weight with C_in as its fastest dimension (what the cuDNN graph reads)."""
+    return weight.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1)
+
+
+def _channels_fastest(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, T) with strides (T * C, 1, C): ``x`` itself when it already is."""
+    batch, channels, steps = x.shape
+    if x.stride() == (steps * channels, 1, channels) or channels == 1:
+        return x
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def _empty_channels_fastest(like: torch.Tensor, channels: int) -> torch.Tensor:
+    batch, _, steps = like.shape
+    return torch.empty_strided((batch, channels, steps), (steps * channels, 1, channels), dtype=like.dtype,
+                               device=like.device)
+
+
+def _leaky(x: torch.Tensor, slope: float) -> torch.Tensor:
+    return torch.where(x >= 0, x, x * slope)  # any slope, 10 included (F.leaky_relu's is for slopes below 1 too)
+
+
+def reference(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float, residual_slope: float):
+    """The operator's formula in PyTorch, FP32 inside, the input's dtype out, channels fastest."""
+    y = F.conv1d(a.float(), weight.float(), bias.float(), padding=padding, dilation=dilation)
+    if residual is not None:
+        y = y + _leaky(residual.float(), residual_slope)
+    out = _empty_channels_fastest(a, weight.shape[0])
+    return out.copy_(_leaky(y, slope) * mask.float())
+
+
+def _validate(a, weight, bias, mask, residual, padding: int, dilation: int) -> None:
+    if a.dim() != 3 or weight.dim() != 3 or mask.dim() != 3:
+        raise ValueError(f"conv_lrelu wants (B, C, T) input, (C_out, C_in, K) weight and (B, 1, T) mask; got "
+                         f"{tuple(a.shape)}, {tuple(weight.shape)}, {tuple(mask.shape)}")
+    batch, channels, steps = a.shape
+    out_channels, in_channels, kernel = weight.shape
+    if in_channels != channels or tuple(bias.shape) != (out_channels,) or tuple(mask.shape) != (batch, 1, steps):
+        raise ValueError(f"conv_lrelu: input {tuple(a.shape)}, weight {tuple(weight.shape)}, bias "
+                         f"{tuple(bias.shape)}, mask {tuple(mask.shape)} do not fit together")
+    if 2 * padding != dilation * (kernel - 1):
+        raise ValueError(f"conv_lrelu keeps the length: padding {padding} must be dilation {dilation} x "
+                         f"(kernel {kernel} - 1) / 2")
+    if residual is not None and tuple(residual.shape) != (batch, out_channels, steps):
+        raise ValueError(f"conv_lrelu: residual {tuple(residual.shape)} is not the output's "
+                         f"{(batch, out_channels, steps)}")
+
+
+class _EpilogueGraph:
+    """One cuDNN graph: mask * lrelu(conv(a) + bias [+ lrelu(residual, residual_slope)], slope)."""
+
+    def __init__(self, cudnn, handle, a4, w4, b4, m4, r4, out4, padding: int, dilation: int, slope: float,
+                 residual_slope: float):
+        io_type = {torch.float16: cudnn.data_type.HALF, torch.bfloat16: cudnn.data_type.BFLOAT16,
+                   torch.float32: cudnn.data_type.FLOAT}[a4.dtype]
+        graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+        self.image = graph.tensor_like(a4, name="image")
+        self.weight = graph.tensor_like(w4, name="weight")
+        self.bias = graph.tensor_like(b4, name="bias")
+        self.mask = graph.tensor_like(m4, name="mask")
+        y = graph.conv_fprop(image=self.image, weight=self.weight, padding=[0, padding], stride=[1, 1],
+                             dilation=[1, dilation], compute_data_type=cudnn.data_type.FLOAT)
+        y = graph.add(a=y, b=self.bias)
+        self.residual = self.scale = None
+        if r4 is not None:
+            self.residual = graph.tensor_like(r4, name="residual")
+            self.scale_value = torch.full((1, 1, 1, 1), float(residual_slope))  # by value: on the host
+            self.scale = graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
+                                      is_pass_by_value=True, name="residual_slope")
+            scaled = graph.mul(a=self.residual, b=self.scale)
+            # lrelu(r, s) as plain arithmetic: min(r, s r) for s >= 1, max(r, s r) below
+            pick = graph.min if residual_slope >= 1 else graph.max
+            y = graph.add(a=y, b=pick(input0=self.residual, input1=scaled))
+        y = graph.mul(a=graph.relu(input=y, negative_slope=slope), b=self.mask)
+        y.set_output(True).set_data_type(io_type).set_dim(list(out4.shape)).set_stride(list(out4.stride()))
+        self.out = y
+        graph.validate()
+        graph.build_operation_graph()
+        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        graph.check_support()
+        graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+        self.graph = graph
+        self.workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=a4.device)
+
+    def __call__(self, handle, a4, w4, b4, m4, r4, out4) -> None:
+        pack = {self.image: a4, self.weight: w4, self.bias: b4, self.mask: m4, self.out: out4}
+        if self.residual is not None:
+            pack[self.residual] = r4
+            pack[self.scale] = self.scale_value
+        self.graph.execute(pack, self.workspace, handle=handle)
+
+
+def _as_4d(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, T) -> the (B, C, 1, T) view cuDNN reads as NCHW dimensions with x's strides."""
+    batch_stride, channel_stride, step_stride = x.stride()
+    return x.as_strided((x.shape[0], x.shape[1], 1, x.shape[2]),
+                        (batch_stride, channel_stride, x.shape[2] * step_stride, step_stride))
+
+
+def _handle(cudnn, device: torch.device):
+    handles = getattr(_handles, "by_device", None)
+    if handles is None:
+        handles = _handles.by_device = {}
+    if device.index not in handles:
+        handles[device.index] = cudnn.create_handle()
+    return handles[device.index]
+
+
+def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float, residual_slope: float):
+    import cudnn  # optional: present where the frontend is installed (cudnn_frontend_available)
+
+    a, weight = _channels_fastest(a), _channels_fastest(weight)
+    residual = None if residual is None else _channels_fastest(residual)
+    mask = mask.contiguous()
+    out = _empty_channels_fastest(a, weight.shape[0])
+    a4, w4, m4, out4 = _as_4d(a), _as_4d(weight), _as_4d(mask), _as_4d(out)
+    b4 = bias.contiguous().view(1, -1, 1, 1)
+    r4 = None if residual is None else _as_4d(residual)
+    handle = _handle(cudnn, a.device)
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(a.device).cuda_stream)
+    key = (a.device.index, a.dtype, tuple(a.shape), tuple(weight.shape), tuple(mask.stride()),
+           residual is not None, padding, dilation, slope, residual_slope)
+    graph = _graphs.get(key)
+    if graph is None:
+        with _graphs_lock:
+            graph = _graphs.get(key)
+            if graph is None:
+                graph = _graphs[key] = _EpilogueGraph(cudnn, handle, a4, w4, b4, m4, r4, out4, padding,
+                                                      dilation, slope, residual_slope)
+    graph(handle, a4, w4, b4, m4, r4, out4)
+    return out
+
+
+@torch.library.custom_op(f"{LIBRARY}::conv_lrelu", mutates_args=())
+def _conv_lrelu(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor,
+                residual: torch.Tensor | None, padding: int, dilation: int, slope: float,
+                residual_slope: float) -> torch.Tensor:
+    if a.is_cuda and cudnn_frontend_available():
+        return _run_cudnn(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope)
+    return reference(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope)
+
+
+@_conv_lrelu.register_fake
+def _(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope):
+    return _empty_channels_fastest(a, weight.shape[0])
+
+
+def conv_lrelu(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, padding: int,
+               dilation: int, slope: float, residual: torch.Tensor | None = None,
+               residual_slope: float = 1.0) -> torch.Tensor:
+    """mask * lrelu(conv1d(a, weight, bias, padding, dilation) [+ lrelu(residual, residual_slope)], slope);
+    (B, C_in, T) -> (B, C_out, T), channels fastest (module docstring)."""
+    _validate(a, weight, bias, mask, residual, padding, dilation)
+    return _conv_lrelu(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope)
+
+
+def cached_graphs() -> int:
+    """How many cuDNN graphs this process has built (one per distinct call)."""
+    return len(_graphs)

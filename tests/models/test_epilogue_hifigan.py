@@ -1,0 +1,161 @@
+"""The HiFi-GAN with its block convolutions' tails in cuDNN's epilogue (models/epilogue_hifigan.py,
+models/cudnn_epilogue.py) computes what the HiFi-GAN module computes.
+
+On a CPU the operator runs its PyTorch formula, so these tests check the rewrite itself: the residual
+stream read back from its activation, the mask, the operator's layout and its errors. ``-m gpu`` runs
+the cuDNN graphs against the same formula."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.cudnn_epilogue import cached_graphs, conv_lrelu, cudnn_frontend_available, inner_layout, reference
+from models.emotivoice.engines import BucketedEngine
+from models.emotivoice.generator import EmotiVoiceGenerator
+from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator
+from models.emotivoice.tiny import tiny_config
+from models.epilogue_hifigan import EpilogueHifigan
+
+MASKED_LENGTHS = (12, 7, 9)  # mel frames of three rows padded to 12
+
+
+def vocoder_config():
+    """Two kernel sizes, two stages, every dilation of the released vocoder."""
+    return dataclasses.replace(tiny_config(40, 32), upsample_initial_channel=32, upsample_rates=(4, 4),
+                               upsample_kernel_sizes=(8, 8), resblock_kernel_sizes=(3, 7),
+                               resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
+
+
+@pytest.fixture(scope="module")
+def hifigan():
+    torch.manual_seed(0)
+    module = HifiganGenerator(vocoder_config()).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():  # weights large enough that every layer matters
+            parameter.normal_(0, 0.1)
+    return module
+
+
+def channels_fastest(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@torch.no_grad()
+def test_the_vocoder_equals_the_module_with_and_without_a_mask(hifigan):
+    vocoder = EpilogueHifigan(hifigan, LRELU_SLOPE, FINAL_LRELU_SLOPE)
+    mel = torch.randn(3, 80, 12)
+    lengths = torch.tensor(MASKED_LENGTHS)
+    for frame_lengths in (lengths, None):
+        expected = hifigan(mel, frame_lengths)
+        got = vocoder(mel, frame_lengths)
+        assert got.shape == expected.shape
+        hop = 16
+        for row, frames in enumerate(lengths.tolist() if frame_lengths is not None else [12] * 3):
+            torch.testing.assert_close(got[row, :, :frames * hop], expected[row, :, :frames * hop], atol=2e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_a_masked_row_equals_its_single_run(hifigan):
+    vocoder = EpilogueHifigan(hifigan, LRELU_SLOPE, FINAL_LRELU_SLOPE)
+    mel = torch.randn(3, 80, 12)
+    batch = vocoder(mel, torch.tensor(MASKED_LENGTHS))
+    single = vocoder(mel[1:2, :, :7], None)
+    torch.testing.assert_close(batch[1:2, :, :7 * 16], single, atol=2e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_compiled_with_symbolic_sizes_it_equals_eager(hifigan):
+    vocoder = EpilogueHifigan(hifigan, LRELU_SLOPE, FINAL_LRELU_SLOPE)
+    compiled = torch.compile(vocoder, dynamic=True)
+    for frames in (12, 9):
+        mel = torch.randn(2, 80, frames)
+        lengths = torch.tensor([frames, frames - 3])
+        torch.testing.assert_close(compiled(mel, lengths), vocoder(mel, lengths), atol=1e-5, rtol=0)
+
+
+def test_the_residual_is_read_back_from_its_activation():
+    """lrelu(lrelu(x, 0.1), 10) == x: what lets the residual stream stay out of memory."""
+    x = torch.randn(4, 8, 16)
+    a = F.leaky_relu(x, LRELU_SLOPE)
+    torch.testing.assert_close(torch.where(a >= 0, a, a * (1 / LRELU_SLOPE)), x)
+
+
+def test_the_operator_keeps_channels_fastest_and_matches_its_formula():
+    torch.manual_seed(1)
+    a = channels_fastest(torch.randn(2, 6, 20))
+    weight, bias = inner_layout(torch.randn(4, 6, 5) * 0.3), torch.randn(4)
+    mask = (torch.arange(20)[None] < torch.tensor([20, 11])[:, None]).float()[:, None]
+    residual = channels_fastest(torch.randn(2, 4, 20))
+    out = conv_lrelu(a, weight, bias, mask, padding=6, dilation=3, slope=0.1, residual=residual, residual_slope=10.0)
+    assert out.stride() == (20 * 4, 1, 4)
+    x = F.conv1d(a, weight, bias, padding=6, dilation=3) + torch.where(residual >= 0, residual, 10 * residual)
+    torch.testing.assert_close(out, F.leaky_relu(x, 0.1) * mask)
+    assert (out[1, :, 11:] == 0).all()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(padding=2), "keeps the length"),
+    (dict(mask=torch.ones(2, 1, 19)), "do not fit together"),
+    (dict(bias=torch.zeros(3)), "do not fit together"),
+    (dict(residual=torch.zeros(2, 4, 19)), "is not the output's"),
+    (dict(a=torch.zeros(2, 6)), "wants (B, C, T) input"),
+])
+def test_the_operator_rejects_operands_that_do_not_fit(change, message):
+    operands = dict(a=torch.zeros(2, 6, 20), weight=torch.zeros(4, 6, 5), bias=torch.zeros(4),
+                    mask=torch.ones(2, 1, 20), padding=6, dilation=3, slope=0.1)
+    operands.update(change)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        conv_lrelu(**operands)
+
+
+def test_the_vocoder_refuses_a_slope_it_cannot_invert(hifigan):
+    with pytest.raises(ValueError, match="0 < slope < 1"):
+        EpilogueHifigan(hifigan, 1.0, FINAL_LRELU_SLOPE)
+
+
+@torch.no_grad()
+def test_the_engine_with_epilogue_kernels_equals_the_torch_engine():
+    torch.manual_seed(0)
+    generator = EmotiVoiceGenerator(dataclasses.replace(vocoder_config(), n_vocab=40)).eval()
+    ids = torch.randint(1, 40, (2, 9))
+    lengths = torch.tensor([9, 6])
+    speakers = torch.tensor([0, 1])
+    style = torch.randn(2, 32)
+    content = torch.randn(2, 32)
+    outputs = {}
+    for kernels in ("torch", "cudnn"):
+        engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, vocoder_kernels=kernels,
+                                frame_groups=2, compile_frames=True, compile_dynamic=True)
+        outputs[kernels] = engine.synthesize(ids, lengths, speakers, style, content)
+    audio, audio_lengths = outputs["torch"]["audio"], outputs["torch"]["audio_lengths"]
+    got, got_lengths = outputs["cudnn"]["audio"], outputs["cudnn"]["audio_lengths"]
+    assert torch.equal(audio_lengths, got_lengths)
+    for row, samples in enumerate(audio_lengths.tolist()):
+        torch.testing.assert_close(got[row, :samples], audio[row, :samples], atol=2e-5, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and cudnn_frontend_available()),
+                    reason="needs a GPU and nvidia-cudnn-frontend")
+@torch.no_grad()
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-4), (torch.float16, 2e-2)])
+def test_cudnn_graphs_compute_the_formula(dtype, tolerance):
+    torch.manual_seed(2)
+    device = torch.device("cuda")
+    a = channels_fastest(torch.randn(3, 64, 400, device=device)).to(dtype)
+    weight, bias = inner_layout(torch.randn(64, 64, 11, device=device) * 0.05).to(dtype), torch.randn(64, device=device).to(dtype)
+    mask = (torch.arange(400, device=device)[None] < torch.tensor([400, 301, 77], device=device)[:, None])
+    mask = mask.to(dtype)[:, None]
+    residual = channels_fastest(torch.randn(3, 64, 400, device=device)).to(dtype)
+    before = cached_graphs()
+    for kwargs in (dict(dilation=5, padding=25), dict(dilation=1, padding=5, residual=residual, residual_slope=10.0)):
+        got = conv_lrelu(a, weight, bias, mask, slope=0.1, **kwargs)
+        want = reference(a, weight, bias, mask, kwargs.get("residual"), kwargs["padding"], kwargs["dilation"], 0.1,
+                         kwargs.get("residual_slope", 1.0))
+        assert got.stride() == want.stride()
+        peak = want.float().abs().max()
+        assert ((got.float() - want.float()).abs().max() / peak).item() < tolerance
+    assert cached_graphs() == before + 2
