@@ -22,6 +22,7 @@ from models.voice_on_engine import VoiceOnEngine
 
 # serve.torch_engine's stage backends (serve/engines.py maps cuda_graphs to "eager", replayed).
 BACKENDS = ("eager", "compile")
+SERVED_VOCODER_KERNELS = ("torch", "cudnn")  # not "triton": it cannot be compiled with symbolic sizes
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class ServedEngineOptions:
     # met (BucketedEngine.fill_frame_shapes), so fewer are first met under load. Off: the longer warm-up's
     # gain under load is not yet measured
     fill_frame_shapes: bool = False
+    # "cudnn": the vocoder's block convolutions with their bias, LeakyReLU, mask and residual in cuDNN's epilogue
+    # (models/epilogue_hifigan.py; needs nvidia-cudnn-frontend on the GPU machine); "torch": the HiFi-GAN module
+    vocoder_kernels: str = "torch"
 
     def __post_init__(self):
         for name in ("frame_groups", "min_group_rows", "frame_bucket"):
@@ -60,6 +64,9 @@ class ServedEngineOptions:
         for name in ("compile_dynamic", "fill_frame_shapes"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"serve.engine_options.{name}={getattr(self, name)!r}: use true or false")
+        if self.vocoder_kernels not in SERVED_VOCODER_KERNELS:
+            raise ValueError(f"serve.engine_options.vocoder_kernels={self.vocoder_kernels!r}: use one of "
+                             f"{list(SERVED_VOCODER_KERNELS)}")
 
 
 class EngineVoice(VoiceOnEngine):
@@ -112,5 +119,5 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
                             min_group_rows=options.min_group_rows, frame_bucket=options.frame_bucket,
-                            compile_dynamic=options.compile_dynamic)
+                            compile_dynamic=options.compile_dynamic, vocoder_kernels=options.vocoder_kernels)
     return EngineVoice(voice, engine, options.fill_frame_shapes), engine.graphs, TEXT_BUCKETS

@@ -92,3 +92,20 @@ def test_served_engine_options_set_the_length_groups(voice):
         ServedEngineOptions(frame_groups=0)
     with pytest.raises(ValueError, match="needs serve.torch_engine=compile"):
         bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(compile_dynamic=True))
+
+
+def test_served_engine_options_choose_the_vocoder_kernels(voice):
+    """serve.engine_options.vocoder_kernels=cudnn puts the epilogue vocoder in the engine (on this CPU its
+    operator runs the same formula in PyTorch: the audio is the module's, to FP16 rounding); other names are
+    refused."""
+    served, _, _ = bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(vocoder_kernels="cudnn"))
+    assert type(served.engine.frame_model.generator).__name__ == "EpilogueHifigan"
+    plain = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
+    request = SynthesisRequest.from_utterances(voice.text_to_utterances("The train leaves at nine tonight."))
+    expected, out = plain.synthesize(request), served.synthesize(request)
+    assert torch.equal(out.audio_lengths, expected.audio_lengths)
+    # The engine's frame stage is FP16: the operator rounds once per convolution, the module once per op
+    torch.testing.assert_close(out.audio, expected.audio, rtol=0, atol=1e-3)
+    for name in ("triton", "cuda"):
+        with pytest.raises(ValueError, match="vocoder_kernels"):
+            ServedEngineOptions(vocoder_kernels=name)
