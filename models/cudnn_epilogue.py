@@ -100,16 +100,16 @@ class _EpilogueGraph:
                    torch.float32: cudnn.data_type.FLOAT}[a4.dtype]
         graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        self.image = graph.tensor_like(a4, name="image")
-        self.weight = graph.tensor_like(w4, name="weight")
-        self.bias = graph.tensor_like(b4, name="bias")
-        self.mask = graph.tensor_like(m4, name="mask")
+        self.image = graph.tensor_like(a4)
+        self.weight = graph.tensor_like(w4)
+        self.bias = graph.tensor_like(b4)
+        self.mask = graph.tensor_like(m4)
         y = graph.conv_fprop(image=self.image, weight=self.weight, padding=[0, padding], stride=[1, 1],
                              dilation=[1, dilation], compute_data_type=cudnn.data_type.FLOAT)
         y = graph.add(a=y, b=self.bias)
         self.residual = self.scale = None
         if r4 is not None:
-            self.residual = graph.tensor_like(r4, name="residual")
+            self.residual = graph.tensor_like(r4)
             self.scale_value = torch.full((1, 1, 1, 1), float(residual_slope))  # by value: on the host
             self.scale = graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
                                       is_pass_by_value=True, name="residual_slope")

@@ -82,16 +82,16 @@ class FusedConv:
     def __init__(self, cudnn, handle, a, spec, mask, residual_form: str | None):
         graph = cudnn.pygraph(io_data_type=cudnn.data_type.HALF, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle)
-        self.x = graph.tensor_like(a, name="image")
-        self.w = graph.tensor_like(spec["weight"], name="weight")
-        self.b = graph.tensor_like(spec["bias"], name="bias")
-        self.m = graph.tensor_like(mask, name="mask")
+        self.x = graph.tensor_like(a)
+        self.w = graph.tensor_like(spec["weight"])
+        self.b = graph.tensor_like(spec["bias"])
+        self.m = graph.tensor_like(mask)
         y = graph.conv_fprop(image=self.x, weight=self.w, padding=[0, spec["padding"]], stride=[1, 1],
                              dilation=[1, spec["dilation"]], compute_data_type=cudnn.data_type.FLOAT)
         y = graph.add(a=y, b=self.b)
         self.r, self.ten, self.residual_form = None, None, residual_form
         if residual_form is not None:
-            self.r = graph.tensor_like(a, name="residual")
+            self.r = graph.tensor_like(a)
             y = graph.add(a=y, b=self._residual(cudnn, graph, residual_form))
         y = graph.mul(a=graph.relu(input=y, negative_slope=SLOPE), b=self.m)
         y.set_output(True).set_data_type(cudnn.data_type.HALF).set_dim(list(a.shape)).set_stride(list(a.stride()))
