@@ -18,8 +18,10 @@ of the time (scripts/bench_cudnn_fused_resblocks.py --profile). cuDNN's graph AP
 nvidia-cudnn-frontend package) runs the convolution with that tail inside its own epilogue.
 
 On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
-slopes) builds one cuDNN graph at first use, with the plan cuDNN's heuristics rank first, and keeps
-it; launches follow PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same
+slopes) builds one cuDNN graph at first use and keeps it. The first graph of each kind (the same call
+but for the lengths) times every plan cuDNN offers and keeps the fastest; later graphs of that kind
+build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow PyTorch's
+current stream, so CUDA graphs capture them. Anywhere else the same
 formula runs in PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
 one opaque call (a fake implementation gives the output's shape) and fuses the code around it.
 """
@@ -34,6 +36,7 @@ import torch.nn.functional as F
 LIBRARY = "tts"
 
 _graphs: dict[tuple, _EpilogueGraph] = {}
+_plan_names: dict[tuple, str] = {}  # graph kind (everything but the lengths) -> the name of its fastest plan
 _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 
@@ -95,7 +98,7 @@ class _EpilogueGraph:
     """One cuDNN graph: mask * lrelu(conv(a) + bias [+ lrelu(residual, residual_slope)], slope)."""
 
     def __init__(self, cudnn, handle, a4, w4, b4, m4, r4, out4, padding: int, dilation: int, slope: float,
-                 residual_slope: float):
+                 residual_slope: float, kind: tuple):
         io_type = {torch.float16: cudnn.data_type.HALF, torch.bfloat16: cudnn.data_type.BFLOAT16,
                    torch.float32: cudnn.data_type.FLOAT}[a4.dtype]
         graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
@@ -114,7 +117,8 @@ class _EpilogueGraph:
             self.scale = graph.tensor(dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=cudnn.data_type.FLOAT,
                                       is_pass_by_value=True, name="residual_slope")
             scaled = graph.mul(a=self.residual, b=self.scale)
-            # lrelu(r, s) as plain arithmetic: min(r, s r) for s >= 1, max(r, s r) below
+            # lrelu(r, s) as plain arithmetic, min(r, s r) for s >= 1 and max(r, s r) below: cuDNN's ReLU with
+            # a negative slope of 10 computed something else on an H100 (scripts/bench_cudnn_fused_resblocks.py)
             pick = graph.min if residual_slope >= 1 else graph.max
             y = graph.add(a=y, b=pick(input0=self.residual, input1=scaled))
         y = graph.mul(a=graph.relu(input=y, negative_slope=slope), b=self.mask)
@@ -124,16 +128,58 @@ class _EpilogueGraph:
         graph.build_operation_graph()
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
-        graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
-        self.graph = graph
-        self.workspace = torch.empty(max(graph.get_workspace_size(), 1), dtype=torch.uint8, device=a4.device)
+        self.graph, self.device = graph, a4.device
+        self.plan = self._plan(cudnn, handle, kind, (a4, w4, b4, m4, r4, out4))
+        self.workspace = self._workspace(self.plan)
+
+    def _workspace(self, plan: int) -> torch.Tensor:
+        size = self.graph.get_workspace_size_plan_at_index(plan)
+        return torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
+
+    def _plan(self, cudnn, handle, kind: tuple, operands: tuple) -> int:
+        """The plan to run. The first graph of a kind (everything but the lengths) times every plan cuDNN
+        offers and keeps the fastest; later graphs of that kind build only the plan of that name. Why:
+        on an H100 the heuristics' first plans ran a HiFi-GAN stage 0.97x the compiled engine's speed
+        and the timed ones 1.19x (scripts/bench_cudnn_fused_resblocks.py)."""
+        graph = self.graph
+        names = [graph.get_plan_name_at_index(index) for index in range(graph.get_execution_plan_count())]
+        if _plan_names.get(kind) in names:
+            index = names.index(_plan_names[kind])
+            graph.build_plan_at_index(index)
+            return index
+        graph.build_plans(cudnn.build_plan_policy.ALL)
+        times: list[float] = []
+        for index in range(len(names)):
+            times.append(self._time(handle, index, operands, give_up_ms=4 * min(times, default=float("inf"))))
+        best = min(range(len(names)), key=times.__getitem__)
+        _plan_names[kind] = names[best]
+        return best
+
+    def _time(self, handle, plan: int, operands: tuple, give_up_ms: float, runs: int = 3) -> float:
+        """Milliseconds a run of ``plan`` takes: inf where it cannot run, or where its first run took longer
+        than ``give_up_ms`` (some plans take 100x the best: timing them in full would cost seconds)."""
+        try:
+            self.plan, self.workspace = plan, self._workspace(plan)
+            times = []
+            for _ in range(1 + runs):  # the first run is a warm-up
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self(handle, *operands)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+                if times[0] > give_up_ms:
+                    return float("inf")
+            return sum(times[1:]) / runs
+        except Exception:  # noqa: BLE001 -- a plan that fails to run is no candidate (cuDNN raises several types)
+            return float("inf")
 
     def __call__(self, handle, a4, w4, b4, m4, r4, out4) -> None:
         pack = {self.image: a4, self.weight: w4, self.bias: b4, self.mask: m4, self.out: out4}
         if self.residual is not None:
             pack[self.residual] = r4
             pack[self.scale] = self.scale_value
-        self.graph.execute(pack, self.workspace, handle=handle)
+        self.graph.execute_plan_at_index(pack, self.workspace, self.plan, handle=handle)
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -164,15 +210,16 @@ def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slo
     r4 = None if residual is None else _as_4d(residual)
     handle = _handle(cudnn, a.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(a.device).cuda_stream)
-    key = (a.device.index, a.dtype, tuple(a.shape), tuple(weight.shape), tuple(mask.stride()),
-           residual is not None, padding, dilation, slope, residual_slope)
+    kind = (torch.cuda.get_device_name(a.device), a.dtype, tuple(weight.shape), residual is not None, padding,
+            dilation, slope, residual_slope)
+    key = (a.device.index, tuple(a.shape), tuple(mask.stride())) + kind
     graph = _graphs.get(key)
     if graph is None:
         with _graphs_lock:
             graph = _graphs.get(key)
             if graph is None:
                 graph = _graphs[key] = _EpilogueGraph(cudnn, handle, a4, w4, b4, m4, r4, out4, padding,
-                                                      dilation, slope, residual_slope)
+                                                      dilation, slope, residual_slope, kind)
     graph(handle, a4, w4, b4, m4, r4, out4)
     return out
 
