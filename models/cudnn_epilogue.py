@@ -28,6 +28,7 @@ one opaque call (a fake implementation gives the output's shape) and fuses the c
 from __future__ import annotations
 
 import importlib.util
+import math
 import threading
 
 import torch
@@ -94,6 +95,16 @@ def _validate(a, weight, bias, mask, residual, padding: int, dilation: int) -> N
                          f"{(batch, out_channels, steps)}")
 
 
+def fastest_plan(timers: list, give_up_factor: float = 4.0) -> int:
+    """The index of the fastest plan. ``timers[i](give_up_ms)`` times plan i in milliseconds, or gives inf
+    where it cannot run or its first run took longer than ``give_up_ms``: ``give_up_factor`` times the best
+    so far. Ties go to the earlier plan (the heuristics rank them); with no plan that runs, 0."""
+    times: list[float] = []
+    for timer in timers:
+        times.append(timer(give_up_factor * min(times, default=math.inf)))
+    return min(range(len(times)), key=times.__getitem__) if times and min(times) < math.inf else 0
+
+
 class _EpilogueGraph:
     """One cuDNN graph: mask * lrelu(conv(a) + bias [+ lrelu(residual, residual_slope)], slope)."""
 
@@ -153,10 +164,8 @@ class _EpilogueGraph:
                 return 0
         graph.build_plans(cudnn.build_plan_policy.ALL)
         names = [graph.get_plan_name_at_index(index) for index in range(graph.get_execution_plan_count())]
-        times: list[float] = []
-        for index in range(len(names)):
-            times.append(self._time(handle, index, operands, give_up_ms=4 * min(times, default=float("inf"))))
-        best = min(range(len(names)), key=times.__getitem__)
+        best = fastest_plan([lambda give_up_ms, index=index: self._time(handle, index, operands, give_up_ms)
+                             for index in range(len(names))])
         _plan_names[kind] = names[best]
         return best
 

@@ -7,12 +7,20 @@ the cuDNN graphs against the same formula."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models.cudnn_epilogue import cached_graphs, conv_lrelu, cudnn_frontend_available, inner_layout, reference
+from models.cudnn_epilogue import (
+    cached_graphs,
+    conv_lrelu,
+    cudnn_frontend_available,
+    fastest_plan,
+    inner_layout,
+    reference,
+)
 from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator
@@ -159,3 +167,20 @@ def test_cudnn_graphs_compute_the_formula(dtype, tolerance):
         peak = want.float().abs().max()
         assert ((got.float() - want.float()).abs().max() / peak).item() < tolerance
     assert cached_graphs() == before + 2
+
+
+def test_the_fastest_plan_is_timed_with_slow_plans_given_up():
+    """Each plan's timer is told when to give up: four times the best so far; failing plans (inf) never win."""
+    measured = [3.0, 1.0, math.inf, 0.5, 2.0]
+    limits = []
+
+    def timer(index):
+        def time(give_up_ms):
+            limits.append(give_up_ms)
+            return measured[index]
+        return time
+
+    assert fastest_plan([timer(index) for index in range(len(measured))]) == 3
+    assert limits == [math.inf, 12.0, 4.0, 4.0, 2.0]
+    assert fastest_plan([lambda give_up_ms: math.inf] * 3) == 0  # none runs: the heuristics' first
+    assert fastest_plan([lambda give_up_ms: 1.0] * 2) == 0  # a tie: the earlier
