@@ -13,16 +13,16 @@ has the input's layout. Stride-1 convolutions with zero padding on both sides on
 
 Why: in a HiFi-GAN stage the compiled engine runs each convolution in cuDNN and then one elementwise
 kernel for its bias, LeakyReLU, padding mask and residual sum, so every activation crosses memory
-once more between two convolutions; in stages 1-3 of EmotiVoice's vocoder those kernels are a third
-of the time (scripts/bench_cudnn_fused_resblocks.py --profile). cuDNN's graph API (the
+once more between two convolutions; in stages 1-3 of EmotiVoice's vocoder those kernels took four
+tenths of a block's time on an H100 (scripts/bench_cudnn_fused_resblocks.py --profile). cuDNN's graph API (the
 nvidia-cudnn-frontend package) runs the convolution with that tail inside its own epilogue.
 
 On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
 slopes) builds one cuDNN graph at first use and keeps it. The first graph of each kind (the same call
-but for the lengths) times every plan cuDNN offers and keeps the fastest; later graphs of that kind
-build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow PyTorch's
-current stream, so CUDA graphs capture them. Anywhere else the same
-formula runs in PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
+but for the batch and the length) times every plan cuDNN offers and keeps the fastest; later graphs
+of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow
+PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same formula runs in
+PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
 one opaque call (a fake implementation gives the output's shape) and fuses the code around it.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 LIBRARY = "tts"
 
 _graphs: dict[tuple, _EpilogueGraph] = {}
-_plan_names: dict[tuple, str] = {}  # graph kind (everything but the lengths) -> the name of its fastest plan
+_plan_names: dict[tuple, str] = {}  # graph kind (all but batch and length) -> the name of its fastest plan
 _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 
@@ -148,10 +148,11 @@ class _EpilogueGraph:
         return torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
 
     def _plan(self, cudnn, handle, kind: tuple, operands: tuple) -> int:
-        """The plan to run. The first graph of a kind (everything but the lengths) times every plan cuDNN
-        offers and keeps the fastest; later graphs of that kind build only the plan of that name. Why:
-        on an H100 the heuristics' first plans ran a HiFi-GAN stage 0.97x the compiled engine's speed
-        and the timed ones 1.19x (scripts/bench_cudnn_fused_resblocks.py)."""
+        """The plan to run. The first graph of a kind (everything but the batch and the length) times every
+        plan cuDNN offers and keeps the fastest; later graphs of that kind build only the plan of that
+        name. Why: on an H100 the heuristics' first plans ran EmotiVoice's HiFi-GAN stages 1-3 at 0.92-0.97x
+        the compiled blocks' speed and the timed ones at 1.06-1.19x (scripts/bench_cudnn_fused_resblocks.py;
+        docs/benchmarks.md, session 47)."""
         graph = self.graph
         if kind in _plan_names:
             try:
