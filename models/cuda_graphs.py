@@ -50,6 +50,19 @@ class GraphCache:
         return graph, static_inputs, static_outputs
 
 
+def replay_times_ms(graph: torch.cuda.CUDAGraph, repeats: int) -> list[float]:
+    """Device milliseconds of each of ``repeats`` replays of ``graph``, one after another (benchmarks)."""
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def as_tuple(outputs) -> tuple[torch.Tensor, ...]:
     return (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
 

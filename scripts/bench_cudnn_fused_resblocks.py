@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit
+from models.cuda_graphs import replay_times_ms
 from models.emotivoice.checkpoints import random_generator
 
 SLOPE = 0.1
@@ -221,15 +222,7 @@ def replay_ms(fn, args, repeats: int) -> tuple[list[float], torch.Tensor]:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn(*args)
-    times = []
-    for _ in range(repeats + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times[3:], out
+    return replay_times_ms(graph, repeats + 3)[3:], out
 
 
 def kernel_table(fn, args, calls: int = 3, top: int = 12) -> list[dict]:

@@ -40,7 +40,7 @@ from torch import nn
 from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.revision import provenance
-from models.cuda_graphs import GraphCache, StageTimer
+from models.cuda_graphs import GraphCache, StageTimer, replay_times_ms
 from models.kokoro.engines import BucketedEngine
 from models.kokoro.generator_student import slice_generator
 from scripts.bench_kokoro import fixed_durations, official_config, profile_kernels, random_inputs, snr_db, token_ids
@@ -122,16 +122,7 @@ def frame_parts(engine: BucketedEngine, frames: int) -> dict[str, Part]:
 
 def replay_ms(cache: GraphCache, key: tuple, repeats: int) -> float:
     """Median device milliseconds of one replay of the captured graph ``key``."""
-    graph = cache.captured[key][0]
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(replay_times_ms(cache.captured[key][0], repeats))
 
 
 @torch.inference_mode()

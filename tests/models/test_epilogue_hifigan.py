@@ -6,7 +6,6 @@ stream read back from its activation, the mask, the operator's layout and its er
 the cuDNN graphs against the same formula."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -23,28 +22,11 @@ from models.cudnn_epilogue import (
 )
 from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
-from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator
-from models.emotivoice.tiny import tiny_config
+from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 from models.epilogue_hifigan import EpilogueHifigan
+from tests.models.conftest import vocoder_config
 
 MASKED_LENGTHS = (12, 7, 9)  # mel frames of three rows padded to 12
-
-
-def vocoder_config():
-    """Two kernel sizes, two stages, every dilation of the released vocoder."""
-    return dataclasses.replace(tiny_config(40, 32), upsample_initial_channel=32, upsample_rates=(4, 4),
-                               upsample_kernel_sizes=(8, 8), resblock_kernel_sizes=(3, 7),
-                               resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
-
-
-@pytest.fixture(scope="module")
-def hifigan():
-    torch.manual_seed(0)
-    module = HifiganGenerator(vocoder_config()).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():  # weights large enough that every layer matters
-            parameter.normal_(0, 0.1)
-    return module
 
 
 def channels_fastest(x: torch.Tensor) -> torch.Tensor:
@@ -127,7 +109,7 @@ def test_the_vocoder_refuses_a_slope_it_cannot_invert(hifigan):
 @torch.no_grad()
 def test_the_engine_with_epilogue_kernels_equals_the_torch_engine():
     torch.manual_seed(0)
-    generator = EmotiVoiceGenerator(dataclasses.replace(vocoder_config(), n_vocab=40)).eval()
+    generator = EmotiVoiceGenerator(vocoder_config()).eval()
     ids = torch.randint(1, 40, (2, 9))
     lengths = torch.tensor([9, 6])
     speakers = torch.tensor([0, 1])

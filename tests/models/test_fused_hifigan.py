@@ -21,32 +21,15 @@ from models.conv_layout import converted_copy  # noqa: E402
 from models.emotivoice.engines import BucketedEngine  # noqa: E402
 from models.emotivoice.generator import EmotiVoiceGenerator  # noqa: E402
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator  # noqa: E402
-from models.emotivoice.tiny import tiny_config  # noqa: E402
 from models.fused_hifigan import FusedHifigan  # noqa: E402
 from models.triton_conv1d import conv1d, pack_conv1d  # noqa: E402
+from tests.models.conftest import vocoder_config  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 RUNS_KERNELS = INTERPRETED or torch.cuda.is_available()
 needs_kernels = pytest.mark.skipif(not RUNS_KERNELS, reason="Triton kernels need a GPU or TRITON_INTERPRET=1 "
                                    "(test_in_the_interpreter sets it)")
 MASKED_LENGTHS = (12, 7, 9)  # mel frames of three rows padded to 12
-
-
-def vocoder_config():
-    """The tiny voice's sizes with a vocoder the kernels take (channels multiples of 16): 64 -> 32 -> 16."""
-    return dataclasses.replace(tiny_config(40, 32), upsample_initial_channel=64, upsample_rates=(4, 4),
-                               upsample_kernel_sizes=(8, 8), resblock_kernel_sizes=(3, 7),
-                               resblock_dilation_sizes=((1, 3, 5), (1, 3, 5)))
-
-
-@pytest.fixture(scope="module")
-def hifigan():
-    torch.manual_seed(0)
-    module = HifiganGenerator(vocoder_config()).eval()
-    with torch.no_grad():
-        for parameter in module.parameters():  # weights large enough that every layer matters
-            parameter.normal_(0, 0.1)
-    return module
 
 
 @needs_kernels
