@@ -19,8 +19,8 @@ nvidia-cudnn-frontend package) runs the convolution with that tail inside its ow
 
 On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
 slopes) builds one cuDNN graph at first use and keeps it. The first graph of each kind (the same call
-but for the batch and the length) times every plan cuDNN offers and keeps the fastest; later graphs
-of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow
+up to a factor of 4 in rows x length) times every plan cuDNN offers and keeps the fastest; later
+graphs of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow
 PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same formula runs in
 PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
 one opaque call (a fake implementation gives the output's shape) and fuses the code around it.
@@ -28,16 +28,19 @@ one opaque call (a fake implementation gives the output's shape) and fuses the c
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import threading
 
 import torch
 import torch.nn.functional as F
 
+log = logging.getLogger(__name__)
+
 LIBRARY = "tts"
 
 _graphs: dict[tuple, _EpilogueGraph] = {}
-_plan_names: dict[tuple, str] = {}  # graph kind (all but batch and length) -> the name of its fastest plan
+_plan_names: dict[tuple, str] = {}  # graph kind (_run_cudnn) -> the name of its fastest plan
 _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 
@@ -65,20 +68,17 @@ def _empty_channels_fastest(like: torch.Tensor, channels: int) -> torch.Tensor:
                                device=like.device)
 
 
-def _leaky(x: torch.Tensor, slope: float) -> torch.Tensor:
-    return torch.where(x >= 0, x, x * slope)  # any slope, 10 included (F.leaky_relu's is for slopes below 1 too)
-
-
 def reference(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float, residual_slope: float):
     """The operator's formula in PyTorch, FP32 inside, the input's dtype out, channels fastest."""
     y = F.conv1d(a.float(), weight.float(), bias.float(), padding=padding, dilation=dilation)
     if residual is not None:
-        y = y + _leaky(residual.float(), residual_slope)
+        y = y + F.leaky_relu(residual.float(), residual_slope)
     out = _empty_channels_fastest(a, weight.shape[0])
-    return out.copy_(_leaky(y, slope) * mask.float())
+    return out.copy_(F.leaky_relu(y, slope) * mask.float())
 
 
-def _validate(a, weight, bias, mask, residual, padding: int, dilation: int) -> None:
+def _validate(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float,
+              residual_slope: float) -> None:
     if a.dim() != 3 or weight.dim() != 3 or mask.dim() != 3:
         raise ValueError(f"conv_lrelu wants (B, C, T) input, (C_out, C_in, K) weight and (B, 1, T) mask; got "
                          f"{tuple(a.shape)}, {tuple(weight.shape)}, {tuple(mask.shape)}")
@@ -93,6 +93,13 @@ def _validate(a, weight, bias, mask, residual, padding: int, dilation: int) -> N
     if residual is not None and tuple(residual.shape) != (batch, out_channels, steps):
         raise ValueError(f"conv_lrelu: residual {tuple(residual.shape)} is not the output's "
                          f"{(batch, out_channels, steps)}")
+    operands = [weight, bias, mask] + ([] if residual is None else [residual])
+    if any(x.dtype != a.dtype or x.device != a.device for x in operands):
+        raise ValueError(f"conv_lrelu: every operand in the input's dtype and device ({a.dtype}, {a.device}); got "
+                         f"{[(x.dtype, str(x.device)) for x in operands]}")
+    # cuDNN's ReLU with a negative slope of 10 computed something else on an H100; slopes in [0, 1) it got right
+    if not 0 <= slope < 1 or residual_slope <= 0:
+        raise ValueError(f"conv_lrelu: slope {slope} must be in [0, 1) and residual_slope {residual_slope} above 0")
 
 
 def fastest_plan(timers: list, give_up_factor: float = 4.0) -> int:
@@ -141,28 +148,24 @@ class _EpilogueGraph:
         graph.check_support()
         self.graph, self.device = graph, a4.device
         self.plan = self._plan(cudnn, handle, kind, (a4, w4, b4, m4, r4, out4))
-        self.workspace = self._workspace(self.plan)
-
-    def _workspace(self, plan: int) -> torch.Tensor:
-        size = self.graph.get_workspace_size_plan_at_index(plan)
-        return torch.empty(max(size, 1), dtype=torch.uint8, device=self.device)
 
     def _plan(self, cudnn, handle, kind: tuple, operands: tuple) -> int:
-        """The plan to run. The first graph of a kind (everything but the batch and the length) times every
-        plan cuDNN offers and keeps the fastest; later graphs of that kind build only the plan of that
-        name. Why: on an H100 the heuristics' first plans ran EmotiVoice's HiFi-GAN stages 1-3 at 0.92-0.97x
-        the compiled blocks' speed and the timed ones at 1.06-1.19x (scripts/bench_cudnn_fused_resblocks.py;
-        docs/benchmarks.md, session 47)."""
+        """The plan to run. The first graph of a kind (``_run_cudnn``) times every plan cuDNN offers and
+        keeps the fastest; later graphs of that kind build only the plan of that name. Why: on an H100 the
+        heuristics' first plans ran EmotiVoice's HiFi-GAN stages 1-3 at 0.92-0.97x the compiled blocks'
+        speed and the timed ones at 1.06-1.19x (scripts/bench_cudnn_fused_resblocks.py; docs/benchmarks.md,
+        session 47)."""
         graph = self.graph
         if kind in _plan_names:
-            try:
-                names = [graph.get_plan_name_at_index(index) for index in range(graph.get_execution_plan_count())]
+            names = [graph.get_plan_name_at_index(index) for index in range(graph.get_execution_plan_count())]
+            if _plan_names[kind] in names:
                 index = names.index(_plan_names[kind])
                 graph.build_plan_at_index(index)
                 return index
-            except Exception:  # noqa: BLE001 -- no plan of that name for this length: the heuristics' first
-                graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
-                return 0
+            log.warning("cuDNN offers no plan %s for %s at shape %s: the heuristics' first", _plan_names[kind],
+                        kind, tuple(operands[0].shape))
+            graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
+            return 0
         graph.build_plans(cudnn.build_plan_policy.ALL)
         names = [graph.get_plan_name_at_index(index) for index in range(graph.get_execution_plan_count())]
         best = fastest_plan([lambda give_up_ms, index=index: self._time(handle, index, operands, give_up_ms)
@@ -170,31 +173,35 @@ class _EpilogueGraph:
         _plan_names[kind] = names[best]
         return best
 
-    def _time(self, handle, plan: int, operands: tuple, give_up_ms: float, runs: int = 3) -> float:
-        """Milliseconds a run of ``plan`` takes: inf where it cannot run, or where its first run took longer
-        than ``give_up_ms`` (some plans take 100x the best: timing them in full would cost seconds)."""
+    def _time(self, handle, plan: int, operands: tuple, give_up_ms: float, runs: int = 5) -> float:
+        """Milliseconds a run of ``plan`` takes, ``runs`` runs back to back after an untimed one: inf where it
+        cannot run, or where one timed run took longer than ``give_up_ms`` (some plans take 100x the best:
+        timing them in full would cost seconds)."""
+        self.plan = plan
         try:
-            self.plan, self.workspace = plan, self._workspace(plan)
-            times = []
-            for _ in range(1 + runs):  # the first run is a warm-up
+            self(handle, *operands)  # warm-up: first launches
+            for count in (1, runs):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
-                self(handle, *operands)
+                for _ in range(count):
+                    self(handle, *operands)
                 end.record()
                 end.synchronize()
-                times.append(start.elapsed_time(end))
-                if times[0] > give_up_ms:
-                    return float("inf")
-            return sum(times[1:]) / runs
+                if count == 1 and start.elapsed_time(end) > give_up_ms:
+                    return math.inf
+            return start.elapsed_time(end) / runs
         except Exception:  # noqa: BLE001 -- a plan that fails to run is no candidate (cuDNN raises several types)
-            return float("inf")
+            return math.inf
 
     def __call__(self, handle, a4, w4, b4, m4, r4, out4) -> None:
         pack = {self.image: a4, self.weight: w4, self.bias: b4, self.mask: m4, self.out: out4}
         if self.residual is not None:
             pack[self.residual] = r4
             pack[self.scale] = self.scale_value
-        self.graph.execute_plan_at_index(pack, self.workspace, self.plan, handle=handle)
+        # A workspace per call: graphs captured from one cached cuDNN graph must not share one
+        workspace = torch.empty(max(self.graph.get_workspace_size_plan_at_index(self.plan), 1), dtype=torch.uint8,
+                                device=self.device)
+        self.graph.execute_plan_at_index(pack, workspace, self.plan, handle=handle)
 
 
 def _as_4d(x: torch.Tensor) -> torch.Tensor:
@@ -225,8 +232,11 @@ def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slo
     r4 = None if residual is None else _as_4d(residual)
     handle = _handle(cudnn, a.device)
     cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream(a.device).cuda_stream)
+    # Plans are timed once per kind: the same call up to a factor of 4 in rows x length (the winner may
+    # differ between a batch of one and a length group of 32 rows)
+    size_class = (a.shape[0] * a.shape[2]).bit_length() // 2
     kind = (torch.cuda.get_device_name(a.device), a.dtype, tuple(weight.shape), residual is not None, padding,
-            dilation, slope, residual_slope)
+            dilation, slope, residual_slope, size_class)
     key = (a.device.index, tuple(a.shape), tuple(mask.stride())) + kind
     graph = _graphs.get(key)
     if graph is None:
@@ -258,7 +268,7 @@ def conv_lrelu(a: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, mask: 
                residual_slope: float = 1.0) -> torch.Tensor:
     """mask * lrelu(conv1d(a, weight, bias, padding, dilation) [+ lrelu(residual, residual_slope)], slope);
     (B, C_in, T) -> (B, C_out, T), channels fastest (module docstring)."""
-    _validate(a, weight, bias, mask, residual, padding, dilation)
+    _validate(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope)
     return _conv_lrelu(a, weight, bias, mask, residual, padding, dilation, slope, residual_slope)
 
 

@@ -34,7 +34,8 @@ def _same_padded(conv: nn.Module) -> tuple[int, int]:
     if not isinstance(conv, nn.Conv1d):
         raise TypeError(f"expected an nn.Conv1d, got {type(conv).__name__} (convert layouts after, not before)")
     kernel, dilation, padding = conv.kernel_size[0], conv.dilation[0], conv.padding[0]
-    if conv.groups != 1 or conv.stride[0] != 1 or conv.padding_mode != "zeros" or 2 * padding != dilation * (kernel - 1):
+    same_length = 2 * padding == dilation * (kernel - 1)
+    if conv.groups != 1 or conv.stride[0] != 1 or conv.padding_mode != "zeros" or not same_length:
         raise ValueError(f"{conv}: only ungrouped, stride-1, zero, same-padded block convolutions are supported")
     if conv.bias is None:
         raise ValueError(f"{conv}: the epilogue adds a bias; this convolution has none")
@@ -57,6 +58,9 @@ class EpilogueHifigan(nn.Module):
             stage_blocks = []
             for index in range(stage * self.num_kernels, (stage + 1) * self.num_kernels):
                 block, steps = generator.resblocks[index], []
+                if not (hasattr(block, "convs1") and hasattr(block, "convs2")):
+                    raise TypeError(f"resblocks.{index} is a {type(block).__name__}: only ResBlock1 blocks "
+                                    "(convs1 and convs2) are supported")
                 for step, (conv1, conv2) in enumerate(zip(block.convs1, block.convs2)):
                     names = []
                     for which, conv in (("1", conv1), ("2", conv2)):
@@ -94,7 +98,7 @@ class EpilogueHifigan(nn.Module):
                 for name1, padding1, dilation1, name2, padding2, dilation2 in steps:
                     inner = self._conv(name1, a, mask, padding1, dilation1)
                     a = self._conv(name2, inner, mask, padding2, dilation2, residual=a)
-                stream = torch.where(a >= 0, a, a * (1.0 / self.slope))  # the block's x (masked)
+                stream = F.leaky_relu(a, 1.0 / self.slope)  # the block's x (masked)
                 total = stream if total is None else total + stream
             x = total / self.num_kernels
         x = self.conv_post(F.leaky_relu(x, self.final_slope) * mask)

@@ -62,7 +62,8 @@ def stage_blocks(vocoder, stage: int) -> list[list[tuple[dict, dict]]]:
 
 def compiled_block(blocks):
     def conv(x, spec):
-        return F.conv2d(x, spec["weight"], spec["bias"].view(-1), padding=(0, spec["padding"]), dilation=(1, spec["dilation"]))
+        return F.conv2d(x, spec["weight"], spec["bias"].view(-1), padding=(0, spec["padding"]),
+                        dilation=(1, spec["dilation"]))
 
     def block(x, mask):  # x (B, C, 1, T) channels-last, mask (B, 1, 1, T)
         total = None

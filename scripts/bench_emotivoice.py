@@ -567,10 +567,11 @@ def main() -> None:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
                 if args.epilogue_engine:
+                    variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
                     engines += [EngineSpec(f"{name}{suffix}_epilogue", True, half, compile_frames=True,
                                            frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
                                            frame_bucket=frames, vocoder_kernels="cudnn")
-                                for suffix, dynamic in [("", False)] + [("_dynamic", True)] * args.dynamic_engine]
+                                for suffix, dynamic in variants]
             if args.dynamic_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
                                        compile_dynamic=True)]

@@ -50,8 +50,8 @@ from torch.nn.utils import parametrize
 
 from models.conv_layout import convert_convs
 from models.cuda_graphs import GraphCache, as_tuple, to_host
-from models.emotivoice.generator import EmotiVoiceGenerator
 from models.cudnn_epilogue import cudnn_frontend_available
+from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 from models.epilogue_hifigan import EpilogueHifigan
 
@@ -200,7 +200,8 @@ class BucketedEngine:
         convolution (models/fused_hifigan.py; needs Triton, so a GPU or ``TRITON_INTERPRET=1``); with
         ``compile_frames`` only the mel half is then compiled; or "cudnn": the block convolutions with
         their bias, LeakyReLU, mask and residual in cuDNN's epilogue (models/epilogue_hifigan.py; on CUDA
-        it needs nvidia-cudnn-frontend, elsewhere the same formula runs in PyTorch), compiled like "torch". "torch" is the default: on the H200 the
+        it needs nvidia-cudnn-frontend, elsewhere the same formula runs in PyTorch), compiled like "torch".
+        "torch" is the default: on the H200 the
         fused vocoder is the slower one as its kernels stand, and compiling them takes minutes
         (docs/benchmarks.md, EmotiVoice rows).
         ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with

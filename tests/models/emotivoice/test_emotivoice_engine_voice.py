@@ -98,7 +98,8 @@ def test_served_engine_options_choose_the_vocoder_kernels(voice):
     """serve.engine_options.vocoder_kernels=cudnn puts the epilogue vocoder in the engine (on this CPU its
     operator runs the same formula in PyTorch: the audio is the module's, to FP16 rounding); other names are
     refused."""
-    served, _, _ = bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(vocoder_kernels="cudnn"))
+    options = ServedEngineOptions(vocoder_kernels="cudnn")
+    served, _, _ = bucketed_engine(voice, "eager", False, None, (), options=options)
     assert type(served.engine.frame_model.generator).__name__ == "EpilogueHifigan"
     plain = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
     request = SynthesisRequest.from_utterances(voice.text_to_utterances("The train leaves at nine tonight."))
