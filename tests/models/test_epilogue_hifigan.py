@@ -25,7 +25,7 @@ from models.emotivoice.engines import BucketedEngine
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE
 from models.epilogue_hifigan import EpilogueHifigan
-from tests.models.vocoder_cases import vocoder_config
+from tests.models.vocoder_cases import hifigan, vocoder_config  # noqa: F401 -- hifigan: a fixture
 
 MASKED_LENGTHS = (12, 7, 9)  # mel frames of three rows padded to 12
 

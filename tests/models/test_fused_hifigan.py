@@ -23,7 +23,7 @@ from models.emotivoice.generator import EmotiVoiceGenerator  # noqa: E402
 from models.emotivoice.hifigan import FINAL_LRELU_SLOPE, LRELU_SLOPE, HifiganGenerator  # noqa: E402
 from models.fused_hifigan import FusedHifigan  # noqa: E402
 from models.triton_conv1d import conv1d, pack_conv1d  # noqa: E402
-from tests.models.vocoder_cases import vocoder_config  # noqa: E402
+from tests.models.vocoder_cases import hifigan, vocoder_config  # noqa: E402,F401 -- hifigan: a fixture
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 RUNS_KERNELS = INTERPRETED or torch.cuda.is_available()
