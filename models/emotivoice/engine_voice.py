@@ -53,7 +53,9 @@ class ServedEngineOptions:
     # gain under load is not yet measured
     fill_frame_shapes: bool = False
     # "cudnn": the vocoder's block convolutions with their bias, LeakyReLU, mask and residual in cuDNN's epilogue
-    # (models/epilogue_hifigan.py; needs nvidia-cudnn-frontend on the GPU machine); "torch": the HiFi-GAN module
+    # (models/epilogue_hifigan.py; needs nvidia-cudnn-frontend on the GPU machine); "torch": the HiFi-GAN module.
+    # "cudnn" builds cuDNN graphs for every new shape: 110 s more than "torch" for the 19 shapes of a first batch
+    # of 1,024 on an H100, a longer warm-up (docs/benchmarks.md, session 47)
     vocoder_kernels: str = "torch"
 
     def __post_init__(self):
