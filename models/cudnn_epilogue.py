@@ -1,8 +1,8 @@
 """A convolution with its elementwise tail run in cuDNN's epilogue, as one PyTorch operator.
 
-    from models.cudnn_epilogue import conv_lrelu, inner_layout
+    from models.cudnn_epilogue import channels_fastest, conv_lrelu
 
-    weight = inner_layout(conv.weight)                  # (C_out, C_in, K), C_in fastest
+    weight = channels_fastest(conv.weight.detach())     # (C_out, C_in, K), C_in fastest
     t = conv_lrelu(a, weight, bias, mask, padding=5, dilation=3, slope=0.1)
     a = conv_lrelu(t, weight2, bias2, mask, padding=5, dilation=1, slope=0.1, residual=a, residual_slope=10.0)
 
@@ -27,6 +27,7 @@ one opaque call (a fake implementation gives the output's shape) and fuses the c
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -45,17 +46,14 @@ _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 
 
+@functools.cache  # asked on every call of the operator: whether the package is installed does not change
 def cudnn_frontend_available() -> bool:
     return importlib.util.find_spec("cudnn") is not None
 
 
-def inner_layout(weight: torch.Tensor) -> torch.Tensor:
-    """A (C_out, C_in, K) weight with C_in as its fastest dimension (what the cuDNN graph reads)."""
-    return weight.detach().permute(0, 2, 1).contiguous().permute(0, 2, 1)
-
-
-def _channels_fastest(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, T) with strides (T * C, 1, C): ``x`` itself when it already is."""
+def channels_fastest(x: torch.Tensor) -> torch.Tensor:
+    """A (B, C, T) activation or (C_out, C_in, K) weight with its middle dimension fastest, strides
+    (T * C, 1, C), which is what the cuDNN graphs read: ``x`` itself when it already is."""
     batch, channels, steps = x.shape
     if x.stride() == (steps * channels, 1, channels) or channels == 1:
         return x
@@ -147,7 +145,10 @@ class _EpilogueGraph:
         graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         graph.check_support()
         self.graph, self.device = graph, a4.device
-        self.plan = self._plan(cudnn, handle, kind, (a4, w4, b4, m4, r4, out4))
+        self._use(self._plan(cudnn, handle, kind, (a4, w4, b4, m4, r4, out4)))
+
+    def _use(self, plan: int) -> None:
+        self.plan, self.workspace_bytes = plan, max(self.graph.get_workspace_size_plan_at_index(plan), 1)
 
     def _plan(self, cudnn, handle, kind: tuple, operands: tuple) -> int:
         """The plan to run. The first graph of a kind (``_run_cudnn``) times every plan cuDNN offers and
@@ -177,8 +178,8 @@ class _EpilogueGraph:
         """Milliseconds a run of ``plan`` takes, ``runs`` runs back to back after an untimed one: inf where it
         cannot run, or where one timed run took longer than ``give_up_ms`` (some plans take 100x the best:
         timing them in full would cost seconds)."""
-        self.plan = plan
         try:
+            self._use(plan)
             self(handle, *operands)  # warm-up: first launches
             for count in (1, runs):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -199,8 +200,7 @@ class _EpilogueGraph:
             pack[self.residual] = r4
             pack[self.scale] = self.scale_value
         # A workspace per call: graphs captured from one cached cuDNN graph must not share one
-        workspace = torch.empty(max(self.graph.get_workspace_size_plan_at_index(self.plan), 1), dtype=torch.uint8,
-                                device=self.device)
+        workspace = torch.empty(self.workspace_bytes, dtype=torch.uint8, device=self.device)
         self.graph.execute_plan_at_index(pack, workspace, self.plan, handle=handle)
 
 
@@ -223,8 +223,8 @@ def _handle(cudnn, device: torch.device):
 def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float, residual_slope: float):
     import cudnn  # optional: present where the frontend is installed (cudnn_frontend_available)
 
-    a, weight = _channels_fastest(a), _channels_fastest(weight)
-    residual = None if residual is None else _channels_fastest(residual)
+    a, weight = channels_fastest(a), channels_fastest(weight)
+    residual = None if residual is None else channels_fastest(residual)
     mask = mask.contiguous()
     out = _empty_channels_fastest(a, weight.shape[0])
     a4, w4, m4, out4 = _as_4d(a), _as_4d(weight), _as_4d(mask), _as_4d(out)

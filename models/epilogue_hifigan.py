@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.conv_layout import folded_weight
-from models.cudnn_epilogue import conv_lrelu, inner_layout
+from models.cudnn_epilogue import channels_fastest, conv_lrelu
 
 
 def _same_padded(conv: nn.Module) -> tuple[int, int]:
@@ -65,7 +65,7 @@ class EpilogueHifigan(nn.Module):
                     names = []
                     for which, conv in (("1", conv1), ("2", conv2)):
                         name = f"block{index}_step{step}_conv{which}"
-                        self.register_buffer(f"{name}_weight", inner_layout(folded_weight(conv, "weight")))
+                        self.register_buffer(f"{name}_weight", channels_fastest(folded_weight(conv, "weight")))
                         self.register_buffer(f"{name}_bias", folded_weight(conv, "bias"))
                         names.append((name, *_same_padded(conv)))
                     steps.append((*names[0], *names[1]))

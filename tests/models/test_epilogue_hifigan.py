@@ -15,10 +15,10 @@ import torch.nn.functional as F
 
 from models.cudnn_epilogue import (
     cached_graphs,
+    channels_fastest,
     conv_lrelu,
     cudnn_frontend_available,
     fastest_plan,
-    inner_layout,
     reference,
 )
 from models.emotivoice.engines import BucketedEngine
@@ -28,10 +28,6 @@ from models.epilogue_hifigan import EpilogueHifigan
 from tests.models.vocoder_cases import hifigan, vocoder_config  # noqa: F401 -- hifigan: a fixture
 
 MASKED_LENGTHS = (12, 7, 9)  # mel frames of three rows padded to 12
-
-
-def channels_fastest(x: torch.Tensor) -> torch.Tensor:
-    return x.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 @torch.no_grad()
@@ -70,7 +66,7 @@ def test_compiled_with_symbolic_sizes_it_equals_eager(hifigan):
 def test_the_operator_keeps_channels_fastest_and_matches_its_formula():
     torch.manual_seed(1)
     a = channels_fastest(torch.randn(2, 6, 20))
-    weight, bias = inner_layout(torch.randn(4, 6, 5) * 0.3), torch.randn(4)
+    weight, bias = channels_fastest(torch.randn(4, 6, 5) * 0.3), torch.randn(4)
     mask = (torch.arange(20)[None] < torch.tensor([20, 11])[:, None]).float()[:, None]
     residual = channels_fastest(torch.randn(2, 4, 20))
     out = conv_lrelu(a, weight, bias, mask, padding=6, dilation=3, slope=0.1, residual=residual, residual_slope=10.0)
@@ -140,7 +136,7 @@ def test_cudnn_graphs_compute_the_formula_at_two_lengths_and_in_a_cuda_graph(dty
         residual = channels_fastest(torch.randn(3, 64, steps, device=device)).to(dtype)
         return a, mask.to(dtype)[:, None], residual
 
-    weight = inner_layout(torch.randn(64, 64, 11, device=device) * 0.05).to(dtype)
+    weight = channels_fastest(torch.randn(64, 64, 11, device=device) * 0.05).to(dtype)
     bias = torch.randn(64, device=device).to(dtype)
     calls = (dict(dilation=5, padding=25), dict(dilation=1, padding=5, residual_slope=10.0))
 
