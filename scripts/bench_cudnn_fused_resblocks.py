@@ -21,6 +21,9 @@ in one CUDA graph:
   (x = lrelu(a, slope 10) where the mask is 1), so the residual a convolution adds is read back
   from the previous activation, and the residual stream x itself never goes to memory:
   ``t = mask * lrelu(conv1(a) + b1)``; ``a' = mask * lrelu(conv2(t) + b2 + lrelu_10(a))``.
+  The engine's operator for the same graphs is models/cudnn_epilogue.py; this script builds its own
+  because it also builds the residual forms that were tried (``--residual-form``) and times the
+  plans of every graph at its own shape.
 
 Reports each arm's median replay time (the cuDNN arm with each graph's fastest plan, and with the
 plan cuDNN's heuristics rank first), their ratio, the largest difference of the outputs against the
