@@ -20,7 +20,10 @@ nvidia-cudnn-frontend package) runs the convolution with that tail inside its ow
 On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
 slopes) builds one cuDNN graph at first use and keeps it. The first graph of each kind (the same call
 up to a factor of 4 in rows x length) times every plan cuDNN offers and keeps the fastest; later
-graphs of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). Launches follow
+graphs of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). By default
+graphs are built shape-agnostic with one cuDNN kernel cache per device, so a new length reuses the
+kernels compiled for an earlier one instead of compiling its own (``use_kernel_cache`` says why;
+``build_stats`` counts what building cost). Launches follow
 PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same formula runs in
 PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
 one opaque call (a fake implementation gives the output's shape) and fuses the code around it.
@@ -32,6 +35,7 @@ import importlib.util
 import logging
 import math
 import threading
+import time
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +48,28 @@ _graphs: dict[tuple, _EpilogueGraph] = {}
 _plan_names: dict[tuple, str] = {}  # graph kind (_run_cudnn) -> the name of its fastest plan
 _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
+_kernel_caches: dict[int, object] = {}  # device index -> the cuDNN kernel cache its graphs share
+_policy = {"kernel_cache": True}
+_stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0}
+
+
+def use_kernel_cache(enabled: bool) -> None:
+    """Whether graphs built from now on are shape-agnostic and share one cuDNN kernel cache per device.
+
+    Why: a graph with a fused epilogue runs kernels cuDNN compiles at build time. Built for one shape
+    each, EmotiVoice's engine paid about 110 s of builds for 19 shapes at batch 1,024 on an H100
+    (docs/benchmarks.md, session 47), and a server meets hundreds of shapes. A shape-agnostic graph
+    binds the kernel an earlier length compiled. Off: each graph is built for its own shape (what
+    the shape-agnostic kernels are compared with)."""
+    _policy["kernel_cache"] = bool(enabled)
+
+
+def build_stats() -> dict:
+    """What this process's graphs cost to build: ``graphs`` built, ``build_s`` seconds spent building
+    them (timing plans included), ``timed_kinds`` kinds whose plans were timed, ``plans_timed`` plans
+    timed in all, ``fallbacks`` graphs that found no plan of their kind's name, and ``kernel_cache``
+    whether new graphs share compiled kernels."""
+    return dict(_stats, kernel_cache=_policy["kernel_cache"])
 
 
 @functools.cache  # asked on every call of the operator: whether the package is installed does not change
@@ -114,11 +140,13 @@ class _EpilogueGraph:
     """One cuDNN graph: mask * lrelu(conv(a) + bias [+ lrelu(residual, residual_slope)], slope)."""
 
     def __init__(self, cudnn, handle, a4, w4, b4, m4, r4, out4, padding: int, dilation: int, slope: float,
-                 residual_slope: float, kind: tuple):
+                 residual_slope: float, kind: tuple, kernel_cache):
         io_type = {torch.float16: cudnn.data_type.HALF, torch.bfloat16: cudnn.data_type.BFLOAT16,
                    torch.float32: cudnn.data_type.FLOAT}[a4.dtype]
+        # A kernel cache makes the graph shape-agnostic (the frontend turns dynamic shapes on with it)
+        shape_options = {} if kernel_cache is None else {"kernel_cache": kernel_cache}
         graph = cudnn.pygraph(io_data_type=io_type, intermediate_data_type=cudnn.data_type.FLOAT,
-                              compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle, **shape_options)
         self.image = graph.tensor_like(a4)
         self.weight = graph.tensor_like(w4)
         self.bias = graph.tensor_like(b4)
@@ -165,6 +193,7 @@ class _EpilogueGraph:
                 return index
             log.warning("cuDNN offers no plan %s for %s at shape %s: the heuristics' first", _plan_names[kind],
                         kind, tuple(operands[0].shape))
+            _stats["fallbacks"] += 1
             graph.build_plans(cudnn.build_plan_policy.HEURISTICS_CHOICE)
             return 0
         graph.build_plans(cudnn.build_plan_policy.ALL)
@@ -172,6 +201,9 @@ class _EpilogueGraph:
         best = fastest_plan([lambda give_up_ms, index=index: self._time(handle, index, operands, give_up_ms)
                              for index in range(len(names))])
         _plan_names[kind] = names[best]
+        _stats["timed_kinds"] += 1
+        _stats["plans_timed"] += len(names)
+        log.info("cuDNN epilogue %s: plan %s, the fastest of %d", kind, names[best], len(names))
         return best
 
     def _time(self, handle, plan: int, operands: tuple, give_up_ms: float, runs: int = 5) -> float:
@@ -220,6 +252,12 @@ def _handle(cudnn, device: torch.device):
     return handles[device.index]
 
 
+def _kernel_cache(cudnn, device: torch.device):
+    if device.index not in _kernel_caches:
+        _kernel_caches[device.index] = cudnn.create_kernel_cache()
+    return _kernel_caches[device.index]
+
+
 def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float, residual_slope: float):
     import cudnn  # optional: present where the frontend is installed (cudnn_frontend_available)
 
@@ -235,16 +273,21 @@ def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slo
     # Plans are timed once per kind: the same call up to a factor of 4 in rows x length (the winner may
     # differ between a batch of one and a length group of 32 rows)
     size_class = (a.shape[0] * a.shape[2]).bit_length() // 2
+    shape_agnostic = _policy["kernel_cache"]
     kind = (torch.cuda.get_device_name(a.device), a.dtype, tuple(weight.shape), residual is not None, padding,
-            dilation, slope, residual_slope, size_class)
+            dilation, slope, residual_slope, size_class, shape_agnostic)
     key = (a.device.index, tuple(a.shape), tuple(mask.stride())) + kind
     graph = _graphs.get(key)
     if graph is None:
         with _graphs_lock:
             graph = _graphs.get(key)
             if graph is None:
+                started = time.perf_counter()
+                kernel_cache = _kernel_cache(cudnn, a.device) if shape_agnostic else None
                 graph = _graphs[key] = _EpilogueGraph(cudnn, handle, a4, w4, b4, m4, r4, out4, padding,
-                                                      dilation, slope, residual_slope, kind)
+                                                      dilation, slope, residual_slope, kind, kernel_cache)
+                _stats["graphs"] += 1
+                _stats["build_s"] += time.perf_counter() - started
     graph(handle, a4, w4, b4, m4, r4, out4)
     return out
 

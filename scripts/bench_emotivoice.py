@@ -29,7 +29,9 @@ Side by side in one process, median of warm runs:
   groups of at least R rows (``_groups<G>_rows<R>``), ``--dynamic-engine`` each of those compiled with
   symbolic sizes (``_dynamic``), ``--frame-buckets`` each of those once per frame bucket (``_fb<N>``),
   ``--epilogue-engine`` each of those with its vocoder's block convolutions in cuDNN's epilogue
-  (``_epilogue``, models/epilogue_hifigan.py);
+  (``_epilogue``, models/epilogue_hifigan.py; shape-agnostic graphs sharing a kernel cache, and with
+  ``--epilogue-static-shapes`` also graphs built for one shape each, ``_epilogue_static``; each
+  reports what its graphs cost to build, ``cudnn_graphs``);
   ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
@@ -87,6 +89,7 @@ from torch.profiler import ProfilerActivity, profile
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 from models.cuda_graphs import GraphCache, as_tuple
+from models.cudnn_epilogue import build_stats, use_kernel_cache
 from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, FrameStage, bucket_of
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.prompts import EMOTION_PROMPTS
@@ -222,6 +225,8 @@ def engine_section(args, generator: EmotiVoiceGenerator, spec: EngineSpec, refer
     # Fixed shapes per bucket: cuDNN times its kernels once. Engines only: its trial workspaces
     # would count in the eager sections' peak VRAM.
     torch.backends.cudnn.benchmark = True
+    use_kernel_cache(spec.cudnn_kernel_cache)
+    built_before = build_stats()
     engine = BucketedEngine(generator, **spec.engine_arguments())
     single = make_inputs(generator, [args.text_tokens], args.device, args.seed)
     started = time.perf_counter()
@@ -251,6 +256,10 @@ def engine_section(args, generator: EmotiVoiceGenerator, spec: EngineSpec, refer
                                                                       args.device.startswith("cuda"), count=25)
     if args.device.startswith("cuda"):
         section["graphs_captured"] = len(engine.cache.captured) if spec.graphs else 0
+    if spec.vocoder_kernels == "cudnn":  # what its cuDNN graphs cost to build, within first_call_s
+        built = build_stats()
+        section["cudnn_graphs"] = {key: (value - built_before[key] if key != "kernel_cache" else value)
+                                   for key, value in built.items()}
     torch.backends.cudnn.benchmark = False
     return section
 
@@ -326,10 +335,12 @@ class EngineSpec(NamedTuple):
     min_group_rows: int = 1
     compile_dynamic: bool = False
     frame_bucket: int = FRAME_BUCKET
+    cudnn_kernel_cache: bool = True  # vocoder_kernels="cudnn": shape-agnostic graphs (models.cudnn_epilogue)
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
-        return {key: value for key, value in self._asdict().items() if key not in ("name", "lite_vocoder")}
+        return {key: value for key, value in self._asdict().items()
+                if key not in ("name", "lite_vocoder", "cudnn_kernel_cache")}
 
 
 SORTED_CHUNK_ENGINES = ("engine_eager_fp16", "engine_graphs_fp16", "engine_graphs_fp16_compiled",
@@ -478,6 +489,8 @@ def main() -> None:
     parser.add_argument("--epilogue-engine", action="store_true", help="with --grouped-engine: also each grouped "
                         "engine with its vocoder's block convolutions in cuDNN's epilogue (vocoder_kernels='cudnn', "
                         "_epilogue; needs nvidia-cudnn-frontend)")
+    parser.add_argument("--epilogue-static-shapes", action="store_true", help="with --epilogue-engine: also each "
+                        "of those with its cuDNN graphs built for one shape each, no kernel cache (_static)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
     parser.add_argument("--kernel-profile", action="store_true", help="each engine's 25 heaviest kernels over one "
@@ -494,6 +507,8 @@ def main() -> None:
         parser.error(f"--frame-buckets {args.frame_buckets}: each at least 1")
     if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
+    if args.epilogue_static_shapes and not args.epilogue_engine:
+        parser.error("--epilogue-static-shapes adds a variant of each --epilogue-engine")
     if args.epilogue_engine and not args.grouped_engine:
         parser.error("--epilogue-engine adds a variant of each --grouped-engine")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine
@@ -568,10 +583,11 @@ def main() -> None:
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
                 if args.epilogue_engine:
                     variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
-                    engines += [EngineSpec(f"{name}{suffix}_epilogue", True, half, compile_frames=True,
+                    caches = [("", True)] + ([("_static", False)] if args.epilogue_static_shapes else [])
+                    engines += [EngineSpec(f"{name}{suffix}_epilogue{shapes}", True, half, compile_frames=True,
                                            frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
-                                           frame_bucket=frames, vocoder_kernels="cudnn")
-                                for suffix, dynamic in variants]
+                                           frame_bucket=frames, vocoder_kernels="cudnn", cudnn_kernel_cache=cache)
+                                for suffix, dynamic in variants for shapes, cache in caches]
             if args.dynamic_engine:
                 engines += [EngineSpec("engine_graphs_fp16_compiled_dynamic", True, half, compile_frames=True,
                                        compile_dynamic=True)]
