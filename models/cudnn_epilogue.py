@@ -50,7 +50,7 @@ _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 _kernel_caches: dict[int, object] = {}  # device index -> the cuDNN kernel cache its graphs share
 _policy = {"kernel_cache": True}
-_stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0}
+_stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0, "shape_agnostic_failures": 0}
 
 
 def use_kernel_cache(enabled: bool) -> None:
@@ -67,8 +67,9 @@ def use_kernel_cache(enabled: bool) -> None:
 def build_stats() -> dict:
     """What this process's graphs cost to build: ``graphs`` built, ``build_s`` seconds spent building
     them (timing plans included), ``timed_kinds`` kinds whose plans were timed, ``plans_timed`` plans
-    timed in all, ``fallbacks`` graphs that found no plan of their kind's name, and ``kernel_cache``
-    whether new graphs share compiled kernels."""
+    timed in all, ``fallbacks`` graphs that found no plan of their kind's name,
+    ``shape_agnostic_failures`` graphs cuDNN would not build shape-agnostic (built for their shape
+    instead), and ``kernel_cache`` whether new graphs share compiled kernels."""
     return dict(_stats, kernel_cache=_policy["kernel_cache"])
 
 
@@ -283,9 +284,18 @@ def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slo
             graph = _graphs.get(key)
             if graph is None:
                 started = time.perf_counter()
-                kernel_cache = _kernel_cache(cudnn, a.device) if shape_agnostic else None
-                graph = _graphs[key] = _EpilogueGraph(cudnn, handle, a4, w4, b4, m4, r4, out4, padding,
-                                                      dilation, slope, residual_slope, kind, kernel_cache)
+                operands = (cudnn, handle, a4, w4, b4, m4, r4, out4, padding, dilation, slope, residual_slope, kind)
+                if shape_agnostic:
+                    try:
+                        graph = _EpilogueGraph(*operands, _kernel_cache(cudnn, a.device))
+                    except Exception as error:  # noqa: BLE001 -- cuDNN raises several types; the shape's own graph may still build
+                        log.warning("cuDNN built no shape-agnostic graph for %s at %s (%s): one for this shape",
+                                    kind, tuple(a.shape), error)
+                        _stats["shape_agnostic_failures"] += 1
+                        graph = _EpilogueGraph(*operands, None)
+                else:
+                    graph = _EpilogueGraph(*operands, None)
+                _graphs[key] = graph
                 _stats["graphs"] += 1
                 _stats["build_s"] += time.perf_counter() - started
     graph(handle, a4, w4, b4, m4, r4, out4)

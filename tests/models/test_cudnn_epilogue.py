@@ -96,6 +96,7 @@ def test_cudnn_graphs_compute_the_formula_at_two_lengths_and_in_a_cuda_graph(dty
     stats = build_stats()
     assert stats["graphs"] == stats_before["graphs"] + 4 and stats["kernel_cache"] == shared_kernels
     assert stats["fallbacks"] == stats_before["fallbacks"]  # the second length found its kind's plan by name
+    assert stats["shape_agnostic_failures"] == stats_before["shape_agnostic_failures"]
     a, mask, residual = operands(400)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
