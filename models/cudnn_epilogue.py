@@ -20,9 +20,9 @@ nvidia-cudnn-frontend package) runs the convolution with that tail inside its ow
 On CUDA with the frontend installed, each distinct call (shapes, strides, dtype, padding, dilation,
 slopes) builds one cuDNN graph at first use and keeps it. The first graph of each kind (the same call
 up to a factor of 4 in rows x length) times every plan cuDNN offers and keeps the fastest; later
-graphs of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). By default
-graphs are built shape-agnostic with one cuDNN kernel cache per device, so a new length reuses the
-kernels compiled for an earlier one instead of compiling its own (``use_kernel_cache`` says why;
+graphs of that kind build only the plan of that name (``_EpilogueGraph._plan`` says why). Each graph
+is built for its own shape unless ``use_kernel_cache(True)`` makes new ones shape-agnostic, sharing
+compiled kernels: cheaper to build, slower to run (``use_kernel_cache`` gives the figures;
 ``build_stats`` counts what building cost). Launches follow
 PyTorch's current stream, so CUDA graphs capture them. Anywhere else the same formula runs in
 PyTorch: what the CPU tests compare a vocoder built on it with. torch.compile sees
@@ -49,18 +49,19 @@ _plan_names: dict[tuple, str] = {}  # graph kind (_run_cudnn) -> the name of its
 _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 _kernel_caches: dict[int, object] = {}  # device index -> the cuDNN kernel cache its graphs share
-_policy = {"kernel_cache": True}
+_policy = {"kernel_cache": False}
 _stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0, "shape_agnostic_failures": 0}
 
 
 def use_kernel_cache(enabled: bool) -> None:
     """Whether graphs built from now on are shape-agnostic and share one cuDNN kernel cache per device.
 
-    Why: a graph with a fused epilogue runs kernels cuDNN compiles at build time. Built for one shape
-    each, EmotiVoice's engine paid about 110 s of builds for 19 shapes at batch 1,024 on an H100
-    (docs/benchmarks.md, session 47), and a server meets hundreds of shapes. A shape-agnostic graph
-    binds the kernel an earlier length compiled. Off: each graph is built for its own shape (what
-    the shape-agnostic kernels are compared with)."""
+    A graph with a fused epilogue runs kernels cuDNN compiles when it builds the graph. Built for one
+    shape each (the default), EmotiVoice's engine at batch 1,024 spent 357 s building 816 graphs on
+    an H100, timing 1,618 plans for 120 kinds, and then ran 1.05x the engine without the operator.
+    Shape-agnostic graphs bind the kernels an earlier shape compiled: the same 816 graphs took 12.7 s,
+    but cuDNN offered 5.3 plans a kind instead of 13.5 and the engine ran at 0.82x
+    (docs/benchmarks.md, session 48). Hence off by default: what pays to run costs its warm-up."""
     _policy["kernel_cache"] = bool(enabled)
 
 

@@ -29,9 +29,9 @@ Side by side in one process, median of warm runs:
   groups of at least R rows (``_groups<G>_rows<R>``), ``--dynamic-engine`` each of those compiled with
   symbolic sizes (``_dynamic``), ``--frame-buckets`` each of those once per frame bucket (``_fb<N>``),
   ``--epilogue-engine`` each of those with its vocoder's block convolutions in cuDNN's epilogue
-  (``_epilogue``, models/epilogue_hifigan.py; shape-agnostic graphs sharing a kernel cache, and with
-  ``--epilogue-static-shapes`` also graphs built for one shape each, ``_epilogue_static``; each
-  reports what its graphs cost to build, ``cudnn_graphs``);
+  (``_epilogue``, models/epilogue_hifigan.py; its cuDNN graphs built for one shape each, and with
+  ``--epilogue-kernel-cache`` also shape-agnostic ones sharing a kernel cache, ``_epilogue_kernel_cache``;
+  each reports what its graphs cost to build, ``cudnn_graphs``);
   ``--only-engines`` keeps the named ones (an A/B);
 * each stage's share of the batch-1 time;
 * batch ``--batch`` (64) sentences/s with masked batching and peak VRAM, FP32 against FP16. This
@@ -335,7 +335,7 @@ class EngineSpec(NamedTuple):
     min_group_rows: int = 1
     compile_dynamic: bool = False
     frame_bucket: int = FRAME_BUCKET
-    cudnn_kernel_cache: bool = True  # vocoder_kernels="cudnn": shape-agnostic graphs (models.cudnn_epilogue)
+    cudnn_kernel_cache: bool = False  # vocoder_kernels="cudnn": shape-agnostic graphs (models.cudnn_epilogue)
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -489,8 +489,8 @@ def main() -> None:
     parser.add_argument("--epilogue-engine", action="store_true", help="with --grouped-engine: also each grouped "
                         "engine with its vocoder's block convolutions in cuDNN's epilogue (vocoder_kernels='cudnn', "
                         "_epilogue; needs nvidia-cudnn-frontend)")
-    parser.add_argument("--epilogue-static-shapes", action="store_true", help="with --epilogue-engine: also each "
-                        "of those with its cuDNN graphs built for one shape each, no kernel cache (_static)")
+    parser.add_argument("--epilogue-kernel-cache", action="store_true", help="with --epilogue-engine: also each "
+                        "of those with shape-agnostic cuDNN graphs sharing a kernel cache (_kernel_cache)")
     parser.add_argument("--fused-engine", action="store_true", help="also the FP16 engine with its vocoder as fused "
                         "Triton convolutions and its mel half compiled (CUDA and Triton only)")
     parser.add_argument("--kernel-profile", action="store_true", help="each engine's 25 heaviest kernels over one "
@@ -507,8 +507,8 @@ def main() -> None:
         parser.error(f"--frame-buckets {args.frame_buckets}: each at least 1")
     if any(groups < 2 for groups, _ in args.grouped_engine):
         parser.error(f"--grouped-engine {args.grouped_engine}: group counts of at least 2 (1 is the compiled engine)")
-    if args.epilogue_static_shapes and not args.epilogue_engine:
-        parser.error("--epilogue-static-shapes adds a variant of each --epilogue-engine")
+    if args.epilogue_kernel_cache and not args.epilogue_engine:
+        parser.error("--epilogue-kernel-cache adds a variant of each --epilogue-engine")
     if args.epilogue_engine and not args.grouped_engine:
         parser.error("--epilogue-engine adds a variant of each --grouped-engine")
     if (args.pageable_engine or args.autotune_engine or args.folded_engine or args.grouped_engine
@@ -583,7 +583,7 @@ def main() -> None:
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
                 if args.epilogue_engine:
                     variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
-                    caches = [("", True)] + ([("_static", False)] if args.epilogue_static_shapes else [])
+                    caches = [("", False)] + ([("_kernel_cache", True)] if args.epilogue_kernel_cache else [])
                     engines += [EngineSpec(f"{name}{suffix}_epilogue{shapes}", True, half, compile_frames=True,
                                            frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
                                            frame_bucket=frames, vocoder_kernels="cudnn", cudnn_kernel_cache=cache)

@@ -54,8 +54,9 @@ class ServedEngineOptions:
     fill_frame_shapes: bool = False
     # "cudnn": the vocoder's block convolutions with their bias, LeakyReLU, mask and residual in cuDNN's epilogue
     # (models/epilogue_hifigan.py; needs nvidia-cudnn-frontend on the GPU machine); "torch": the HiFi-GAN module.
-    # "cudnn" builds cuDNN graphs for every new shape: 110 s more than "torch" for the 19 shapes of a first batch
-    # of 1,024 on an H100, a longer warm-up (docs/benchmarks.md, session 47)
+    # "cudnn" builds cuDNN graphs for every new shape and times their plans once per kind: at batch 1,024 on an
+    # H100 it ran 1.05x "torch" (1,905 against 1,817 sentences/s), but that batch's first run took 279 s
+    # against 28 s, and a server meets hundreds of shapes (docs/benchmarks.md, session 48)
     vocoder_kernels: str = "torch"
 
     def __post_init__(self):

@@ -64,8 +64,9 @@ def test_cudnn_graphs_compute_the_formula_at_two_lengths_and_in_a_cuda_graph(dty
     """Each call against the PyTorch formula: a dilated convolution, one with the residual, the same two at
     a second length (the plan reused by name; with the kernel cache, the kernels too) and a CUDA graph's
     replay of the residual call."""
+    policy = build_stats()["kernel_cache"]
     use_kernel_cache(shared_kernels)
-    request.addfinalizer(lambda: use_kernel_cache(True))
+    request.addfinalizer(lambda: use_kernel_cache(policy))
     torch.manual_seed(2)
     device = torch.device("cuda")
 
