@@ -50,6 +50,7 @@ _graphs_lock = threading.Lock()
 _handles = threading.local()  # cuDNN handles may not be shared between threads
 _kernel_caches: dict[int, object] = {}  # device index -> the cuDNN kernel cache its graphs share
 _policy = {"kernel_cache": False}
+_winner_ranks: dict[int, int] = {}  # the heuristics' rank of a kind's fastest plan -> kinds
 _stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0, "shape_agnostic_failures": 0}
 
 
@@ -70,8 +71,9 @@ def build_stats() -> dict:
     them (timing plans included), ``timed_kinds`` kinds whose plans were timed, ``plans_timed`` plans
     timed in all, ``fallbacks`` graphs that found no plan of their kind's name,
     ``shape_agnostic_failures`` graphs cuDNN would not build shape-agnostic (built for their shape
-    instead), and ``kernel_cache`` whether new graphs share compiled kernels."""
-    return dict(_stats, kernel_cache=_policy["kernel_cache"])
+    instead), ``winner_ranks`` how many kinds' fastest plan had each heuristics' rank (0 first: whether
+    timing only the first few would do), and ``kernel_cache`` whether new graphs share compiled kernels."""
+    return dict(_stats, winner_ranks=dict(sorted(_winner_ranks.items())), kernel_cache=_policy["kernel_cache"])
 
 
 @functools.cache  # asked on every call of the operator: whether the package is installed does not change
@@ -101,6 +103,17 @@ def reference(a, weight, bias, mask, residual, padding: int, dilation: int, slop
         y = y + F.leaky_relu(residual.float(), residual_slope)
     out = _empty_channels_fastest(a, weight.shape[0])
     return out.copy_(F.leaky_relu(y, slope) * mask.float())
+
+
+def build_stats_since(before: dict) -> dict:
+    """``build_stats()`` less an earlier ``build_stats()``: what building cost in between."""
+    now = build_stats()
+    counts = {key: value - before[key] for key, value in now.items()
+              if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    ranks = {rank: now["winner_ranks"].get(rank, 0) - before["winner_ranks"].get(rank, 0)
+             for rank in sorted(set(now["winner_ranks"]) | set(before["winner_ranks"]))}
+    return dict(counts, winner_ranks={rank: count for rank, count in ranks.items() if count},
+                kernel_cache=now["kernel_cache"])
 
 
 def _validate(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float,
@@ -205,6 +218,7 @@ class _EpilogueGraph:
         _plan_names[kind] = names[best]
         _stats["timed_kinds"] += 1
         _stats["plans_timed"] += len(names)
+        _winner_ranks[best] = _winner_ranks.get(best, 0) + 1
         log.info("cuDNN epilogue %s: plan %s, the fastest of %d", kind, names[best], len(names))
         return best
 

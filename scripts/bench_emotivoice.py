@@ -89,7 +89,7 @@ from torch.profiler import ProfilerActivity, profile
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 from models.cuda_graphs import GraphCache, as_tuple
-from models.cudnn_epilogue import build_stats, use_kernel_cache
+from models.cudnn_epilogue import build_stats, build_stats_since, use_kernel_cache
 from models.emotivoice.engines import FRAME_BUCKET, TEXT_BUCKETS, BucketedEngine, FrameStage, bucket_of
 from models.emotivoice.generator import EmotiVoiceGenerator
 from models.emotivoice.prompts import EMOTION_PROMPTS
@@ -257,9 +257,7 @@ def engine_section(args, generator: EmotiVoiceGenerator, spec: EngineSpec, refer
     if args.device.startswith("cuda"):
         section["graphs_captured"] = len(engine.cache.captured) if spec.graphs else 0
     if spec.vocoder_kernels == "cudnn":  # what its cuDNN graphs cost to build, within first_call_s
-        built = build_stats()
-        section["cudnn_graphs"] = {key: (value - built_before[key] if key != "kernel_cache" else value)
-                                   for key, value in built.items()}
+        section["cudnn_graphs"] = build_stats_since(built_before)
     torch.backends.cudnn.benchmark = False
     return section
 

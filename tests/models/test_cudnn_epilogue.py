@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from models.cudnn_epilogue import (
     build_stats,
+    build_stats_since,
     cached_graphs,
     channels_fastest,
     conv_lrelu,
@@ -129,3 +130,14 @@ def test_the_fastest_plan_is_timed_with_slow_plans_given_up():
     assert limits == [math.inf, 12.0, 4.0, 4.0, 2.0]
     assert fastest_plan([lambda give_up_ms: math.inf] * 3) == 0  # none runs: the heuristics' first
     assert fastest_plan([lambda give_up_ms: 1.0] * 2) == 0  # a tie: the earlier
+
+
+def test_build_stats_since_an_earlier_reading_counts_what_was_built_in_between():
+    now = build_stats()
+    assert build_stats_since(now) == dict(graphs=0, build_s=0.0, timed_kinds=0, plans_timed=0, fallbacks=0,
+                                          shape_agnostic_failures=0, winner_ranks={},
+                                          kernel_cache=now["kernel_cache"])
+    earlier = dict(now, graphs=now["graphs"] - 3, build_s=now["build_s"] - 1.5,
+                   winner_ranks={**now["winner_ranks"], 0: now["winner_ranks"].get(0, 0) - 2})
+    since = build_stats_since(earlier)
+    assert (since["graphs"], since["build_s"], since["winner_ranks"]) == (3, 1.5, {0: 2})
