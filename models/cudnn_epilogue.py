@@ -51,7 +51,8 @@ _handles = threading.local()  # cuDNN handles may not be shared between threads
 _kernel_caches: dict[int, object] = {}  # device index -> the cuDNN kernel cache its graphs share
 _policy = {"kernel_cache": False}
 _winner_ranks: dict[int, int] = {}  # the heuristics' rank of a kind's fastest plan -> kinds
-_stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0, "shape_agnostic_failures": 0}
+_stats = {"graphs": 0, "build_s": 0.0, "timed_kinds": 0, "plans_timed": 0, "fallbacks": 0,
+          "shape_agnostic_failures": 0}
 
 
 def use_kernel_cache(enabled: bool) -> None:
@@ -74,6 +75,17 @@ def build_stats() -> dict:
     instead), ``winner_ranks`` how many kinds' fastest plan had each heuristics' rank (0 first: whether
     timing only the first few would do), and ``kernel_cache`` whether new graphs share compiled kernels."""
     return dict(_stats, winner_ranks=dict(sorted(_winner_ranks.items())), kernel_cache=_policy["kernel_cache"])
+
+
+def build_stats_since(before: dict) -> dict:
+    """``build_stats()`` less an earlier ``build_stats()``: what building cost in between."""
+    now = build_stats()
+    counts = {key: value - before[key] for key, value in now.items()
+              if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    ranks = {rank: now["winner_ranks"].get(rank, 0) - before["winner_ranks"].get(rank, 0)
+             for rank in sorted(set(now["winner_ranks"]) | set(before["winner_ranks"]))}
+    return dict(counts, winner_ranks={rank: count for rank, count in ranks.items() if count},
+                kernel_cache=now["kernel_cache"])
 
 
 @functools.cache  # asked on every call of the operator: whether the package is installed does not change
@@ -103,17 +115,6 @@ def reference(a, weight, bias, mask, residual, padding: int, dilation: int, slop
         y = y + F.leaky_relu(residual.float(), residual_slope)
     out = _empty_channels_fastest(a, weight.shape[0])
     return out.copy_(F.leaky_relu(y, slope) * mask.float())
-
-
-def build_stats_since(before: dict) -> dict:
-    """``build_stats()`` less an earlier ``build_stats()``: what building cost in between."""
-    now = build_stats()
-    counts = {key: value - before[key] for key, value in now.items()
-              if isinstance(value, (int, float)) and not isinstance(value, bool)}
-    ranks = {rank: now["winner_ranks"].get(rank, 0) - before["winner_ranks"].get(rank, 0)
-             for rank in sorted(set(now["winner_ranks"]) | set(before["winner_ranks"]))}
-    return dict(counts, winner_ranks={rank: count for rank, count in ranks.items() if count},
-                kernel_cache=now["kernel_cache"])
 
 
 def _validate(a, weight, bias, mask, residual, padding: int, dilation: int, slope: float,
@@ -299,17 +300,18 @@ def _run_cudnn(a, weight, bias, mask, residual, padding: int, dilation: int, slo
             graph = _graphs.get(key)
             if graph is None:
                 started = time.perf_counter()
-                operands = (cudnn, handle, a4, w4, b4, m4, r4, out4, padding, dilation, slope, residual_slope, kind)
+                build_args = (cudnn, handle, a4, w4, b4, m4, r4, out4, padding, dilation, slope, residual_slope,
+                              kind)
                 if shape_agnostic:
                     try:
-                        graph = _EpilogueGraph(*operands, _kernel_cache(cudnn, a.device))
-                    except Exception as error:  # noqa: BLE001 -- cuDNN raises several types; the shape's own graph may still build
+                        graph = _EpilogueGraph(*build_args, _kernel_cache(cudnn, a.device))
+                    except Exception as error:  # noqa: BLE001 -- cuDNN raises several types; a per-shape one may build
                         log.warning("cuDNN built no shape-agnostic graph for %s at %s (%s): one for this shape",
                                     kind, tuple(a.shape), error)
                         _stats["shape_agnostic_failures"] += 1
-                        graph = _EpilogueGraph(*operands, None)
+                        graph = _EpilogueGraph(*build_args, None)
                 else:
-                    graph = _EpilogueGraph(*operands, None)
+                    graph = _EpilogueGraph(*build_args, None)
                 _graphs[key] = graph
                 _stats["graphs"] += 1
                 _stats["build_s"] += time.perf_counter() - started
