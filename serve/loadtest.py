@@ -11,8 +11,9 @@
 
 Each concurrency level sends at most ``--requests`` requests and starts none after
 ``--max-seconds`` (those in flight then finish, within ``--timeout-s``). Inputs are the project's
-held-out evaluation sentences of 8 to 12 words, in turn (``--sentences-per-request N``: N of them an
-input; the report's ``sentences_per_s`` counts each). HTTP mode posts OpenAI-style
+held-out evaluation sentences of 8 to 12 words, in turn (``--sentence-set eval_zh --min-words 13
+--max-words 19``: the Mandarin ones of 13 to 19 characters instead; ``--sentences-per-request N``: N of
+them an input, joined with spaces; the report's ``sentences_per_s`` counts each). HTTP mode posts OpenAI-style
 ``/v1/audio/speech`` requests; ``--stream audio|sse`` asks for streamed audio. ``--triton`` calls a
 PyTriton ``tts`` model (serve/pytriton_server.py) with tritonclient instead.
 
@@ -44,6 +45,7 @@ import json
 import multiprocessing
 import socket
 import time
+import unicodedata
 from collections import Counter
 from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
@@ -95,9 +97,19 @@ def check_loopback(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+def sentence_length(sentence: str) -> int:
+    """Words, or in text written without spaces (Chinese) its characters less punctuation: the unit a
+    15-character Mandarin sentence and an 8-word English one are measured in."""
+    words = sentence.split()
+    if len(words) > 1 or not any(unicodedata.name(ch, "").startswith("CJK UNIFIED") for ch in sentence):
+        return len(words)
+    return sum(1 for ch in sentence if not unicodedata.category(ch).startswith(("P", "Z")))
+
+
 def pick_sentences(min_words: int = 8, max_words: int = 12, name: str = "eval") -> list[str]:
-    """Sentences of ``name`` with ``min_words``..``max_words`` words: short requests, as a chat reply is."""
-    chosen = [s for s in load_sentences(name) if min_words <= len(s.split()) <= max_words]
+    """Sentences of ``name`` with ``min_words``..``max_words`` words (``sentence_length``): short requests,
+    as a chat reply is."""
+    chosen = [s for s in load_sentences(name) if min_words <= sentence_length(s) <= max_words]
     if not chosen:
         raise ValueError(f"sentence set {name!r} has no sentence of {min_words}..{max_words} words; "
                          "widen --min-words/--max-words")
@@ -597,7 +609,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--ready-timeout-s", type=float, default=60.0)
     parser.add_argument("--sentences-per-request", type=int, default=1,
                         help="sentences in each request's input; the report gives sentences/s beside requests/s")
-    parser.add_argument("--min-words", type=int, default=8)
+    parser.add_argument("--sentence-set", default="eval",
+                        help="the held-out sentences spoken (texts.load_sentences): eval (English), or eval_zh "
+                             "(Mandarin, about 15 characters: give --min-words 13 --max-words 19)")
+    parser.add_argument("--min-words", type=int, default=8, help="in unspaced text (Chinese), characters")
     parser.add_argument("--max-words", type=int, default=12)
     parser.add_argument("--baseline", type=Path, help="an earlier report (e.g. without batching) to compare with")
     parser.add_argument("--label", default="", help="a name for this run in the report, e.g. batched")
@@ -615,10 +630,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--processes must be >= 1")
     if args.triton and args.stream != "none":
         parser.error("--triton does not stream: leave --stream at none")
-    sentences = pick_sentences(args.min_words, args.max_words)
     try:
+        sentences = pick_sentences(args.min_words, args.max_words, args.sentence_set)
         inputs = join_sentences(sentences, args.sentences_per_request)
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     started_unix_s = time.time()
     config = {"mode": "triton" if args.triton else "http", "url": args.url, "triton_model": args.triton_model,
@@ -638,6 +653,7 @@ def main(argv: list[str] | None = None) -> dict:
         "provenance": provenance(REPO_ROOT),
         "started_unix_s": started_unix_s, "settings": {k: str(v) for k, v in vars(args).items()},
         "sentences": len(sentences),  # distinct evaluation sentences
+        "sentence_set": args.sentence_set,
         "inputs": len(inputs),  # distinct request inputs, each of sentences_per_request sentences
         "sentences_per_request": args.sentences_per_request,
         "levels": [asdict(level) for level in reports],

@@ -1,6 +1,6 @@
 """Split request text into pieces of at most ``max_chars``, at the most natural break available.
 
-Order of preference: sentence ends (. ! ? and full-width ！？．, the ellipsis …), then clause marks
+Order of preference: sentence ends (. ! ? and full-width 。！？．, the ellipsis …), then clause marks
 (, ; : and dashes, and full-width ，；：), then spaces, then, in text written without spaces, after a
 Chinese or Japanese mark (。！？，；：、), then a hard cut (a single "word" longer than the cap). Each piece is phonemized on its own, so
 one long input never becomes one unbounded batch item.
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 
-# Full-width "！？．" and "，；：" count as their ASCII forms, "…" as "...": the text rule keeps them as
-# sent (models/text/sanitize.py). A break still needs the space after the mark, so unspaced Chinese
+# Full-width "！？．" and "，；：" count as their ASCII forms, the ideographic full stop "。" as ".", "…" as
+# "...": the text rule keeps them as sent (models/text/sanitize.py). A break still needs the space after
+# the mark (Chinese sentences a client joined with spaces are sentences apart), so unspaced Chinese
 # text up to the cap stays whole for its frontend, which reads the marks as prosody; longer text is
 # cut after a mark before it is cut anywhere.
-_SENTENCE_END = re.compile(r"(?<=[.!?\uff01\uff1f\uff0e\u2026])\s+")
+_SENTENCE_END = re.compile(r"(?<=[.!?\u3002\uff01\uff1f\uff0e\u2026])\s+")
 _CLAUSE_END = re.compile(r"(?<=[,;:\uff0c\uff1b\uff1a\u2014\u2013])\s+|\s+(?=[\u2014\u2013-]\s)")
 _CJK_MARK_END = re.compile(r"(?<=[\u3002\uff01\uff1f\uff0c\uff1b\uff1a\u3001\uff61\uff64])")
 

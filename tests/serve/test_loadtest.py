@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 
 from serve.loadtest import (LevelReport, LoopbackOnlyError, Outcome, check_loopback, compare, join_sentences, main,
-                            percentiles_ms, pick_sentences, split_level, summarize, target_checks)
+                            percentiles_ms, pick_sentences, sentence_length, split_level, summarize, target_checks)
+from serve.text_split import split_text
 
 DELAY_S = (0.05, 0.10, 0.15)  # the stub answers seed s after DELAY_S[s % 3]
 REJECTED_SEED_MOD = 7  # seeds s with s % 7 == 6 get 503 + Retry-After, as under backpressure
@@ -154,6 +155,20 @@ def test_baseline_comparison():
 def test_sentences_are_short_eval_sentences():
     sentences = pick_sentences(8, 12)
     assert len(sentences) > 50 and all(8 <= len(s.split()) <= 12 for s in sentences)
+
+
+def test_mandarin_sentences_are_measured_in_characters_and_split_back_by_the_server():
+    assert sentence_length("今天天气很好，我们去公园吧！") == 12  # characters, the marks not counted
+    assert (sentence_length("Hello."), sentence_length("Two words.")) == (1, 2)
+    sentences = pick_sentences(13, 19, "eval_zh")
+    assert len(sentences) == 40 and all(13 <= sentence_length(s) <= 19 for s in sentences)
+    joined = join_sentences(sentences, 8)[0]
+    assert split_text(joined, max_chars=400) == sentences[:8]  # the server batches each on its own
+
+
+def test_an_unknown_sentence_set_is_refused_at_start(stub_url, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--url", stub_url, "--sentence-set", "klingon", "--out", str(tmp_path / "r.json"), "--no-table"])
 
 
 def test_inputs_of_several_sentences_wrap_around_and_count_each_sentence(stub_url, tmp_path):

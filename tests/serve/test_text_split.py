@@ -24,6 +24,12 @@ def test_unspaced_chinese_stays_whole_for_its_frontend():
     assert split_text(text, max_chars=100) == [text]
 
 
+def test_chinese_sentences_joined_with_spaces_split_at_each_full_stop():
+    text = "今天天气很好。 我们去公园吧！ 你呢？"
+    assert split_text(text, max_chars=100) == ["今天天气很好。", "我们去公园吧！", "你呢？"]
+    assert split_text("今天天气很好。我们去公园吧！", max_chars=100) == ["今天天气很好。我们去公园吧！"]
+
+
 def test_an_ellipsis_and_a_full_width_stop_end_sentences():
     assert split_text("Wait… What？ Go． Now", max_chars=100) == ["Wait…", "What？", "Go．", "Now"]
 
