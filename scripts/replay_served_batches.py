@@ -9,7 +9,8 @@
 It loads the model as `python -m serve` does (serve.engines.load_served_model; ``--settings`` are
 serve.settings.ServeSettings fields as JSON), runs the server's warm-up (serve.speech.warmup_batches) and
 times it, then hands batches to the model as the batcher does (serve.batching.synthesize_jobs). The
-sentences are the load tester's (serve.loadtest.pick_sentences through the voice's front end), drawn at
+sentences are the load tester's (serve.loadtest.pick_sentences through the voice's front end; ``--sentence-set
+eval_zh --min-words 13 --max-words 19`` for the Mandarin ones), drawn at
 random into each batch as a queue of mixed requests fills it. It reports, per batch size, the median wall
 time and sentences/s of ``--repeats`` batches run one at a time; with ``--threads`` N, N model threads
 running batches of the largest size together for ``--seconds`` (as serve.batches_in_flight=N runs them);
@@ -76,9 +77,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def sentence_jobs(served, count: int, rng: random.Random) -> list[SentenceJob]:
-    """``count`` of the load tester's sentences, as the voice's front end splits them, drawn at random."""
-    utterances = [utterance for text in pick_sentences() for utterance in served.model.text_to_utterances(text)]
+def sentence_jobs(served, count: int, rng: random.Random, sentences: list[str]) -> list[SentenceJob]:
+    """``count`` of the load tester's ``sentences``, as the voice's front end splits them, drawn at random."""
+    utterances = [utterance for text in sentences for utterance in served.model.text_to_utterances(text)]
     return [SentenceJob(tuple(rng.choice(utterances).phoneme_ids), served.family.sampling(seed=rng.randrange(2**31)))
             for _ in range(count)]
 
@@ -168,11 +169,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sentence-set", default="eval", help="the load tester's (serve.loadtest --sentence-set)")
+    parser.add_argument("--min-words", type=int, default=8, help="in unspaced text (Chinese), characters")
+    parser.add_argument("--max-words", type=int, default=12)
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     settings = ServeSettings.from_json(args.settings)
+    try:  # a sentence set that does not load is refused before the model loads
+        pick_sentences(args.min_words, args.max_words, args.sentence_set)
+    except (ValueError, FileNotFoundError) as error:
+        parser.error(str(error))
     if max(args.sizes) > settings.max_batch_size:
         parser.error(f"--sizes up to {max(args.sizes)} but the settings' max_batch_size is {settings.max_batch_size}")
     captures = CaptureCounter()
@@ -212,7 +220,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"warm-up: {report['warmup']}", flush=True)
 
     rng = random.Random(args.seed)
-    pool = sentence_jobs(served, 4 * max(args.sizes), rng)
+    pool = sentence_jobs(served, 4 * max(args.sizes), rng,
+                         pick_sentences(args.min_words, args.max_words, args.sentence_set))
     report["sentence_symbols_mean"] = statistics.mean(len(job.phoneme_ids) for job in pool)
     report["one_at_a_time"] = one_at_a_time(served, pool, args.sizes, args.repeats, rng, captures)
     if args.threads:

@@ -65,3 +65,14 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(tmp_path):
     assert profiled["top_host_ops"] and all(op["self_ms"] >= 0 for op in profiled["top_host_ops"])
     with pytest.raises(SystemExit):  # a size the settings' batches never reach
         replay.main(["--settings", json.dumps(settings), "--sizes", "8", "--out", str(tmp_path / "no.json")])
+
+
+def test_a_sentence_set_that_does_not_load_is_refused_before_the_model(tmp_path):
+    settings = {"family": "piper", "source": "teacher", "device": "cpu", "max_batch_size": 4}
+    with pytest.raises(SystemExit):
+        replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "klingon",
+                     "--out", str(tmp_path / "no.json")])
+    with pytest.raises(SystemExit):  # Mandarin sentences are 13-19 characters: none of 8-12
+        replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "eval_zh",
+                     "--out", str(tmp_path / "no.json")])
+
