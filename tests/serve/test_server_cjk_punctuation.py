@@ -12,6 +12,7 @@ import pytest
 from serve_support import tiny_family_client
 
 from models.registry import FAMILIES
+from serve.loadtest import join_sentences, pick_sentences
 
 # (family, text with full-width or half-width CJK punctuation, the same text as NFKC writes it).
 SENTENCES = {
@@ -112,3 +113,21 @@ def test_the_ideographic_space_the_server_makes_a_space_reads_as_one(family_clie
     _, model, _, _, _ = family_client
     phonemes = [u.phonemes for u in model.text_to_utterances("今天\u3000天气很好")]
     assert phonemes == [u.phonemes for u in model.text_to_utterances("今天 天气很好")]
+
+
+@pytest.mark.parametrize("family_client", ["emotivoice"], indirect=True)
+def test_a_load_test_request_of_mandarin_sentences_reaches_the_voice_one_sentence_at_a_time(family_client):
+    """What ``serve.loadtest --sentence-set eval_zh --sentences-per-request 8`` sends: eight held-out sentences
+    joined with spaces. The voice gets each as its own utterance, with the ids its frontend gives it alone, so
+    the load tester's sentences/s counts what the server batched."""
+    _, model, recorder, client, voice = family_client
+    sentences = pick_sentences(13, 19, "eval_zh")[:8]
+    (text,) = join_sentences(sentences, 8)[:1]
+    recorder.utterances.clear()
+    recorder.requested_ids.clear()
+    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice, "input": text,
+                                                     "response_format": "wav"})
+    assert response.status_code == 200, response.text
+    assert [u.text for u in recorder.utterances] == sentences
+    assert sorted(recorder.requested_ids) == sorted(model.text_to_utterances(s)[0].phoneme_ids for s in sentences)
+
