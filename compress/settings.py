@@ -20,7 +20,8 @@ STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "teacher_ort", "teacher_int8", "pr
 KNOWN_VARIANTS = BASE_VARIANTS + STAGE_VARIANTS
 # run by family.reference (load, load_graph)
 REFERENCE_RUNTIME_VARIANTS = ("original_onnx", "teacher_ort", "teacher_int8", "lite_ort", "lite_slim_ort")
-NEVER_CALIBRATE_ON = ("eval", "eval_ja", "eval_zh", "harvard")  # held-out sets: a variant tuned on them would flatter itself
+# Held-out sets: a variant tuned on them would flatter itself
+NEVER_CALIBRATE_ON = ("eval", "eval_ja", "eval_zh", "harvard")
 
 
 @dataclass(frozen=True)

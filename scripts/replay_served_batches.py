@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     settings = ServeSettings.from_json(args.settings)
     try:  # a sentence set that does not load is refused before the model loads
-        pick_sentences(args.min_words, args.max_words, args.sentence_set)
+        sentences = pick_sentences(args.min_words, args.max_words, args.sentence_set)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
     if max(args.sizes) > settings.max_batch_size:
@@ -220,8 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"warm-up: {report['warmup']}", flush=True)
 
     rng = random.Random(args.seed)
-    pool = sentence_jobs(served, 4 * max(args.sizes), rng,
-                         pick_sentences(args.min_words, args.max_words, args.sentence_set))
+    pool = sentence_jobs(served, 4 * max(args.sizes), rng, sentences)
     report["sentence_symbols_mean"] = statistics.mean(len(job.phoneme_ids) for job in pool)
     report["one_at_a_time"] = one_at_a_time(served, pool, args.sizes, args.repeats, rng, captures)
     if args.threads:

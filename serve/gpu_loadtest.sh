@@ -42,8 +42,9 @@ MAX_BATCH_PHONEMES=${MAX_BATCH_PHONEMES:-8192}  # rows x padded ids per batch; b
 ENGINE_OPTIONS=${ENGINE_OPTIONS:-{\}}  # the family's engine settings, e.g. {frame_groups:32,min_group_rows:32} (EmotiVoice)
 WARMUP_SCALES=${WARMUP_SCALES:-[0.8,1.0,1.25]}  # paces the start-up warm-up captures; the load test asks only 1.0
 SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's input; reports count sentences/s too
-SENTENCE_SET=${SENTENCE_SET:-eval}   # eval: English of 8-12 words; eval_zh: Mandarin of 13-19 characters (texts/README.md)
-SENTENCE_LENGTH=${SENTENCE_LENGTH:-$([ "$SENTENCE_SET" = eval_zh ] && echo 13-19 || echo 8-12)}  # words; Mandarin: characters
+SENTENCE_SET=${SENTENCE_SET:-eval}   # eval: English, 8-12 words; eval_zh: Mandarin, 13-19 characters (texts/README.md)
+# The sentences' lengths, MIN-MAX: words, or characters in Mandarin
+SENTENCE_LENGTH=${SENTENCE_LENGTH:-$([ "$SENTENCE_SET" = eval_zh ] && echo 13-19 || echo 8-12)}
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load and warm up (compiled engines: minutes)
@@ -106,7 +107,8 @@ LABEL="${MODEL:+$MODEL-}$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"  # the fa
 SENTENCE_ARGS=(--sentence-set "$SENTENCE_SET" --min-words "${SENTENCE_LENGTH%-*}" --max-words "${SENTENCE_LENGTH#*-}")
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
-  --warmup 16 "${SENTENCE_ARGS[@]}" --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL-warmup" --out "$OUT/loadtest_${LABEL}_warmup.json"
+  --warmup 16 "${SENTENCE_ARGS[@]}" --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL-warmup" \
+  --out "$OUT/loadtest_${LABEL}_warmup.json"
 scrape_metrics() {  # each worker answers its own /metrics (batch sizes, collections); the kernel picks which
   for worker in $(seq "$WORKERS"); do
     python -c "import urllib.request; print(urllib.request.urlopen('$URL/metrics', timeout=5).read().decode())" \

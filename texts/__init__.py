@@ -3,7 +3,8 @@
     from texts import load_sentences, phoneme_coverage
     eval_sentences = load_sentences("eval")
 
-Never train or calibrate on ``eval``, ``eval_ja``, ``eval_zh`` or ``harvard``: they measure what a compressed voice lost.
+Never train or calibrate on ``eval``, ``eval_ja``, ``eval_zh`` or ``harvard``: they measure what a
+compressed voice lost.
 See texts/README.md for what each set is and where it came from.
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ NAMED_SETS = {
 
 
 def load_sentences(name_or_path: str) -> list[str]:
-    """A named set (eval, calibration, harvard, eval_ja, calibration_ja, eval_zh), or a .txt (one sentence a line) or .tsv (column ``text``)."""
+    """A named set (eval, calibration, harvard, eval_ja, calibration_ja, eval_zh), or a .txt (one sentence a
+    line) or .tsv (column ``text``)."""
     path = NAMED_SETS.get(name_or_path) or Path(name_or_path)
     if path.suffix not in (".txt", ".tsv"):
         raise ValueError(
