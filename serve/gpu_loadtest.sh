@@ -5,7 +5,9 @@
 #
 # On a GPU machine with Python 3.12, torch, numpy, onnx and onnxruntime, in the repository root; the other
 # packages come as cp312 wheels in $WHEELS (default .whl312; serve/gpu_wheels.txt lists them), installed into
-# $SITE with --target so the machine's own packages stay as they are. Copy the voice as a converted float16
+# $SITE with --target so the machine's own packages stay as they are (or, with the front ends' packages
+# too, in two carried parts: `bash scripts/device_deps.sh --install-serve` fills $SITE's default, and this
+# script then installs nothing; scripts/device_deps.sh says how). Copy the voice as a converted float16
 # voice (the family's converter, e.g. python -m models.<family>.voice ... --out .device/voice16/...), half
 # the ONNX's bytes:
 #   OUT=$OUT bash serve/gpu_loadtest.sh
