@@ -15,6 +15,7 @@
 #   OUT=$OUT PROFILE=1 bash serve/gpu_loadtest.sh              # + py-spy stacks of the server under load
 #   OUT=$OUT WORKERS=2 MPS=1 bash serve/gpu_loadtest.sh        # the workers' kernels share the GPU through CUDA MPS
 #   OUT=$OUT MODEL=emotivoice ENGINE=cuda_graphs bash serve/gpu_loadtest.sh  # another family (random weights without its files)
+#   OUT=$OUT MODEL=emotivoice SENTENCE_SET=eval_zh SENTENCES_PER_REQUEST=8 bash serve/gpu_loadtest.sh  # Mandarin text
 # It writes a dozen files; to bring them back as one, write elsewhere and pack them:
 #   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
 # Settings (environment, defaults after ':-'; the defaults are the configuration of the measured run in
