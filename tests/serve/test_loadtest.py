@@ -160,15 +160,18 @@ def test_sentences_are_short_eval_sentences():
 def test_mandarin_sentences_are_measured_in_characters_and_split_back_by_the_server():
     assert sentence_length("今天天气很好，我们去公园吧！") == 12  # characters, the marks not counted
     assert (sentence_length("Hello."), sentence_length("Two words.")) == (1, 2)
+    assert sentence_length("こんにちは。") == 5  # Japanese kana are unspaced too
     sentences = pick_sentences(13, 19, "eval_zh")
     assert len(sentences) == 40 and all(13 <= sentence_length(s) <= 19 for s in sentences)
     joined = join_sentences(sentences, 8)[0]
     assert split_text(joined, max_chars=400) == sentences[:8]  # the server batches each on its own
 
 
-def test_an_unknown_sentence_set_is_refused_at_start(stub_url, tmp_path):
+def test_an_unknown_sentence_set_is_refused_at_start(stub_url, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--url", stub_url, "--sentence-set", "klingon", "--out", str(tmp_path / "r.json"), "--no-table"])
+    assert "unknown sentence set 'klingon'" in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()
 
 
 def test_inputs_of_several_sentences_wrap_around_and_count_each_sentence(stub_url, tmp_path):

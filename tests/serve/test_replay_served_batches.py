@@ -67,12 +67,18 @@ def test_replay_runs_the_warm_up_and_times_each_batch_size(tmp_path):
         replay.main(["--settings", json.dumps(settings), "--sizes", "8", "--out", str(tmp_path / "no.json")])
 
 
-def test_a_sentence_set_that_does_not_load_is_refused_before_the_model(tmp_path):
+def test_a_sentence_set_that_does_not_load_is_refused_before_the_model(tmp_path, capsys, monkeypatch):
+    def no_model(settings):
+        raise AssertionError("the model loaded before the sentence set was checked")
+
+    monkeypatch.setattr(replay, "load_served_model", no_model)
     settings = {"family": "piper", "source": "teacher", "device": "cpu", "max_batch_size": 4}
     with pytest.raises(SystemExit):
         replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "klingon",
                      "--out", str(tmp_path / "no.json")])
+    assert "unknown sentence set 'klingon'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # Mandarin sentences are 13-19 characters: none of 8-12
         replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "eval_zh",
                      "--out", str(tmp_path / "no.json")])
+    assert "no sentence of 8..12 words" in capsys.readouterr().err
 
