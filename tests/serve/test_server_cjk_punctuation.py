@@ -69,6 +69,15 @@ class JoinRecorder:
         return getattr(self._decoder, name)
 
 
+def speak_recorded(client, recorder: PhonemeRecorder, voice: str, text: str) -> None:
+    """POST ``text`` as a WAV speech request with ``recorder`` emptied first; the server must answer 200."""
+    recorder.utterances.clear()
+    recorder.requested_ids.clear()
+    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice, "input": text,
+                                                     "response_format": "wav"})
+    assert response.status_code == 200, response.text
+
+
 @pytest.fixture(scope="module", params=sorted(SENTENCES))
 def family_client(request, tmp_path_factory):
     """(family name, its tiny model, the recorder, a client of the server in front of it, voice id), ready."""
@@ -84,11 +93,7 @@ def test_cjk_punctuation_gets_the_phonemes_of_the_frontend_called_directly(famil
     sent, folded = SENTENCES[family]
     direct = [u.phonemes for u in model.text_to_utterances(sent)]
     assert direct != [u.phonemes for u in model.text_to_utterances(folded)], "the test sentence must tell them apart"
-    recorder.utterances.clear()
-    recorder.requested_ids.clear()
-    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice, "input": sent,
-                                                     "response_format": "wav"})
-    assert response.status_code == 200, response.text
+    speak_recorded(client, recorder, voice, sent)
     assert [u.phonemes for u in recorder.utterances] == direct
     assert [u.text for u in recorder.utterances] == [sent]
     assert recorder.requested_ids == [u.phoneme_ids for u in recorder.utterances]
@@ -123,11 +128,7 @@ def test_a_load_test_request_of_mandarin_sentences_reaches_the_voice_one_sentenc
     _, model, recorder, client, voice = family_client
     sentences = pick_sentences(13, 19, "eval_zh")[:8]
     (text,) = join_sentences(sentences, 8)[:1]
-    recorder.utterances.clear()
-    recorder.requested_ids.clear()
-    response = client.post("/v1/audio/speech", json={"model": "teacher", "voice": voice, "input": text,
-                                                     "response_format": "wav"})
-    assert response.status_code == 200, response.text
+    speak_recorded(client, recorder, voice, text)
     assert [u.text for u in recorder.utterances] == sentences
     assert sorted(recorder.requested_ids) == sorted(model.text_to_utterances(s)[0].phoneme_ids for s in sentences)
 
