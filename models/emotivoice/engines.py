@@ -202,9 +202,9 @@ class BucketedEngine:
         their bias, LeakyReLU, mask and residual in cuDNN's epilogue (models/epilogue_hifigan.py; on CUDA
         it needs nvidia-cudnn-frontend, elsewhere the same formula runs in PyTorch), compiled like "torch".
         "torch" is the default: on the H200 the Triton vocoder is the slower one as its kernels stand,
-        and compiling them takes minutes; the cuDNN one ran batch 1,024 at 0.965x on an H100 with the
-        plans cuDNN's heuristics pick, and with its own plan timing has not run (docs/benchmarks.md,
-        EmotiVoice rows and session 47).
+        and compiling them takes minutes; the cuDNN one ran batch 1,024 at 1.048x on an H100 with its
+        plans timed, but that batch's first run took 279 s against 28 s, since every new shape builds its
+        own graphs (docs/benchmarks.md, EmotiVoice rows and session 48).
         ``compile_mode``: torch.compile's mode with ``compile_frames`` (None: its default; with
         "max-autotune-no-cudagraphs" the compiler times its own convolution kernels against cuDNN's,
         minutes a bucket). ``pinned_output``: the audio comes back through page-locked memory
