@@ -10,6 +10,7 @@ an ``r`` before the tone for erhua), ``sp0`` between the syllables of a word, ``
 """
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import unicodedata
@@ -131,12 +132,23 @@ def mandarin_phonemes(text: str) -> list[str]:
             if symbols:
                 symbols.append(PUNCTUATION_PAUSE)
             continue
-        syllables = lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True, tone_sandhi=True,
-                                errors=lambda chars: [])  # characters with no reading are dropped
-        for index, syllable in enumerate(syllables):
-            if index:
-                symbols.append(SYLLABLE_JOIN)
-            symbols.extend(part for part in split_syllable(syllable) if part)
-        if syllables:
-            symbols.append(WORD_PAUSE)
+        symbols.extend(word_phonemes(word))
     return symbols
+
+
+# pypinyin is most of a sentence's cost (about 0.3 of 0.46 ms on a 2-core EPYC) and sees one word at a
+# time, tone sandhi included, so a word's symbols never depend on its neighbours: caching them is
+# exact, and common words recur across sentences.
+@functools.lru_cache(maxsize=1 << 16)
+def word_phonemes(word: str) -> tuple[str, ...]:
+    """Symbols of one jieba word (no punctuation): its syllables joined by ``sp0``, then ``sp1``."""
+    syllables = lazy_pinyin(word, style=Style.TONE3, neutral_tone_with_five=True, tone_sandhi=True,
+                            errors=lambda chars: [])  # characters with no reading are dropped
+    symbols: list[str] = []
+    for index, syllable in enumerate(syllables):
+        if index:
+            symbols.append(SYLLABLE_JOIN)
+        symbols.extend(part for part in split_syllable(syllable) if part)
+    if syllables:
+        symbols.append(WORD_PAUSE)
+    return tuple(symbols)

@@ -167,3 +167,22 @@ def test_each_row_of_a_padded_batch_gets_its_own_sentence_text(voice):
     assert voice.sentence_texts(request) == [utterance.text for utterance in utterances]
     unknown = tuple(utterances[0].phoneme_ids[::-1])
     assert voice.sentence_text(unknown) == " ".join(voice.frontend.tokens[i] for i in unknown)
+
+
+def test_cached_word_symbols_equal_a_fresh_reading_in_every_context():
+    """The word cache must be exact: pypinyin reads one word at a time, so a word met again in another
+    sentence gets what a fresh reading gives; a cached list mutated by a caller would break this."""
+    from models.emotivoice.mandarin import mandarin_phonemes, word_phonemes
+    from texts import load_sentences
+
+    sentences = load_sentences("eval_zh")
+    word_phonemes.cache_clear()
+    first = [mandarin_phonemes(sentence) for sentence in sentences]
+    for symbols in first:
+        symbols.append("mutated by a caller")
+    again = [mandarin_phonemes(sentence) for sentence in sentences]
+    assert word_phonemes.cache_info().hits > len(sentences)
+    assert [symbols[:-1] for symbols in first] == again
+    for word in ("一个", "第一", "不是", "不要", "北京", "你好"):
+        assert word_phonemes(word) == word_phonemes.__wrapped__(word)
+    assert word_phonemes("一个") != word_phonemes("第一")  # tone sandhi of 一 inside its word
