@@ -15,85 +15,44 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
-import uvicorn  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from models.registry import FAMILIES  # noqa: E402
-from serve.app import create_app  # noqa: E402
-from serve.engines import served_as_is  # noqa: E402
-from serve.settings import ServeSettings  # noqa: E402
+from scripts.served_tiny import histogram_samples, run_load, serving  # noqa: E402
 
 
 GENERATIONS = ("0", "1", "2")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def collections(url: str) -> dict[str, dict[str, float]]:
     """{generation: {"count", "seconds"}} of ``tts_gc_pause_seconds`` from the server's /metrics, for every
     generation: one the server has not yet collected has no sample, and counts zero."""
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
-    found = {generation: {"count": 0.0, "seconds": 0.0} for generation in GENERATIONS}
-    for family in text_string_to_metric_families(text):
-        if family.name == "tts_gc_pause_seconds":
-            for sample in family.samples:
-                kind = {"tts_gc_pause_seconds_count": "count", "tts_gc_pause_seconds_sum": "seconds"}.get(sample.name)
-                if kind:
-                    found[sample.labels["generation"]][kind] = sample.value
-    return found
-
-
-def run_load(url: str, served, args: argparse.Namespace, seconds: float, out: str) -> None:
-    """One ``serve.loadtest`` level of ``seconds`` against ``url``, from another process; its report at ``out``."""
-    subprocess.run([sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(args.concurrency),
-                    "--requests", "1000000", "--max-seconds", str(seconds), "--warmup", "16",
-                    "--sentences-per-request", str(args.sentences), "--ready-timeout-s", "60", "--no-table",
-                    "--model", served.model_id, "--voice", served.voice_name, "--out", out],
-                   check=True, cwd=REPO, timeout=600)
+    samples = histogram_samples(url, "tts_gc_pause_seconds")
+    return {generation: {"count": samples.get("tts_gc_pause_seconds_count", {}).get(generation, 0.0),
+                         "seconds": samples.get("tts_gc_pause_seconds_sum", {}).get(generation, 0.0)}
+            for generation in GENERATIONS}
 
 
 def run_arm(family_name: str, after: int, args: argparse.Namespace) -> dict:
     """One server with ``gc_full_collection_after=after`` under one measured load level."""
-    family = FAMILIES[family_name]
-    port = free_port()
-    settings = ServeSettings(source="teacher", family=family_name, port=port, warmup=False, access_log=False,
-                             max_batch_size=args.max_batch, max_wait_ms=0, batches_in_flight=2, threads=1,
-                             queue_capacity=1024, max_requests_per_client=1024, gc_full_collection_after=after)
-    served = served_as_is(family.tiny_model(0), family, "teacher", family.default_voice)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, served), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, name="server", daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
+    load = {"concurrency": args.concurrency, "sentences_per_request": args.sentences}
+    with serving(family_name, max_batch_size=args.max_batch, gc_full_collection_after=after) as (url, served):
         with tempfile.TemporaryDirectory() as scratch:
             # An untimed level first: the collections of start-up and the first full pass after the freeze
             # (which waits for a quarter of the frozen heap) fall before the measured level.
-            run_load(url, served, args, args.warm_seconds, f"{scratch}/warm.json")
+            run_load(url, served, seconds=args.warm_seconds, out=f"{scratch}/warm.json", **load)
             before = collections(url)
-            run_load(url, served, args, args.seconds, f"{scratch}/level.json")
+            run_load(url, served, seconds=args.seconds, out=f"{scratch}/level.json", **load)
             after_level = collections(url)
             level = json.loads(Path(f"{scratch}/level.json").read_text())["levels"][0]
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
     if not level["requests_ok"]:  # a few failures stay in the report; none answered means no measurement
         raise SystemExit(f"gc_full_collection_after={after}: no request of the measured level was answered: "
                          f"{level['errors_by_status']}")

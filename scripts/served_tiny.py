@@ -1,0 +1,76 @@
+"""A family's tiny model behind the real app on uvicorn in this process, loaded by ``serve.loadtest`` from
+another process: a server bound by its host side (HTTP, front end, batching), as a GPU server is once its
+engine is fast. The measuring scripts (served_gc_collections.py, served_frontend_cost.py) share it.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from models.registry import FAMILIES
+from serve.app import create_app
+from serve.engines import ServedModel, served_as_is
+from serve.settings import ServeSettings
+
+REPO = Path(__file__).resolve().parents[1]
+# Lengths each held-out set's load test draws (serve.loadtest --min-words/--max-words; characters for Mandarin).
+SENTENCE_LENGTHS = {"eval": (8, 12), "eval_zh": (13, 19)}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def serving(family_name: str, **settings) -> Iterator[tuple[str, ServedModel]]:
+    """(base url, served model): the family's tiny teacher on a free port, no warm-up, one worker thread;
+    ``settings`` are ServeSettings fields on top."""
+    family = FAMILIES[family_name]
+    port = free_port()
+    served = served_as_is(family.tiny_model(0), family, "teacher", family.default_voice)
+    config = ServeSettings(**{"source": "teacher", "family": family_name, "port": port, "warmup": False,
+                              "access_log": False, "max_wait_ms": 0, "batches_in_flight": 2, "threads": 1,
+                              "queue_capacity": 1024, "max_requests_per_client": 1024, **settings})
+    server = uvicorn.Server(uvicorn.Config(create_app(config, served), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, name="server", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}", served
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def run_load(url: str, served: ServedModel, *, concurrency: int, sentences_per_request: int, seconds: float,
+             out: str, sentence_set: str = "eval") -> None:
+    """One ``serve.loadtest`` level of ``seconds`` against ``url``, from another process; its report at ``out``."""
+    shortest, longest = SENTENCE_LENGTHS[sentence_set]
+    subprocess.run([sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(concurrency),
+                    "--requests", "1000000", "--max-seconds", str(seconds), "--warmup", "16",
+                    "--sentences-per-request", str(sentences_per_request), "--sentence-set", sentence_set,
+                    "--min-words", str(shortest), "--max-words", str(longest), "--ready-timeout-s", "60",
+                    "--no-table", "--model", served.model_id, "--voice", served.voice_name, "--out", out],
+                   check=True, cwd=REPO, timeout=600)
+
+
+def histogram_samples(url: str, name: str) -> dict[str, dict[str, float]]:
+    """{sample name: {label values joined by ',': value}} of one metric family on the server's /metrics."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    found: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == name:
+            for sample in family.samples:
+                found.setdefault(sample.name, {})[",".join(sample.labels.values())] = sample.value
+    return found
