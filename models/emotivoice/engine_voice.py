@@ -49,8 +49,9 @@ class ServedEngineOptions:
     # against 1,736 at 32 on an H100, same call (docs/results/h100_42_emotivoice_frame_buckets.json)
     frame_bucket: int = FRAME_BUCKET
     # After the server's warm-up batches, capture every (group rows, frame bucket) shape between those they
-    # met (BucketedEngine.fill_frame_shapes), so fewer are first met under load. Off: the longer warm-up's
-    # gain under load is not yet measured
+    # met (BucketedEngine.fill_frame_shapes), so none is first met under load. Off: on an H100 it took the
+    # loaded level's 6-8 captures to none, but its throughput gain (1.05x on average, within the runs'
+    # spread) costs 33-51 s more warm-up and 3.6 GiB more reserved a worker (docs/results/h100_49_*)
     fill_frame_shapes: bool = False
     # "cudnn": the vocoder's block convolutions with their bias, LeakyReLU, mask and residual in cuDNN's epilogue
     # (models/epilogue_hifigan.py; needs nvidia-cudnn-frontend on the GPU machine); "torch": the HiFi-GAN module.
