@@ -13,6 +13,7 @@ regular rules, which we state instead of listing 429 rows (the test checks them 
 """
 from __future__ import annotations
 
+import functools
 import re
 
 from pypinyin import Style, lazy_pinyin
@@ -58,7 +59,11 @@ def _split(syllable: str) -> tuple[str, str]:
     return initial, final
 
 
-def dictionary_syllables(word: str) -> list[str | None]:
+# A word's readings depend on that word alone (sandhi is applied afterwards, across words), and pypinyin
+# is about half of a Mandarin sentence's front-end time, so caching by word is exact and common words
+# recur. A tuple, so that no caller can change what the next one gets.
+@functools.lru_cache(maxsize=1 << 16)
+def dictionary_syllables(word: str) -> tuple[str | None, ...]:
     """pypinyin's toned syllable per character ("ni3"; 5 is neutral), None for a non-hanzi character.
 
     Characters are looked up a run of hanzi at a time, so pypinyin's phrase dictionary picks the
@@ -71,4 +76,4 @@ def dictionary_syllables(word: str) -> list[str | None]:
             syllables += [reading if reading[-1:].isdigit() else None for reading in readings]
         else:
             syllables.append(None)
-    return syllables
+    return tuple(syllables)

@@ -17,7 +17,7 @@ from models.gpt_sovits.text.english import english_to_phones
 from models.gpt_sovits.text.english_normalization import normalize_english
 from models.gpt_sovits.text.english_oov import letter_to_sound
 from models.gpt_sovits.text.mandarin import mandarin_to_phones
-from models.gpt_sovits.text.pinyin_phones import pinyin_to_initial_final
+from models.gpt_sovits.text.pinyin_phones import dictionary_syllables, pinyin_to_initial_final
 from models.gpt_sovits.text.segmentation import split_sentences
 from models.gpt_sovits.text.symbols import ARPABET
 from models.interface import UnspeakableTextError
@@ -97,6 +97,24 @@ def test_mandarin_matches_the_official_front_end(text, official_normalized, offi
     assert normalized == official_normalized
     assert " ".join(phones) == official_phones
     assert len(word2ph) == len(normalized) and sum(word2ph) == len(phones)
+
+
+def test_cached_word_readings_give_every_sentence_its_fresh_phones(monkeypatch):
+    """Readings are cached by word; sandhi is applied after, across words, so a sentence read with every
+    word cached must get the phones it gets with the cache bypassed."""
+    from models.gpt_sovits.text import mandarin, tone_sandhi
+    from texts import load_sentences
+
+    sentences = load_sentences("eval_zh")
+    with monkeypatch.context() as bypassed:
+        for module in (mandarin, tone_sandhi):
+            bypassed.setattr(module, "dictionary_syllables", dictionary_syllables.__wrapped__)
+        fresh = [mandarin_to_phones(sentence) for sentence in sentences]
+    dictionary_syllables.cache_clear()
+    [mandarin_to_phones(sentence) for sentence in sentences]  # fills the cache
+    assert [mandarin_to_phones(sentence) for sentence in sentences] == fresh
+    assert dictionary_syllables.cache_info().hits > len(sentences)
+    assert isinstance(dictionary_syllables("银行"), tuple)  # nobody can change what the next caller gets
 
 
 def test_mandarin_numbers_and_punctuation():
