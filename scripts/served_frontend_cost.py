@@ -2,13 +2,14 @@
 Mandarin word cache, side by side on this machine.
 
 The tiny model stands in for the engine, so the server is bound by its host side, as a GPU server is
-once its engine is fast (on an H100, session 49, Mandarin requests left the GPU 68-76 % busy where
-English ones kept it 90-96 %). Each arm starts the real app under uvicorn in this process, loads it
-from another process with ``serve.loadtest`` (an untimed level, then the measured one) and differences
-``tts_frontend_seconds`` over the measured level: the front end's time per sentence and its share of
-the level's wall time, which the GIL makes the event loop's and the batcher's loss. The arm without
-the cache reads every word afresh, as the front end did before it had one. Arms run in interleaved
-rounds. Writes one JSON report.
+once its engine is fast (on an H100, Mandarin requests left the GPU 72-80 % busy where English ones kept
+it 95 % busy). Each arm starts the real app under uvicorn in this process, loads it from another
+process with ``serve.loadtest`` (an untimed level, then the measured one) and differences the front
+end's metrics over the measured level: its wall time per sentence (``tts_frontend_seconds``, waits for
+the GIL included) and its thread's CPU time (``tts_frontend_cpu_seconds``), whose share of the level's
+wall time is what the GIL takes from the event loop and the batcher. The arm without the cache reads
+every word afresh, as the front end did before it had one. Arms run in interleaved rounds. Writes one
+JSON report.
 
     python scripts/served_frontend_cost.py --rounds 2 --concurrency 192 --seconds 30 \\
         --out docs/results/cpu_49_served_frontend_cost.json
@@ -48,10 +49,12 @@ def word_cache(enabled: bool):
         mandarin.word_phonemes = cached
 
 
-def frontend_seconds(url: str) -> tuple[float, float]:
-    """(requests, seconds) of ``tts_frontend_seconds`` so far."""
-    samples = histogram_samples(url, "tts_frontend_seconds")
-    return samples["tts_frontend_seconds_count"][""], samples["tts_frontend_seconds_sum"][""]
+def frontend_seconds(url: str) -> tuple[float, float, float]:
+    """(requests, wall seconds, CPU seconds) of the front end so far."""
+    wall = histogram_samples(url, "tts_frontend_seconds")
+    cpu = histogram_samples(url, "tts_frontend_cpu_seconds")
+    return (wall["tts_frontend_seconds_count"][""], wall["tts_frontend_seconds_sum"][""],
+            cpu["tts_frontend_cpu_seconds_total"][""])
 
 
 def run_arm(label: str, sentence_set: str, cached: bool, args: argparse.Namespace) -> dict:
@@ -59,19 +62,21 @@ def run_arm(label: str, sentence_set: str, cached: bool, args: argparse.Namespac
     with word_cache(cached), serving("emotivoice", max_batch_size=args.max_batch) as (url, served):
         with tempfile.TemporaryDirectory() as scratch:
             run_load(url, served, seconds=args.warm_seconds, out=f"{scratch}/warm.json", **load)
-            requests_before, seconds_before = frontend_seconds(url)
+            before = frontend_seconds(url)
             run_load(url, served, seconds=args.seconds, out=f"{scratch}/level.json", **load)
-            requests_after, seconds_after = frontend_seconds(url)
+            after = frontend_seconds(url)
             level = json.loads(Path(f"{scratch}/level.json").read_text())["levels"][0]
     if not level["requests_ok"]:
         raise SystemExit(f"{label}: no request of the measured level was answered: {level['errors_by_status']}")
-    requests, seconds = requests_after - requests_before, seconds_after - seconds_before
+    requests, wall_s, cpu_s = (end - start for end, start in zip(after, before))
+    sentences = requests * args.sentences
     return {"arm": label, "sentence_set": sentence_set, "word_cache": cached, "wall_s": level["wall_s"],
             "requests_ok": level["requests_ok"], "errors_by_status": level["errors_by_status"],
             "sentences_per_s": level["throughput_rps"] * args.sentences, "latency_ms": level["latency_ms"],
-            "frontend_requests": int(requests), "frontend_s": seconds,
-            "frontend_ms_per_sentence": seconds / (requests * args.sentences) * 1e3 if requests else None,
-            "frontend_share_of_wall": seconds / level["wall_s"]}
+            "frontend_requests": int(requests), "frontend_wall_s": wall_s, "frontend_cpu_s": cpu_s,
+            "frontend_wall_ms_per_sentence": wall_s / sentences * 1e3,
+            "frontend_cpu_ms_per_sentence": cpu_s / sentences * 1e3,
+            "frontend_cpu_share_of_wall": cpu_s / level["wall_s"]}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -97,7 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
             arm["round"] = round_index
             results.append(arm)
             print(f"round {round_index} {label}: {arm['sentences_per_s']:.1f} sentences/s, front end "
-                  f"{arm['frontend_ms_per_sentence']:.3f} ms a sentence, {arm['frontend_share_of_wall']:.1%} "
+                  f"{arm['frontend_cpu_ms_per_sentence']:.3f} ms of CPU a sentence "
+                  f"({arm['frontend_wall_ms_per_sentence']:.3f} wall), {arm['frontend_cpu_share_of_wall']:.1%} "
                   "of the level", flush=True)
     report = {
         "tool": "scripts/served_frontend_cost.py", "argv": sys.argv[1:], "provenance": origin,

@@ -225,11 +225,12 @@ def speech_router(context: ServeContext) -> APIRouter:
         """Phoneme ids of every sentence of ``text``, pieces capped at ``max_sentence_chars``."""
         pieces = [piece for piece in split_text(text, settings.max_sentence_chars) if any(c.isalnum() for c in piece)]
         with FRONTEND_LOCK:
-            started_s = time.perf_counter()
+            started_s, started_cpu_s = time.perf_counter(), time.thread_time()
             try:
                 sequences = [seq.phoneme_ids for piece in pieces for seq in served.model.text_to_utterances(piece)]
             finally:  # text the front end refuses took its time too
                 metrics.frontend_s.observe(time.perf_counter() - started_s)
+                metrics.frontend_cpu_s.inc(time.thread_time() - started_cpu_s)
         if not sequences:
             raise UnspeakableTextError(f"no words to speak in {text[:60]!r}")
         return sequences

@@ -20,13 +20,14 @@ def client_and_voice(tmp_path_factory):
         yield pair
 
 
-def frontend_seconds(client) -> tuple[float, float]:
-    """(count, sum) of ``tts_frontend_seconds`` on the server's /metrics."""
+def frontend_seconds(client) -> tuple[float, float, float]:
+    """(requests, wall seconds, CPU seconds) of the front end on the server's /metrics."""
     found = {}
     for family in text_string_to_metric_families(client.get("/metrics").text):
-        if family.name == "tts_frontend_seconds":
-            found = {sample.name: sample.value for sample in family.samples}
-    return found["tts_frontend_seconds_count"], found["tts_frontend_seconds_sum"]
+        if family.name in ("tts_frontend_seconds", "tts_frontend_cpu_seconds"):
+            found.update({sample.name: sample.value for sample in family.samples})
+    return (found["tts_frontend_seconds_count"], found["tts_frontend_seconds_sum"],
+            found["tts_frontend_cpu_seconds_total"])
 
 
 def speak(client, voice: str, text: str) -> int:
@@ -36,16 +37,17 @@ def speak(client, voice: str, text: str) -> int:
 
 def test_each_request_through_the_front_end_is_timed_once(client_and_voice):
     client, voice = client_and_voice
-    count, total_s = frontend_seconds(client)
+    count, wall_s, cpu_s = frontend_seconds(client)
     assert speak(client, voice, "今天天气很好，我们去公园吧。 The quick brown fox jumps.") == 200
     assert speak(client, voice, "第一章。") == 200
-    after_count, after_s = frontend_seconds(client)
+    after_count, after_wall_s, after_cpu_s = frontend_seconds(client)
     assert after_count == count + 2
-    assert 0 < after_s - total_s < 5
+    assert 0 < after_wall_s - wall_s < 5
+    assert 0 < after_cpu_s - cpu_s <= (after_wall_s - wall_s) * 1.05  # a thread's CPU time fits in its wall time
 
 
 def test_text_the_front_end_refuses_is_timed_and_answered_400(client_and_voice):
     client, voice = client_and_voice
-    count, _ = frontend_seconds(client)
+    count, _, _ = frontend_seconds(client)
     assert speak(client, voice, "こんにちは") == 400  # kana: neither of the voice's languages
     assert frontend_seconds(client)[0] == count + 1
