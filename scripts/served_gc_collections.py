@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from models.registry import FAMILIES  # noqa: E402
-from scripts.served_tiny import histogram_samples, run_load, serving  # noqa: E402
+from scripts.served_tiny import add_load_arguments, histogram_samples, run_load, serving  # noqa: E402
 
 
 GENERATIONS = ("0", "1", "2")
@@ -70,12 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", default="emotivoice", choices=sorted(FAMILIES))
     parser.add_argument("--after", type=int, nargs="+", default=[10, 100], help="values of gc_full_collection_after")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all arms")
-    parser.add_argument("--concurrency", type=int, default=256)
-    parser.add_argument("--sentences", type=int, default=8, help="sentences a request")
-    parser.add_argument("--seconds", type=float, default=30.0, help="length of each measured level")
-    parser.add_argument("--warm-seconds", type=float, default=10.0, help="length of the untimed level before each")
-    parser.add_argument("--max-batch", type=int, default=64)
+    add_load_arguments(parser, concurrency=256)
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)

@@ -4,6 +4,7 @@ engine is fast. The measuring scripts (served_gc_collections.py, served_frontend
 """
 from __future__ import annotations
 
+import argparse
 import socket
 import subprocess
 import sys
@@ -24,6 +25,16 @@ from serve.settings import ServeSettings
 REPO = Path(__file__).resolve().parents[1]
 # Lengths each held-out set's load test draws (serve.loadtest --min-words/--max-words; characters for Mandarin).
 SENTENCE_LENGTHS = {"eval": (8, 12), "eval_zh": (13, 19)}
+
+
+def add_load_arguments(parser: argparse.ArgumentParser, concurrency: int) -> None:
+    """The options of the interleaved rounds of measured load levels these scripts run."""
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of all arms")
+    parser.add_argument("--concurrency", type=int, default=concurrency)
+    parser.add_argument("--sentences", type=int, default=8, help="sentences a request")
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each measured level")
+    parser.add_argument("--warm-seconds", type=float, default=10.0, help="length of the untimed level before each")
+    parser.add_argument("--max-batch", type=int, default=64)
 
 
 def free_port() -> int:

@@ -50,7 +50,7 @@ class ServedEngineOptions:
     frame_bucket: int = FRAME_BUCKET
     # After the server's warm-up batches, capture every (group rows, frame bucket) shape between those they
     # met (BucketedEngine.fill_frame_shapes), so none is first met under load. Off: on an H100 it took the
-    # loaded level's 6-8 captures to none, but its throughput gain (1.05x on average, within the runs'
+    # loaded level's 4-5 captures to none, but its throughput gain (1.05x on average, within the runs'
     # spread) costs 33-51 s more warm-up and 3.6 GiB more reserved a worker (docs/results/h100_49_*)
     fill_frame_shapes: bool = False
     # "cudnn": the vocoder's block convolutions with their bias, LeakyReLU, mask and residual in cuDNN's epilogue
