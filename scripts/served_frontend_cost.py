@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from models.emotivoice import mandarin  # noqa: E402
-from scripts.served_tiny import add_load_arguments, histogram_samples, run_load, serving  # noqa: E402
+from scripts.served_tiny import add_load_arguments, metric_samples, run_load, serving  # noqa: E402
 
 # (label, sentence set, Mandarin word cache on)
 ARMS = (("eval", "eval", True), ("eval_zh", "eval_zh", True), ("eval_zh_uncached", "eval_zh", False))
@@ -51,8 +51,8 @@ def word_cache(enabled: bool):
 
 def frontend_seconds(url: str) -> tuple[float, float, float]:
     """(requests, wall seconds, CPU seconds) of the front end so far."""
-    wall = histogram_samples(url, "tts_frontend_seconds")
-    cpu = histogram_samples(url, "tts_frontend_cpu_seconds")
+    wall = metric_samples(url, "tts_frontend_seconds")
+    cpu = metric_samples(url, "tts_frontend_cpu_seconds")
     return (wall["tts_frontend_seconds_count"][""], wall["tts_frontend_seconds_sum"][""],
             cpu["tts_frontend_cpu_seconds_total"][""])
 

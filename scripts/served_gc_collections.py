@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
 from models.registry import FAMILIES  # noqa: E402
-from scripts.served_tiny import add_load_arguments, histogram_samples, run_load, serving  # noqa: E402
+from scripts.served_tiny import add_load_arguments, metric_samples, run_load, serving  # noqa: E402
 
 
 GENERATIONS = ("0", "1", "2")
@@ -35,7 +35,7 @@ GENERATIONS = ("0", "1", "2")
 def collections(url: str) -> dict[str, dict[str, float]]:
     """{generation: {"count", "seconds"}} of ``tts_gc_pause_seconds`` from the server's /metrics, for every
     generation: one the server has not yet collected has no sample, and counts zero."""
-    samples = histogram_samples(url, "tts_gc_pause_seconds")
+    samples = metric_samples(url, "tts_gc_pause_seconds")
     return {generation: {"count": samples.get("tts_gc_pause_seconds_count", {}).get(generation, 0.0),
                          "seconds": samples.get("tts_gc_pause_seconds_sum", {}).get(generation, 0.0)}
             for generation in GENERATIONS}

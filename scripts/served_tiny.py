@@ -76,7 +76,7 @@ def run_load(url: str, served: ServedModel, *, concurrency: int, sentences_per_r
                    check=True, cwd=REPO, timeout=600)
 
 
-def histogram_samples(url: str, name: str) -> dict[str, dict[str, float]]:
+def metric_samples(url: str, name: str) -> dict[str, dict[str, float]]:
     """{sample name: {label values joined by ',': value}} of one metric family on the server's /metrics."""
     text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
     found: dict[str, dict[str, float]] = {}
