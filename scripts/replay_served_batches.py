@@ -10,7 +10,7 @@ It loads the model as `python -m serve` does (serve.engines.load_served_model; `
 serve.settings.ServeSettings fields as JSON), runs the server's warm-up (serve.speech.warmup_batches) and
 times it, then hands batches to the model as the batcher does (serve.batching.synthesize_jobs). The
 sentences are the load tester's (serve.loadtest.pick_sentences through the voice's front end; ``--sentence-set
-eval_zh --min-words 13 --max-words 19`` for the Mandarin ones), drawn at
+eval_zh`` for the Mandarin ones), drawn at
 random into each batch as a queue of mixed requests fills it. It reports, per batch size, the median wall
 time and sentences/s of ``--repeats`` batches run one at a time; with ``--threads`` N, N model threads
 running batches of the largest size together for ``--seconds`` (as serve.batches_in_flight=N runs them);
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sentence-set", default="eval", help="the load tester's (serve.loadtest --sentence-set)")
-    parser.add_argument("--min-words", type=int, default=8, help="in unspaced text (Chinese), characters")
-    parser.add_argument("--max-words", type=int, default=12)
+    parser.add_argument("--min-words", type=int, help="in unspaced text (Chinese), characters (default: the set's)")
+    parser.add_argument("--max-words", type=int, help="(default: the set's)")
     parser.add_argument("--out", type=Path, required=True)
     add_allow_dirty_argument(parser)
     args = parser.parse_args(argv)

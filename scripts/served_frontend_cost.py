@@ -28,9 +28,15 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
+from core.publishing import print_and_save_report  # noqa: E402
 from models.emotivoice import mandarin  # noqa: E402
-from scripts.served_tiny import add_load_arguments, metric_samples, run_load, serving  # noqa: E402
+from scripts.served_tiny import (  # noqa: E402
+    add_load_arguments,
+    metric_samples,
+    parse_measuring_arguments,
+    run_load,
+    serving,
+)
 
 # (label, sentence set, Mandarin word cache on)
 ARMS = (("eval", "eval", True), ("eval_zh", "eval_zh", True), ("eval_zh_uncached", "eval_zh", False))
@@ -83,11 +89,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arms", nargs="+", default=[arm[0] for arm in ARMS], choices=[arm[0] for arm in ARMS])
     add_load_arguments(parser, concurrency=192)
-    parser.add_argument("--out", type=Path, required=True)
-    add_allow_dirty_argument(parser)
-    args = parser.parse_args(argv)
-    origin = publication_or_exit(parser, REPO, args.out, args.allow_dirty)
-    torch.set_num_threads(1)
+    args, origin = parse_measuring_arguments(parser, argv)
     results = []
     for round_index in range(args.rounds):
         for label, sentence_set, cached in ARMS:

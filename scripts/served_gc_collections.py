@@ -24,9 +24,15 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from core.publishing import add_allow_dirty_argument, print_and_save_report, publication_or_exit  # noqa: E402
+from core.publishing import print_and_save_report  # noqa: E402
 from models.registry import FAMILIES  # noqa: E402
-from scripts.served_tiny import add_load_arguments, metric_samples, run_load, serving  # noqa: E402
+from scripts.served_tiny import (  # noqa: E402
+    add_load_arguments,
+    metric_samples,
+    parse_measuring_arguments,
+    run_load,
+    serving,
+)
 
 
 GENERATIONS = ("0", "1", "2")
@@ -71,11 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--family", default="emotivoice", choices=sorted(FAMILIES))
     parser.add_argument("--after", type=int, nargs="+", default=[10, 100], help="values of gc_full_collection_after")
     add_load_arguments(parser, concurrency=256)
-    parser.add_argument("--out", type=Path, required=True)
-    add_allow_dirty_argument(parser)
-    args = parser.parse_args(argv)
-    origin = publication_or_exit(parser, REPO, args.out, args.allow_dirty)
-    torch.set_num_threads(1)
+    args, origin = parse_measuring_arguments(parser, argv)
     arms = []
     for round_index in range(args.rounds):
         for after in args.after:

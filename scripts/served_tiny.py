@@ -14,17 +14,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.publishing import add_allow_dirty_argument, publication_or_exit
 from models.registry import FAMILIES
 from serve.app import create_app
 from serve.engines import ServedModel, served_as_is
 from serve.settings import ServeSettings
 
 REPO = Path(__file__).resolve().parents[1]
-# Lengths each held-out set's load test draws (serve.loadtest --min-words/--max-words; characters for Mandarin).
-SENTENCE_LENGTHS = {"eval": (8, 12), "eval_zh": (13, 19)}
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, concurrency: int) -> None:
@@ -35,6 +35,17 @@ def add_load_arguments(parser: argparse.ArgumentParser, concurrency: int) -> Non
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each measured level")
     parser.add_argument("--warm-seconds", type=float, default=10.0, help="length of the untimed level before each")
     parser.add_argument("--max-batch", type=int, default=64)
+
+
+def parse_measuring_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, dict]:
+    """(arguments, provenance): ``--out`` and ``--allow-dirty`` added, parsed, the report's publication
+    checked (core.publishing), and torch held to one thread so that the server is what the CPUs run."""
+    parser.add_argument("--out", type=Path, required=True)
+    add_allow_dirty_argument(parser)
+    args = parser.parse_args(argv)
+    origin = publication_or_exit(parser, REPO, args.out, args.allow_dirty)
+    torch.set_num_threads(1)
+    return args, origin
 
 
 def free_port() -> int:
@@ -66,13 +77,13 @@ def serving(family_name: str, **settings) -> Iterator[tuple[str, ServedModel]]:
 
 def run_load(url: str, served: ServedModel, *, concurrency: int, sentences_per_request: int, seconds: float,
              out: str, sentence_set: str = "eval") -> None:
-    """One ``serve.loadtest`` level of ``seconds`` against ``url``, from another process; its report at ``out``."""
-    shortest, longest = SENTENCE_LENGTHS[sentence_set]
+    """One ``serve.loadtest`` level of ``seconds`` against ``url``, from another process, on ``sentence_set``
+    at its own lengths; its report at ``out``."""
     subprocess.run([sys.executable, "-m", "serve.loadtest", "--url", url, "--concurrency", str(concurrency),
                     "--requests", "1000000", "--max-seconds", str(seconds), "--warmup", "16",
                     "--sentences-per-request", str(sentences_per_request), "--sentence-set", sentence_set,
-                    "--min-words", str(shortest), "--max-words", str(longest), "--ready-timeout-s", "60",
-                    "--no-table", "--model", served.model_id, "--voice", served.voice_name, "--out", out],
+                    "--ready-timeout-s", "60", "--no-table", "--model", served.model_id,
+                    "--voice", served.voice_name, "--out", out],
                    check=True, cwd=REPO, timeout=600)
 
 

@@ -46,8 +46,7 @@ ENGINE_OPTIONS=${ENGINE_OPTIONS:-{\}}  # the family's engine settings, e.g. {fra
 WARMUP_SCALES=${WARMUP_SCALES:-[0.8,1.0,1.25]}  # paces the start-up warm-up captures; the load test asks only 1.0
 SENTENCES_PER_REQUEST=${SENTENCES_PER_REQUEST:-1}  # sentences in each request's input; reports count sentences/s too
 SENTENCE_SET=${SENTENCE_SET:-eval}   # eval: English, 8-12 words; eval_zh: Mandarin, 13-19 characters (texts/README.md)
-# The sentences' lengths, MIN-MAX: words, or characters in Mandarin
-SENTENCE_LENGTH=${SENTENCE_LENGTH:-$([ "$SENTENCE_SET" = eval_zh ] && echo 13-19 || echo 8-12)}
+SENTENCE_LENGTH=${SENTENCE_LENGTH:-}  # MIN-MAX words (characters in Mandarin); empty: the set's (serve.loadtest)
 LENGTH_BUCKETS=${LENGTH_BUCKETS:-[512]}  # one batcher group: the engine pads to its own text buckets anyway
 THREADS=${THREADS:-4}                # onnxruntime intra-op threads (original_onnx)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-300}  # seconds the server may take to load and warm up (compiled engines: minutes)
@@ -107,7 +106,8 @@ until python -c "import sys, urllib.request; sys.exit(urllib.request.urlopen('$U
   sleep 1
 done
 LABEL="${MODEL:+$MODEL-}$SOURCE-$ENGINE-$DEVICE-w$WORKERS-f$IN_FLIGHT"  # the family too: reports of two families must not share names
-SENTENCE_ARGS=(--sentence-set "$SENTENCE_SET" --min-words "${SENTENCE_LENGTH%-*}" --max-words "${SENTENCE_LENGTH#*-}")
+SENTENCE_ARGS=(--sentence-set "$SENTENCE_SET")
+if [ -n "$SENTENCE_LENGTH" ]; then SENTENCE_ARGS+=(--min-words "${SENTENCE_LENGTH%-*}" --max-words "${SENTENCE_LENGTH#*-}"); fi
 # Warm-up level (reported apart): shapes the start-up warm-up did not cover get captured here.
 python -m serve.loadtest --url "$URL" --concurrency 64 --requests 1500 --max-seconds 20 --processes "$PROCESSES" \
   --warmup 16 "${SENTENCE_ARGS[@]}" --ready-timeout-s "$READY_TIMEOUT_S" --label "$LABEL-warmup" \

@@ -11,9 +11,9 @@
 
 Each concurrency level sends at most ``--requests`` requests and starts none after
 ``--max-seconds`` (those in flight then finish, within ``--timeout-s``). Inputs are the project's
-held-out evaluation sentences of 8 to 12 words, in turn (``--sentence-set eval_zh --min-words 13
---max-words 19``: the Mandarin ones of 13 to 19 characters instead; ``--sentences-per-request N``: N of
-them an input, joined with spaces; the report's ``sentences_per_s`` counts each). HTTP mode posts OpenAI-style
+held-out evaluation sentences of 8 to 12 words, in turn (``--sentence-set eval_zh``: the Mandarin ones
+of 13 to 19 characters instead; ``--sentences-per-request N``: N of them an input, joined with spaces;
+the report's ``sentences_per_s`` counts each). HTTP mode posts OpenAI-style
 ``/v1/audio/speech`` requests; ``--stream audio|sse`` asks for streamed audio. ``--triton`` calls a
 PyTriton ``tts`` model (serve/pytriton_server.py) with tritonclient instead.
 
@@ -111,9 +111,16 @@ def sentence_length(sentence: str) -> int:
     return sum(1 for ch in sentence if not unicodedata.category(ch).startswith(("P", "Z")))
 
 
-def pick_sentences(min_words: int = 8, max_words: int = 12, name: str = "eval") -> list[str]:
-    """Sentences of ``name`` with ``min_words``..``max_words`` words (``sentence_length``): short requests,
-    as a chat reply is."""
+# Each held-out set's lengths when none are given: short requests, as a chat reply is (about 3 s of audio).
+SENTENCE_LENGTHS = {"eval": (8, 12), "eval_zh": (13, 19)}
+
+
+def pick_sentences(min_words: int | None = None, max_words: int | None = None, name: str = "eval") -> list[str]:
+    """Sentences of ``name`` with ``min_words``..``max_words`` words (``sentence_length``); a bound left
+    out is the set's own (``SENTENCE_LENGTHS``; 8..12 for any other set)."""
+    default_min, default_max = SENTENCE_LENGTHS.get(name, SENTENCE_LENGTHS["eval"])
+    min_words = default_min if min_words is None else min_words
+    max_words = default_max if max_words is None else max_words
     chosen = [s for s in load_sentences(name) if min_words <= sentence_length(s) <= max_words]
     if not chosen:
         raise ValueError(f"sentence set {name!r} has no sentence of {min_words}..{max_words} words; "
@@ -615,10 +622,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sentences-per-request", type=int, default=1,
                         help="sentences in each request's input; the report gives sentences/s beside requests/s")
     parser.add_argument("--sentence-set", default="eval",
-                        help="the held-out sentences spoken (texts.load_sentences): eval (English), or eval_zh "
-                             "(Mandarin, about 15 characters: give --min-words 13 --max-words 19)")
-    parser.add_argument("--min-words", type=int, default=8, help="in unspaced text (Chinese), characters")
-    parser.add_argument("--max-words", type=int, default=12)
+                        help="the held-out sentences spoken (texts.load_sentences): eval (English, 8-12 words), or "
+                             "eval_zh (Mandarin, 13-19 characters)")
+    parser.add_argument("--min-words", type=int, help="in unspaced text (Chinese), characters (default: the set's)")
+    parser.add_argument("--max-words", type=int, help="(default: the set's)")
     parser.add_argument("--baseline", type=Path, help="an earlier report (e.g. without batching) to compare with")
     parser.add_argument("--label", default="", help="a name for this run in the report, e.g. batched")
     parser.add_argument("--out", type=Path, default=Path("outputs/loadtest/report.json"))

@@ -157,6 +157,13 @@ def test_sentences_are_short_eval_sentences():
     assert len(sentences) > 50 and all(8 <= len(s.split()) <= 12 for s in sentences)
 
 
+def test_each_set_has_its_own_lengths_unless_given():
+    assert pick_sentences() == pick_sentences(8, 12, "eval")
+    assert pick_sentences(name="eval_zh") == pick_sentences(13, 19, "eval_zh")
+    assert pick_sentences(name="harvard") == pick_sentences(8, 12, "harvard")  # a set without its own: eval's
+    assert pick_sentences(10, name="eval") == pick_sentences(10, 12, "eval")  # one bound given, the other the set's
+
+
 def test_mandarin_sentences_are_measured_in_characters_and_split_back_by_the_server():
     assert sentence_length("今天天气很好，我们去公园吧！") == 12  # characters, the marks not counted
     assert (sentence_length("Hello."), sentence_length("Two words.")) == (1, 2)

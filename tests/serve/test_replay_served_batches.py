@@ -77,8 +77,8 @@ def test_a_sentence_set_that_does_not_load_is_refused_before_the_model(tmp_path,
         replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "klingon",
                      "--out", str(tmp_path / "no.json")])
     assert "unknown sentence set 'klingon'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # Mandarin sentences are 13-19 characters: none of 8-12
+    with pytest.raises(SystemExit):  # Mandarin sentences are 13-19 characters: none of 30-40
         replay.main(["--settings", json.dumps(settings), "--sizes", "2", "--sentence-set", "eval_zh",
-                     "--out", str(tmp_path / "no.json")])
-    assert "no sentence of 8..12 words" in capsys.readouterr().err
+                     "--min-words", "30", "--max-words", "40", "--out", str(tmp_path / "no.json")])
+    assert "no sentence of 30..40 words" in capsys.readouterr().err
 
