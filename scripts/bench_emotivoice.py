@@ -334,6 +334,7 @@ class EngineSpec(NamedTuple):
     compile_dynamic: bool = False
     frame_bucket: int = FRAME_BUCKET
     cudnn_kernel_cache: bool = False  # vocoder_kernels="cudnn": shape-agnostic graphs (models.cudnn_epilogue)
+    polyphase_upsampling: bool = False
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -478,6 +479,8 @@ def main() -> None:
     parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
                         "and each --grouped-engine, with one frame stage for every bucket compiled with symbolic "
                         "sizes (``_dynamic``; BucketedEngine's compile_dynamic)")
+    parser.add_argument("--polyphase-engine", action="store_true", help="with --grouped-engine: also each grouped "
+                        "engine with its vocoder's upsampling in polyphase form (models/conv_layout.py, _polyphase)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -579,6 +582,12 @@ def main() -> None:
                 if args.dynamic_engine:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
+                if args.polyphase_engine:
+                    variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
+                    engines += [EngineSpec(f"{name}{suffix}_polyphase", True, half, compile_frames=True,
+                                           frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
+                                           frame_bucket=frames, polyphase_upsampling=True)
+                                for suffix, dynamic in variants]
                 if args.epilogue_engine:
                     variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
                     caches = [("", False)] + ([("_kernel_cache", True)] if args.epilogue_kernel_cache else [])
