@@ -190,7 +190,8 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
                  pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1,
-                 min_group_rows: int = 1, compile_dynamic: bool = False, polyphase_upsampling: bool = False):
+                 min_group_rows: int = 1, compile_dynamic: bool = False, polyphase_upsampling: bool = False,
+                 residual_from_activation: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -228,7 +229,10 @@ class BucketedEngine:
         of a second each. ``polyphase_upsampling`` (channels-last only): the vocoder's transposed
         convolutions as stride-1 convolutions whose phases interleave by a view (models/conv_layout.py),
         the same sums in another order; off until a GPU has timed it against cuDNN's transposed kernels
-        (scripts/bench_polyphase_upsampling.py)."""
+        (scripts/bench_hifigan_rewrites.py). ``residual_from_activation`` (the PyTorch vocoder): each
+        ResBlock1 carries only its activated stream and reads the residual back through the inverse
+        LeakyReLU (models/emotivoice/hifigan.py), one tensor written a step instead of two; likewise off
+        until timed."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
         if compile_dynamic and vocoder_kernels == "triton":
@@ -255,6 +259,11 @@ class BucketedEngine:
                                  "nvidia-cudnn-frontend==1.16.0)")
             self.frame_model.generator = EpilogueHifigan(self.frame_model.generator, LRELU_SLOPE, FINAL_LRELU_SLOPE)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
+        if residual_from_activation:
+            if vocoder_kernels != "torch":
+                raise ValueError(f"residual_from_activation rewrites the PyTorch vocoder, not vocoder_kernels="
+                                 f"{vocoder_kernels!r}")
+            self.frame_model.generator.residual_from_activation = True
         if polyphase_upsampling and conv_layout != "channels_last":
             raise ValueError(f"polyphase_upsampling needs conv_layout='channels_last', not {conv_layout!r}")
         if conv_layout != "ncw" or fold_dilation:  # the acoustic decoder's convolutions, and the vocoder's unless

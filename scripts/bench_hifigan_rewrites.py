@@ -1,20 +1,25 @@
-"""EmotiVoice's HiFi-GAN with its upsampling as transposed convolutions or in polyphase form, side by side.
+"""EmotiVoice's HiFi-GAN with two exact rewrites, alone and together, side by side with the vocoder as it is.
 
-    PYTHONPATH=. python3 scripts/bench_polyphase_upsampling.py --out $OUT/polyphase.json        # GPU
-    PYTHONPATH=. python scripts/bench_polyphase_upsampling.py --device cpu --no-compile --rows 2 \\
-        --frames 16 --repeats 2 --rounds 1 --out /tmp/polyphase.json                           # smoke run
+    PYTHONPATH=. python3 scripts/bench_hifigan_rewrites.py --out $OUT/rewrites.json             # GPU
+    PYTHONPATH=. python scripts/bench_hifigan_rewrites.py --device cpu --no-compile --rows 2 \\
+        --frames 16 --repeats 2 --rounds 1 --out /tmp/rewrites.json                            # smoke run
 
-What it answers: whether ``LayoutConv(polyphase=True)`` (models/conv_layout.py: a ConvTranspose1d
-of stride s as a stride-1 convolution with s x C_out outputs whose phases interleave by a view)
-makes the vocoder faster than cuDNN's transposed convolutions, before an engine or server takes it.
-Both arms run the same full-size vocoder (random weights, weight norm folded), FP16, channels-last
+What it answers, before an engine or server takes either rewrite:
+* ``polyphase``: the upsampling's transposed convolutions as stride-1 convolutions with s x C_out
+  outputs whose phases interleave by a view (models/conv_layout.py), against cuDNN's transposed
+  kernels;
+* ``activation_residual``: each ResBlock1 carries only its activated stream and reads the residual
+  back through the inverse LeakyReLU (models/emotivoice/hifigan.py), one tensor written per step
+  instead of two;
+* ``both``.
+Every arm runs the same full-size vocoder (random weights, weight norm folded), FP16, channels-last
 2-D convolutions as the engines run them, compiled with static shapes and replayed as a CUDA graph,
 on one batch of ``--rows`` rows whose frame counts spread +-30 % around ``--frames`` (masked, as the
 engine's length groups run). The arms alternate for ``--rounds`` rounds so that clock drift falls
-on both. Reported: each arm's median replay time per round, sentences/s, the ratio, the largest
-difference of the polyphase audio from the transposed one (rounding only), and each upsampling
-layer alone in both forms at the batch's shapes (eager, one CUDA graph each). Only torch and numpy:
-it runs on the GPU machine as it is.
+on all. Reported: each arm's median replay time per round, sentences/s, its speed-up over ``base``,
+the largest difference of its audio from base's (rounding only), and each upsampling layer alone in
+both forms at the batch's shapes (eager, one CUDA graph each). Only torch and numpy: it runs on the
+GPU machine as it is.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ from models.cuda_graphs import GraphCache
 from models.emotivoice.checkpoints import GENERATOR_MANIFEST, random_generator
 
 LENGTH_SPREAD = 0.3
-ARMS = ("transposed", "polyphase")
+ARMS = {"base": (False, False), "polyphase": (True, False), "activation_residual": (False, True),
+        "both": (True, True)}  # name: (polyphase upsampling, residual from activation)
 
 
 def frame_lengths(rows: int, frames: int, seed: int) -> list[int]:
@@ -70,17 +76,17 @@ def upsampling_layers(vocoders: dict, mel: torch.Tensor, cuda: bool, repeats: in
     """Each upsampling convolution alone in both forms, at the input shape the batch gives it."""
     inputs = []
     hooks = [up.register_forward_pre_hook(lambda module, args: inputs.append(args[0].detach().clone()))
-             for up in vocoders["transposed"].ups]
+             for up in vocoders["base"].ups]
     with torch.inference_mode():
-        vocoders["transposed"](mel)
+        vocoders["base"](mel)
     for hook in hooks:
         hook.remove()
     rows = []
     for index, x in enumerate(inputs):
-        row = {"layer": index, "input_shape": list(x.shape), "stride": vocoders["transposed"].ups[index].stride[0]}
+        row = {"layer": index, "input_shape": list(x.shape), "stride": vocoders["base"].ups[index].stride[0]}
         outputs = {}
-        for arm in ARMS:
-            up = vocoders[arm].ups[index]
+        for arm, source in (("transposed", "base"), ("polyphase", "polyphase")):
+            up = vocoders[source].ups[index]
             with torch.inference_mode():
                 run = replayer(up, (x,), cuda)
                 outputs[arm] = run().float().cpu()
@@ -112,14 +118,18 @@ def main() -> None:
     origin = publication_or_exit(parser, Path(__file__).resolve().parents[1], args.out, args.allow_dirty)
     dtype = torch.float16 if cuda else torch.float32
     generator = random_generator(args.seed).inference_copy()
-    vocoders = {arm: converted_copy(generator.generator, "channels_last", polyphase=arm == "polyphase")
-                .to(args.device, dtype).eval() for arm in ARMS}
+    vocoders = {}
+    for arm, (polyphase, from_activation) in ARMS.items():
+        vocoders[arm] = converted_copy(generator.generator, "channels_last", polyphase=polyphase)
+        vocoders[arm].residual_from_activation = from_activation
+        vocoders[arm].to(args.device, dtype).eval()
     lengths = frame_lengths(args.rows, args.frames, args.seed)
     mel = torch.randn(args.rows, generator.config.n_mels, max(lengths),  # (B, n_mels, T_feats)
                       generator=torch.Generator().manual_seed(args.seed)).to(args.device, dtype)
     lengths_t = torch.tensor(lengths, device=args.device)
     audio_s = sum(lengths) * generator.config.upsample_factor / generator.config.sample_rate_hz
-    report = {"what": "EmotiVoice HiFi-GAN, full-size random weights, upsampling transposed or polyphase",
+    report = {"what": "EmotiVoice HiFi-GAN, full-size random weights, with polyphase upsampling and the "
+                      "residual read from the activation, alone and together",
               "manifest": GENERATOR_MANIFEST.name, "provenance": origin, "torch": torch.__version__,
               "device": torch.cuda.get_device_name() if cuda else platform.processor(),
               "rows": args.rows, "frame_lengths": lengths, "audio_s": audio_s, "dtype": str(dtype),
@@ -132,8 +142,8 @@ def main() -> None:
             runs[arm] = replayer(module, (mel, lengths_t), cuda)
             audio[arm] = runs[arm]().float().cpu()
         report[f"{arm}_first_call_s"] = time.perf_counter() - started
-    report["max_abs_diff"] = float((audio["polyphase"] - audio["transposed"]).abs().max())
-    report["audio_peak"] = float(audio["transposed"].abs().max())
+    report["max_abs_diff_vs_base"] = {arm: float((audio[arm] - audio["base"]).abs().max()) for arm in ARMS}
+    report["audio_peak"] = float(audio["base"].abs().max())
     for round_index in range(args.rounds):
         for arm in ARMS:
             with torch.inference_mode():
@@ -143,12 +153,12 @@ def main() -> None:
         ms = statistics.median(report["rounds"][arm])
         report[arm] = {"median_ms": ms, "sentences_per_s": args.rows / (ms / 1000.0),
                        "audio_s_per_s": audio_s / (ms / 1000.0)}
-    report["speedup"] = report["transposed"]["median_ms"] / report["polyphase"]["median_ms"]
+    report["speedup_vs_base"] = {arm: report["base"]["median_ms"] / report[arm]["median_ms"] for arm in ARMS}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     report["layers"] = upsampling_layers(vocoders, mel, cuda, args.repeats)
     args.out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({key: report[key] for key in ("transposed", "polyphase", "speedup", "max_abs_diff")}, indent=2))
+    print(json.dumps({key: report[key] for key in (*ARMS, "speedup_vs_base", "max_abs_diff_vs_base")}, indent=2))
 
 
 if __name__ == "__main__":
