@@ -47,16 +47,6 @@ implicit GEMM (9.9 of 66 ms at batch 16 on an H100) which the same engine at (12
 (docs/results/h100_32_kokoro_kernels_*). The likely cause, untested: 72 and 144 are not multiples
 of that kernel's 32-deep reduction tile, 64 and 128 are. Off by default until a GPU has timed it.
 
-``polyphase`` (``"channels_last"`` only) runs a ConvTranspose1d of stride s whose kernel is s + 2p
-(p its padding; HiFi-GAN's upsampling, k = 2s) as an ordinary stride-1 convolution over its input
-with s x C_out output channels: output sample q * s + r of channel c is channel r * C_out + c of
-input step q, a sum over the 2p / s + 1 input steps around q (taps a phase does not use are zero).
-In channels-last memory, (step q, channel r * C_out + c) sits at (q * s + r) * C_out + c, which is
-where the upsampled (N, C_out, 1, T * s) tensor keeps sample q * s + r of channel c: the phases
-interleave by a view, no copy. The same sums in another order, with 1.5x the multiply-adds at k = 2s
-(the zero taps); why: cuDNN runs a transposed convolution as a data-gradient kernel, the polyphase
-one as a forward GEMM with N = s x C_out and K = 3 C_in, the shape tensor cores suit.
-
 Outputs of ``"channels_last"`` are not ``is_contiguous()``: code that calls ``.view`` on a
 convolution's output fails loudly there (use ``"channels_last_per_conv"`` for such a module).
 Weights are stored (C_out, C_in / groups, 1, K) in the channels-last layouts, so convert a module
@@ -118,11 +108,9 @@ class LayoutConv(nn.Module):
     reads them (``self.ups[i].stride[0]``). Takes (N, C_in, T) or unbatched (C_in, T)."""
 
     def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d, layout: str, fold_dilation: bool = False,
-                 align_channels: int = 1, polyphase: bool = False):
+                 align_channels: int = 1):
         super().__init__()
         _check_layout(layout)
-        if polyphase and layout != "channels_last":
-            raise ValueError(f"polyphase interleaves its phases by a channels-last view, not in {layout!r}")
         if align_channels < 1:
             raise ValueError(f"align_channels={align_channels}: a multiple of at least 1")
         if align_channels > 1 and layout != "ncw":
@@ -147,12 +135,7 @@ class LayoutConv(nn.Module):
         if self.input_padding:
             weight = F.pad(weight, (0, 0, 0, self.input_padding))  # (C_out, C_in + pad, K): zero taps
         self.dilation_folded = fold_dilation and self._foldable()
-        self.polyphase = polyphase and self._polyphase_able(weight.shape[-1])
-        if self.polyphase:
-            weight, bias = polyphase_weight(weight, bias, self.stride[0], self.padding[0])
-        if self.polyphase:
-            weight = weight.unsqueeze(2)  # (s * C_out, C_in, 1, taps)
-        elif self.dilation_folded:
+        if self.dilation_folded:
             weight = weight.unsqueeze(3)  # (C_out, C_in / g, K, 1): the taps along the rows of the folded view
         elif layout != "ncw":
             weight = weight.unsqueeze(2)  # (C_out, C_in / g, 1, K)
@@ -166,13 +149,6 @@ class LayoutConv(nn.Module):
         dilation = self.dilation[0]
         return (not self.transposed and dilation > 1 and self.stride[0] == 1 and not isinstance(self.padding, str)
                 and self.padding[0] % dilation == 0)
-
-    def _polyphase_able(self, kernel: int) -> bool:
-        """A transposed convolution whose output is exactly s times its input (module docstring)."""
-        stride = self.stride[0]
-        return (self.transposed and stride > 1 and self.groups == 1 and self.dilation[0] == 1
-                and self.output_padding[0] == 0 and self.pre_padding is None and not isinstance(self.padding, str)
-                and kernel == stride + 2 * self.padding[0])
 
     def extra_repr(self) -> str:
         kind = "ConvTranspose1d" if self.transposed else "Conv1d"
@@ -205,11 +181,6 @@ class LayoutConv(nn.Module):
             return F.conv1d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         # A view, no copy, when x already has channels fastest (the previous conv's output)
         x = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)  # (N, C_in, 1, T) NHWC
-        if self.polyphase:
-            taps = self.weight.shape[-1]
-            y = F.conv2d(x, self.weight, self.bias, 1, (0, taps // 2))  # (N, s * C_out, 1, T) NHWC
-            # NHWC (N, 1, T, s * C_out) read as (N, 1, T * s, C_out): the phases interleave in place
-            return y.permute(0, 2, 3, 1).reshape(y.shape[0], -1, self.out_channels).transpose(1, 2)
         if self.transposed:
             y = F.conv_transpose2d(x, self.weight, self.bias, (1, self.stride[0]), self._padding_2d(),
                                    (0, self.output_padding[0]), self.groups, (1, self.dilation[0]))
@@ -236,39 +207,18 @@ class LayoutConv(nn.Module):
         return y.contiguous() if self.layout == "channels_last_per_conv" else y
 
 
-def polyphase_weight(weight: torch.Tensor, bias: torch.Tensor | None, stride: int,
-                     padding: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A ConvTranspose1d's (C_in, C_out, K) weight, K = stride + 2 * padding, as the stride-1 Conv1d
-    weight (stride * C_out, C_in, taps) of its polyphase form (module docstring), and its bias
-    repeated per phase. Output sample q * s + r reads input step q + d through tap
-    j = r + padding - d * s of the transposed kernel, for the offsets d with j in [0, K)."""
-    in_channels, out_channels, kernel = weight.shape
-    reach = (stride - 1 + padding) // stride  # the largest |d|: the offsets are symmetric when K = s + 2p
-    taps = 2 * reach + 1
-    poly = weight.new_zeros(stride, out_channels, in_channels, taps)  # (phase, C_out, C_in, tap)
-    for phase in range(stride):
-        for tap in range(taps):
-            j = phase + padding - (tap - reach) * stride
-            if 0 <= j < kernel:
-                poly[phase, :, :, tap] = weight[:, :, j].t()
-    poly_bias = None if bias is None else bias.repeat(stride)  # channel r * C_out + c gets bias[c]
-    return poly.reshape(stride * out_channels, in_channels, taps), poly_bias
-
-
-def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1,
-                  polyphase: bool = False) -> nn.Module:
+def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1) -> nn.Module:
     """Replace every Conv1d / ConvTranspose1d under ``module`` (in place) by a ``LayoutConv``; returns
     ``module``, or the new LayoutConv when ``module`` is itself a convolution. Converting an already
     converted tree to another layout is refused: convert the original again. ``fold_dilation``: the
     dilated convolutions that allow it run undilated over a folded view; ``align_channels``: input
-    channels zero-padded to a multiple of it; ``polyphase``: the transposed convolutions that allow it
-    run as stride-1 convolutions whose phases interleave by a view (module docstring)."""
+    channels zero-padded to a multiple of it (module docstring)."""
     _check_layout(layout)
     if isinstance(module, LayoutConv):
         raise ValueError(f"module is already a LayoutConv ({module.layout}): convert the original module")
     if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)):
         _check_no_hooks(module, type(module).__name__)
-        return LayoutConv(module, layout, fold_dilation, align_channels, polyphase)
+        return LayoutConv(module, layout, fold_dilation, align_channels)
     for name, parent in list(module.named_modules()):
         if isinstance(parent, LayoutConv):
             raise ValueError(f"{name!r} is already a LayoutConv ({parent.layout}): convert the original module")
@@ -276,14 +226,13 @@ def convert_convs(module: nn.Module, layout: str, fold_dilation: bool = False, a
             if isinstance(child, (nn.Conv1d, nn.ConvTranspose1d)):
                 where = f"{name}.{child_name}" if name else child_name
                 _check_no_hooks(child, where)
-                setattr(parent, child_name, LayoutConv(child, layout, fold_dilation, align_channels, polyphase))
+                setattr(parent, child_name, LayoutConv(child, layout, fold_dilation, align_channels))
     return module
 
 
-def converted_copy(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1,
-                   polyphase: bool = False) -> nn.Module:
+def converted_copy(module: nn.Module, layout: str, fold_dilation: bool = False, align_channels: int = 1) -> nn.Module:
     """A converted deep copy; ``module`` keeps its own convolutions and parametrizations."""
-    return convert_convs(copy.deepcopy(module), layout, fold_dilation, align_channels, polyphase)
+    return convert_convs(copy.deepcopy(module), layout, fold_dilation, align_channels)
 
 
 def layout_copies(module: nn.Module, run: Callable[[], object]) -> dict:

@@ -334,8 +334,6 @@ class EngineSpec(NamedTuple):
     compile_dynamic: bool = False
     frame_bucket: int = FRAME_BUCKET
     cudnn_kernel_cache: bool = False  # vocoder_kernels="cudnn": shape-agnostic graphs (models.cudnn_epilogue)
-    polyphase_upsampling: bool = False
-    residual_from_activation: bool = False
 
     def engine_arguments(self) -> dict:
         """The fields that are ``BucketedEngine``'s keyword arguments."""
@@ -480,11 +478,6 @@ def main() -> None:
     parser.add_argument("--dynamic-engine", action="store_true", help="with --compiled-engine: also that engine, "
                         "and each --grouped-engine, with one frame stage for every bucket compiled with symbolic "
                         "sizes (``_dynamic``; BucketedEngine's compile_dynamic)")
-    parser.add_argument("--polyphase-engine", action="store_true", help="with --grouped-engine: also each grouped "
-                        "engine with its vocoder's upsampling in polyphase form (models/conv_layout.py, _polyphase)")
-    parser.add_argument("--activation-residual-engine", action="store_true", help="with --grouped-engine: also "
-                        "each grouped engine with its ResBlock1s carrying only the activated stream "
-                        "(models/emotivoice/hifigan.py, _actres); with --polyphase-engine also both (_polyphase_actres)")
     parser.add_argument("--folded-engine", action="store_true", help="with --compiled-engine: also that engine "
                         "with its dilated convolutions folded into undilated ones (models/conv_layout.py)")
     parser.add_argument("--autotune-engine", action="store_true", help="with --compiled-engine: also that engine "
@@ -586,16 +579,6 @@ def main() -> None:
                 if args.dynamic_engine:
                     engines += [EngineSpec(f"{name}_dynamic", True, half, compile_frames=True, frame_groups=groups,
                                            min_group_rows=rows, compile_dynamic=True, frame_bucket=frames)]
-                rewrites = ([("_polyphase", True, False)] if args.polyphase_engine else []) + (
-                    [("_actres", False, True)] if args.activation_residual_engine else []) + (
-                    [("_polyphase_actres", True, True)] if args.polyphase_engine and args.activation_residual_engine
-                    else [])
-                variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
-                engines += [EngineSpec(f"{name}{suffix}{rewrite}", True, half, compile_frames=True,
-                                       frame_groups=groups, min_group_rows=rows, compile_dynamic=dynamic,
-                                       frame_bucket=frames, polyphase_upsampling=polyphase,
-                                       residual_from_activation=from_activation)
-                            for suffix, dynamic in variants for rewrite, polyphase, from_activation in rewrites]
                 if args.epilogue_engine:
                     variants = [("", False), ("_dynamic", True)] if args.dynamic_engine else [("", False)]
                     caches = [("", False)] + ([("_kernel_cache", True)] if args.epilogue_kernel_cache else [])

@@ -59,19 +59,13 @@ class ServedEngineOptions:
     # H100 it ran 1.05x "torch" (1,905 against 1,817 sentences/s), but that batch's first run took 279 s
     # against 28 s, and a server meets hundreds of shapes (docs/benchmarks.md, session 48)
     vocoder_kernels: str = "torch"
-    # Two exact rewrites of the PyTorch vocoder (BucketedEngine's options of the same names): the upsampling's
-    # transposed convolutions as stride-1 convolutions whose phases interleave by a view (channels-last, so
-    # CUDA only), and ResBlock1s that write one tensor a step instead of two. Off until a GPU has timed them
-    # side by side (scripts/bench_hifigan_rewrites.py)
-    polyphase_upsampling: bool = False
-    residual_from_activation: bool = False
 
     def __post_init__(self):
         for name in ("frame_groups", "min_group_rows", "frame_bucket"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"serve.engine_options.{name}={value!r}: use a whole number >= 1")
-        for name in ("compile_dynamic", "fill_frame_shapes", "polyphase_upsampling", "residual_from_activation"):
+        for name in ("compile_dynamic", "fill_frame_shapes"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"serve.engine_options.{name}={getattr(self, name)!r}: use true or false")
         if self.vocoder_kernels not in SERVED_VOCODER_KERNELS:
@@ -129,7 +123,5 @@ def bucketed_engine(voice: EmotiVoiceVoice, backend: str, graphs: bool, package_
     engine = BucketedEngine(voice.generator, graphs=graphs, batch_buckets=batch_buckets or None,
                             compile_frames=backend == "compile", frame_groups=options.frame_groups,
                             min_group_rows=options.min_group_rows, frame_bucket=options.frame_bucket,
-                            compile_dynamic=options.compile_dynamic, vocoder_kernels=options.vocoder_kernels,
-                            polyphase_upsampling=options.polyphase_upsampling,
-                            residual_from_activation=options.residual_from_activation)
+                            compile_dynamic=options.compile_dynamic, vocoder_kernels=options.vocoder_kernels)
     return EngineVoice(voice, engine, options.fill_frame_shapes), engine.graphs, TEXT_BUCKETS

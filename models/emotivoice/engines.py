@@ -190,8 +190,7 @@ class BucketedEngine:
                  frame_bucket: int = FRAME_BUCKET, length_scale: float = 1.0, conv_layout: str | None = None,
                  compile_frames: bool = False, vocoder_kernels: str = "torch", compile_mode: str | None = None,
                  pinned_output: bool = True, fold_dilation: bool = False, frame_groups: int = 1,
-                 min_group_rows: int = 1, compile_dynamic: bool = False, polyphase_upsampling: bool = False,
-                 residual_from_activation: bool = False):
+                 min_group_rows: int = 1, compile_dynamic: bool = False):
         """``conv_layout`` (models/conv_layout.py) of the frame stage's convolutions; None: channels-last
         2-D convolutions on CUDA (tensor-core kernels: 1.44 against 2.23 ms for the FP16 vocoder at
         batch 1 on the H200, docs/results/h200_8_conv_layout.json), the model's own elsewhere.
@@ -226,13 +225,7 @@ class BucketedEngine:
         Why: a server warms every batch bucket at every text bucket and meets new frame buckets under
         load; at about 20 s a compile (H100), a 2-worker server with batches up to 1,024 was still warming
         up after 8 minutes (docs/benchmarks.md). CUDA graphs are still captured per shape, in a fraction
-        of a second each. ``polyphase_upsampling`` (channels-last only): the vocoder's transposed
-        convolutions as stride-1 convolutions whose phases interleave by a view (models/conv_layout.py),
-        the same sums in another order; off until a GPU has timed it against cuDNN's transposed kernels
-        (scripts/bench_hifigan_rewrites.py). ``residual_from_activation`` (the PyTorch vocoder): each
-        ResBlock1 carries only its activated stream and reads the residual back through the inverse
-        LeakyReLU (models/emotivoice/hifigan.py), one tensor written a step instead of two; likewise off
-        until timed."""
+        of a second each."""
         if compile_dynamic and not compile_frames:
             raise ValueError("compile_dynamic=True needs compile_frames=True")
         if compile_dynamic and vocoder_kernels == "triton":
@@ -259,17 +252,10 @@ class BucketedEngine:
                                  "nvidia-cudnn-frontend==1.16.0)")
             self.frame_model.generator = EpilogueHifigan(self.frame_model.generator, LRELU_SLOPE, FINAL_LRELU_SLOPE)
         conv_layout = conv_layout or ("channels_last" if self.device.type == "cuda" else "ncw")
-        if residual_from_activation:
-            if vocoder_kernels != "torch":
-                raise ValueError(f"residual_from_activation rewrites the PyTorch vocoder, not vocoder_kernels="
-                                 f"{vocoder_kernels!r}")
-            self.frame_model.generator.residual_from_activation = True
-        if polyphase_upsampling and conv_layout != "channels_last":
-            raise ValueError(f"polyphase_upsampling needs conv_layout='channels_last', not {conv_layout!r}")
         if conv_layout != "ncw" or fold_dilation:  # the acoustic decoder's convolutions, and the vocoder's unless
             # fused kernels replace it
             convert_convs(self.frame_model if self.triton_vocoder is None else self.frame_model.am, conv_layout,
-                          fold_dilation, polyphase=polyphase_upsampling)
+                          fold_dilation)
         self.compile_frames, self.compile_mode, self.compile_dynamic = compile_frames, compile_mode, compile_dynamic
         if compile_mode is not None and not compile_frames:
             raise ValueError(f"compile_mode={compile_mode!r} needs compile_frames=True")

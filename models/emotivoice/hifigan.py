@@ -6,15 +6,6 @@ folds it for inference, which changes no output.
 
 Given ``frame_lengths``, padding is zeroed in front of every convolution so a padded batch row
 equals its single run (the official code has no such mask; at batch 1 both are identical).
-
-``residual_from_activation`` (off by default; engines switch it on with
-``HifiganGenerator.residual_from_activation``): a ResBlock1 keeps only the activated stream
-a = mask * lrelu(x) between its steps and reads the residual x back as lrelu^-1(a) = min(a, a / 0.1),
-exact wherever the mask is 1. Where it is 0 the residual becomes 0 instead of x, and no valid sample
-reads those positions: every convolution's input is masked. Why: a compiled block then writes one
-tensor per step where it wrote two (x and a), a pass over memory fewer in stages that are bound by
-memory (scripts/emotivoice_vocoder_roofline.py). In FP16 a negative residual read back this way
-carries about twice the rounding of one stored as it is.
 """
 from __future__ import annotations
 
@@ -38,15 +29,8 @@ def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x * mask
 
 
-def _leaky_relu_inverse(activated: torch.Tensor) -> torch.Tensor:
-    """x from lrelu(x, LRELU_SLOPE): positive values as they are, negative ones divided by the slope."""
-    return torch.minimum(activated, activated / LRELU_SLOPE)
-
-
 class ResBlock1(nn.Module):
     """Three times: x += conv2(lrelu(conv1_dilated(lrelu(x))))."""
-
-    residual_from_activation = False  # module docstring
 
     def __init__(self, channels: int, kernel_size: int, dilations: tuple[int, ...]):
         super().__init__()
@@ -58,23 +42,9 @@ class ResBlock1(nn.Module):
             for _ in dilations)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:  # (B, C, T)
-        if self.residual_from_activation:
-            return self._forward_from_activation(x, mask)
         for conv1, conv2 in zip(self.convs1, self.convs2):
             residual = conv1(_masked(F.leaky_relu(x, LRELU_SLOPE), mask))
             x = x + conv2(_masked(F.leaky_relu(residual, LRELU_SLOPE), mask))
-        return x
-
-    def _forward_from_activation(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """The same steps with only a = mask * lrelu(x) carried between them (module docstring); the
-        returned x equals ``forward``'s where the mask is 1."""
-        activated = _masked(F.leaky_relu(x, LRELU_SLOPE), mask)
-        last = len(self.convs1) - 1
-        for step, (conv1, conv2) in enumerate(zip(self.convs1, self.convs2)):
-            residual = conv1(activated)
-            x = _leaky_relu_inverse(activated) + conv2(_masked(F.leaky_relu(residual, LRELU_SLOPE), mask))
-            if step < last:
-                activated = _masked(F.leaky_relu(x, LRELU_SLOPE), mask)
         return x
 
 
@@ -96,16 +66,6 @@ class HifiganGenerator(nn.Module):
             for kernel_size, dilations in zip(config.resblock_kernel_sizes, config.resblock_dilation_sizes):
                 self.resblocks.append(ResBlock1(out_channels, kernel_size, dilations))
         self.conv_post = weight_norm(nn.Conv1d(out_channels, 1, 7, padding=3))
-
-    @property
-    def residual_from_activation(self) -> bool:
-        """Whether the ResBlock1s carry only the activated stream (module docstring)."""
-        return all(block.residual_from_activation for block in self.resblocks)
-
-    @residual_from_activation.setter
-    def residual_from_activation(self, enabled: bool) -> None:
-        for block in self.resblocks:
-            block.residual_from_activation = enabled
 
     def remove_weight_norm(self) -> None:
         """Fold g * v / |v| into plain weights (same outputs, fewer kernels per call)."""

@@ -80,63 +80,6 @@ def test_conv_transpose1d_equals_every_layout(case):
     assert_layouts_match(conv, lambda module: module(x))
 
 
-POLYPHASE_CASES = [  # (stride, kernel, padding): kernel = stride + 2 * padding
-    (8, 16, 4),  # HiFi-GAN's 8x upsampling
-    (2, 4, 1),  # its 2x upsampling
-    (3, 5, 1),  # an odd stride
-    (5, 11, 3),  # taps reaching two input steps either way
-    (2, 2, 0),  # no overlap: one tap
-]
-
-
-@pytest.mark.parametrize("stride,kernel,padding", POLYPHASE_CASES)
-@pytest.mark.parametrize("bias", [True, False])
-def test_polyphase_transposed_conv_equals_the_transposed_conv(stride, kernel, padding, bias):
-    torch.manual_seed(0)
-    conv = nn.ConvTranspose1d(6, 4, kernel, stride, padding, bias=bias).double()
-    converted = converted_copy(conv, "channels_last", polyphase=True)
-    assert converted.polyphase
-    x = torch.randn(3, 6, 17, dtype=torch.float64)  # (B, C_in, T)
-    with torch.no_grad():
-        expected, actual = conv(x), converted(x)
-        assert actual.shape == expected.shape == (3, 4, 17 * stride)
-        assert error_of_peak(actual, expected) <= 1e-12  # the same sums, in another order
-        assert actual.stride() == (4 * 17 * stride, 1, 4)  # channels fastest: the phases met by a view
-        assert_close(converted(x[0]), expected[0])  # unbatched (C_in, T)
-
-
-@pytest.mark.parametrize("case", [
-    dict(in_channels=6, out_channels=4, kernel_size=5, stride=3, padding=1, output_padding=2),  # longer output
-    dict(in_channels=6, out_channels=4, kernel_size=6, stride=2, padding=1),  # k != s + 2p
-    dict(in_channels=6, out_channels=6, kernel_size=4, stride=2, padding=1, groups=2),
-    dict(in_channels=6, out_channels=4, kernel_size=4, stride=2, padding=2, dilation=2),
-])
-def test_polyphase_leaves_the_transposed_convs_it_cannot_express(case):
-    torch.manual_seed(0)
-    conv = nn.ConvTranspose1d(**case)
-    converted = converted_copy(conv, "channels_last", polyphase=True)
-    assert not converted.polyphase
-    x = torch.randn(2, 6, 11)
-    with torch.no_grad():
-        assert_close(converted(x), conv(x))
-
-
-def test_polyphase_needs_the_channels_last_layout():
-    with pytest.raises(ValueError, match="channels-last view"):
-        converted_copy(nn.ConvTranspose1d(6, 4, 16, 8, 4), "ncw", polyphase=True)
-
-
-def test_emotivoice_tiny_hifigan_with_polyphase_upsampling_masked():
-    vocoder = emotivoice_vocoder()
-    mel, frame_lengths = torch.randn(3, 80, 21), torch.tensor([21, 15, 8])  # (B, n_mels, frames)
-    converted = converted_copy(vocoder, "channels_last", polyphase=True)
-    assert all(up.polyphase for up in converted.ups)
-    with torch.no_grad():
-        assert_close(converted(mel, frame_lengths), vocoder(mel, frame_lengths))
-    counts = layout_copies(converted, lambda: converted(mel, frame_lengths))
-    assert counts["copied_at"] == ["conv_pre"]  # the interleaving view keeps the region in one layout
-
-
 def test_channels_last_output_keeps_channels_fastest_and_per_conv_is_contiguous():
     torch.manual_seed(0)
     conv = nn.Conv1d(6, 8, 3, padding=1)

@@ -106,7 +106,6 @@ def test_half_precision_source_names_an_unknown_part(tmp_path):
     ("+serve.engine_options.frame_groups=0", r"serve.engine_options.frame_groups=0: use a whole number >= 1"),
     ("+serve.engine_options.min_group_rows=1.5", r"serve.engine_options.min_group_rows=1.5"),
     ("+serve.engine_options.compile_dynamic=maybe", r"serve.engine_options.compile_dynamic='maybe': use true or false"),
-    ("+serve.engine_options.polyphase_upsampling=1", r"serve.engine_options.polyphase_upsampling=1: use true or false"),
 ])
 def test_a_family_engine_setting_it_does_not_have_or_refuses_fails_at_start(tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
@@ -115,9 +114,7 @@ def test_a_family_engine_setting_it_does_not_have_or_refuses_fails_at_start(tmp_
 
 def test_a_family_engine_setting_reaches_its_dataclass(tmp_path):
     settings = serve_settings(tmp_path, "model=emotivoice", "+serve.engine_options.frame_groups=32",
-                              "+serve.engine_options.min_group_rows=32",
-                              "+serve.engine_options.residual_from_activation=true")
+                              "+serve.engine_options.min_group_rows=32")
     options = settings.family_engine_options()
     assert (type(options).__name__, options.frame_groups, options.min_group_rows) == ("ServedEngineOptions", 32, 32)
-    assert options.residual_from_activation and not options.polyphase_upsampling
     assert type(settings).from_json(settings.to_json()).family_engine_options() == options  # as workers read them

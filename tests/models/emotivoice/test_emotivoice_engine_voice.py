@@ -94,21 +94,6 @@ def test_served_engine_options_set_the_length_groups(voice):
         bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(compile_dynamic=True))
 
 
-def test_served_engine_options_reach_the_vocoder_rewrites(voice):
-    """residual_from_activation reaches the engine's vocoder, with the plain engine's audio; polyphase
-    upsampling needs the channels-last layout an engine takes only on CUDA, and says so here."""
-    served, _, _ = bucketed_engine(voice, "eager", False, None, (),
-                                   options=ServedEngineOptions(residual_from_activation=True))
-    assert served.engine.frame_model.generator.residual_from_activation
-    plain = EngineVoice(voice, BucketedEngine(voice.generator, graphs=False))
-    request = SynthesisRequest.from_utterances(voice.text_to_utterances("The train leaves at nine tonight."))
-    expected, out = plain.synthesize(request), served.synthesize(request)
-    assert torch.equal(out.audio_lengths, expected.audio_lengths)
-    torch.testing.assert_close(out.audio, expected.audio, rtol=0, atol=1e-3)  # FP16 frame stage: rounding
-    with pytest.raises(ValueError, match="polyphase_upsampling needs conv_layout='channels_last'"):
-        bucketed_engine(voice, "eager", False, None, (), options=ServedEngineOptions(polyphase_upsampling=True))
-
-
 def test_served_engine_options_choose_the_vocoder_kernels(voice):
     """serve.engine_options.vocoder_kernels=cudnn puts the epilogue vocoder in the engine (on this CPU its
     operator runs the same formula in PyTorch: the audio is the module's, to FP16 rounding); other names are

@@ -67,25 +67,15 @@ def test_dynamic_compile_serves_many_shapes_with_two_compiles(generator):
         BucketedEngine(generator, graphs=False, compile_dynamic=True)
     with pytest.raises(ValueError, match="compiles a PyTorch vocoder"):
         BucketedEngine(generator, graphs=False, compile_frames=True, compile_dynamic=True, vocoder_kernels="triton")
-    with pytest.raises(ValueError, match="polyphase_upsampling needs conv_layout='channels_last'"):
-        BucketedEngine(generator, graphs=False, polyphase_upsampling=True)  # ncw off CUDA
-    with pytest.raises(ValueError, match="residual_from_activation rewrites the PyTorch vocoder"):
-        BucketedEngine(generator, graphs=False, residual_from_activation=True, vocoder_kernels="cudnn")
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("conv_layout,fold_dilation,polyphase,from_activation",  # channels_last: the CUDA default
-                         [("ncw", False, False, False), ("channels_last", False, False, False),
-                          ("channels_last", True, False, False), ("channels_last", False, True, True),
-                          ("ncw", False, False, True)])
-def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout, fold_dilation, polyphase, from_activation):
+@pytest.mark.parametrize("conv_layout,fold_dilation",  # channels_last: the CUDA default
+                         [("ncw", False), ("channels_last", False), ("channels_last", True)])
+def test_eager_buckets_equal_the_model_row_by_row(generator, conv_layout, fold_dilation):
     engine = BucketedEngine(generator, graphs=False, frame_dtype=torch.float32, batch_buckets=(4,), frame_bucket=32,
-                            conv_layout=conv_layout, fold_dilation=fold_dilation, polyphase_upsampling=polyphase,
-                            residual_from_activation=from_activation)
+                            conv_layout=conv_layout, fold_dilation=fold_dilation)
     assert any(getattr(conv, "dilation_folded", False) for conv in engine.frame_model.modules()) == fold_dilation
-    assert all(getattr(up, "polyphase", False) for up in engine.frame_model.generator.ups) == polyphase
-    assert engine.frame_model.generator.residual_from_activation == from_activation
-    assert not generator.generator.residual_from_activation  # the engine's copy, not the caller's model
     batch = inputs(generator, LENGTHS)
     out = engine.synthesize(*batch)
     reference = generator.inference_copy()(*batch, masked=True)
