@@ -14,7 +14,9 @@ from export.manifest import DeploymentManifest, ManifestError, write_manifest
 from models.piper.onnx_runtime import prepare_graph
 from models.piper.voice_files import PiperVoiceFiles
 from serve.engines import load_served_model
+from serve.settings import serve_settings_from_config
 from serve_support import serve_settings
+from conftest import compose_config
 
 
 @pytest.mark.parametrize("override, error, message", [
@@ -118,3 +120,18 @@ def test_a_family_engine_setting_reaches_its_dataclass(tmp_path):
     options = settings.family_engine_options()
     assert (type(options).__name__, options.frame_groups, options.min_group_rows) == ("ServedEngineOptions", 32, 32)
     assert type(settings).from_json(settings.to_json()).family_engine_options() == options  # as workers read them
+
+
+def test_the_measured_emotivoice_gpu_preset_composes_into_valid_settings(tmp_path):
+    """conf/serve/emotivoice_gpu.yaml: default.yaml's keys with the served configuration docs/benchmarks.md
+    measured (session 50), checked like any command line, its engine options read as EmotiVoice's dataclass."""
+    settings = serve_settings_from_config(compose_config(tmp_path, ["model=emotivoice", "serve=emotivoice_gpu",
+                                                                    "serve.source=teacher"]))
+    assert (settings.device, settings.torch_engine, settings.workers, settings.gpu_sharing) == ("cuda", "compile", 2,
+                                                                                              "mps")
+    assert (settings.max_batch_size, settings.max_batch_phonemes, settings.batches_in_flight) == (1024, 65536, 2)
+    assert (settings.queue_capacity, settings.max_requests_per_client, settings.length_buckets) == (1024, 256, (64,))
+    options = settings.family_engine_options()
+    assert (options.frame_groups, options.min_group_rows, options.frame_bucket) == (32, 32, 8)
+    assert options.compile_dynamic and options.fill_frame_shapes
+    assert settings.speaker_cache_entries == 1024  # a default.yaml key it does not set
