@@ -134,4 +134,5 @@ def test_the_measured_emotivoice_gpu_preset_composes_into_valid_settings(tmp_pat
     options = settings.family_engine_options()
     assert (options.frame_groups, options.min_group_rows, options.frame_bucket) == (32, 32, 8)
     assert options.compile_dynamic and options.fill_frame_shapes
+    assert not settings.access_log
     assert settings.speaker_cache_entries == 1024  # a default.yaml key it does not set
