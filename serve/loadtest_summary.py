@@ -10,14 +10,20 @@ docs/benchmarks.md quotes, for each served run, how busy the GPU was during the 
 many CUDA graphs the workers captured under load; this module computes them from the committed raw files,
 so a reader can check them. From the load test's report (serve.loadtest) it takes the measured level;
 from ``nvidia-smi``'s samples (``gpu_utilisation.csv``, every 200 ms) the GPU's busy share; from the
-server's log its workers' warm-up and the graph captures between the level's start and the streaming
+server's log its workers' warm-up and the graph captures between the report's start and the streaming
 level's (a capture under load is a shape the warm-up missed).
 
-Two busy shares: over the level's clock (``started_unix_s`` to ``+ wall_s``), and over the last
-``wall_s`` seconds before the GPU last ran above ``BUSY_PERCENT`` within the level (the load reaches the
-server about a second after the report's clock starts, so the first measure counts that second idle).
-Timestamps in the log and the CSV are read as UTC, as the lent GPU machines keep them. Audio seconds need
-the voice's sample rate (WAV responses: 16-bit mono after a 44-byte header); without it they are left out.
+A report's only clock is ``started_unix_s``, taken before its client processes start, wait for the
+server and send their warm-up requests; a level has no start of its own. So the GPU samples and captures
+are read only for a report of one level (serve/gpu_loadtest.sh writes its measured level apart), and
+its window opens a little before the load does. Two busy shares: over the report's clock
+(``started_unix_s`` to ``+ wall_s``), which counts that lead-in as idle, and over the last ``wall_s``
+seconds before the GPU last ran above ``BUSY_PERCENT`` within it, which does not.
+
+Timestamps in the log and the CSV are the GPU machine's local time, read as UTC (the lent machines keep
+UTC). The CSV must cover the report's window, which catches another zone: the log comes from the same
+clock. Audio seconds need the voice's sample rate (WAV responses: 16-bit mono after a 44-byte header);
+without it they are left out.
 """
 from __future__ import annotations
 
@@ -33,7 +39,14 @@ BUSY_PERCENT = 50.0  # a sample above this counts as the GPU still working throu
 WAV_HEADER_BYTES = 44
 SAMPLE_BYTES = 2
 LATE_SAMPLES_S = 5.0  # how far past the level's clock its last batches may still run
-LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \w+ (\d+) ([\w.]+): (.*)$")
+# The server's log formats: a worker's (serve/worker.py, with its pid), the single process's
+# (serve/__main__.py), and Hydra's, in which a one-worker server logs. (time, milliseconds, pid?, logger, message)
+LOG_FORMATS = (
+    re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) [A-Z]+ (\d+) ([\w.]+): (.*)$"),
+    re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) [A-Z]+ ()([\w.]+): (.*)$"),
+    re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\]\[([\w.]+)\]\[[A-Z]+\] - (.*)$"),
+)
+SINGLE_PROCESS = 0  # the pid reported for a format that names none
 CAPTURE = re.compile(r"captured (.*) in ([\d.]+) s \(\d+ graphs\)")
 READY = re.compile(r"warmed up in ([\d.]+) s, ([\d.]+) GiB reserved on \w+ \(peak ([\d.]+) GiB\)")
 FILL = re.compile(r"warm-up: (\d+) more shapes captured between those the batches met, in ([\d.]+) s")
@@ -58,9 +71,9 @@ class LevelSummary:
     errors: int
     wall_s: float
     sentences_per_s: float
-    latency_p50_p95_p99_s: tuple[float, float, float]
+    latency_p50_p95_p99_s: tuple[float | None, float | None, float | None]  # None: no request succeeded
     audio_s_per_sentence: float | None
-    gpu_busy_level_clock_percent: float | None
+    gpu_busy_report_clock_percent: float | None
     gpu_busy_last_wall_percent: float | None
     captures_under_load: int | None
     capture_s_under_load: float | None
@@ -83,30 +96,53 @@ def read_gpu_samples(path: Path) -> list[tuple[float, float]]:
     return samples
 
 
-def gpu_busy(samples: list[tuple[float, float]], start: float, wall_s: float) -> tuple[float | None, float | None]:
-    """(mean busy % over the level's clock, mean over the last ``wall_s`` s before the GPU's last busy
-    sample in the level), None where no sample falls in the window."""
+def gpu_busy(samples: list[tuple[float, float]], start: float, wall_s: float) -> tuple[float, float | None]:
+    """(mean busy % over the report's clock, mean over the last ``wall_s`` s before the GPU's last busy
+    sample in it; None if it never ran above BUSY_PERCENT there). Refuses samples that do not cover the
+    window: another time zone, or a sampler that was not running."""
+    if not samples or samples[0][0] > start or samples[-1][0] < start + wall_s:
+        covered = f"{samples[0][0]:.0f}-{samples[-1][0]:.0f}" if samples else "none"
+        raise ValueError(f"the GPU samples (unix {covered}) do not cover the report's window "
+                         f"({start:.0f}-{start + wall_s:.0f}): not read as UTC, or from another run")
     on_clock = [busy for t, busy in samples if start <= t <= start + wall_s]
     busy_until = [t for t, busy in samples if start <= t <= start + wall_s + LATE_SAMPLES_S and busy > BUSY_PERCENT]
-    last_wall = [busy for t, busy in samples if busy_until and max(busy_until) - wall_s <= t <= max(busy_until)]
-    return (statistics.fmean(on_clock) if on_clock else None, statistics.fmean(last_wall) if last_wall else None)
+    if not busy_until:
+        return statistics.fmean(on_clock), None
+    last_busy = max(busy_until)
+    return (statistics.fmean(on_clock),
+            statistics.fmean(busy for t, busy in samples if last_busy - wall_s <= t <= last_busy))
+
+
+def parse_log_line(line: str) -> tuple[float, int, str, str] | None:
+    """(unix seconds, pid or SINGLE_PROCESS, logger, message) of a line in one of LOG_FORMATS, else None."""
+    for log_format in LOG_FORMATS:
+        match = log_format.match(line)
+        if match:
+            fields = match.groups()
+            stamp, millis, logger, message = fields[0], fields[1], fields[-2], fields[-1]
+            pid = int(fields[2]) if len(fields) == 5 and fields[2] else SINGLE_PROCESS
+            return _utc(stamp, "%Y-%m-%d %H:%M:%S") + int(millis) / 1000.0, pid, logger, message
+    return None
 
 
 def read_server_log(path: Path) -> tuple[list[tuple[float, int, str, float]], list[WorkerWarmUp]]:
-    """The log's graph captures as (unix seconds, worker pid, shape key, seconds), and each worker's warm-up."""
-    captures, ready, fills = [], {}, {}
+    """The log's graph captures as (unix seconds, worker pid, shape key, seconds), and each worker's warm-up.
+    Refuses a log with no line in a known format: nothing read would look like nothing captured."""
+    captures, ready, fills, parsed = [], {}, {}, 0
     for line in path.read_text(errors="replace").splitlines():
-        match = LOG_LINE.match(line)
-        if not match:
-            continue
-        when = _utc(match.group(1), "%Y-%m-%d %H:%M:%S") + int(match.group(2)) / 1000.0
-        pid, message = int(match.group(3)), match.group(5)
-        if (capture := CAPTURE.match(message)) and match.group(4) == "models.cuda_graphs":
+        fields = parse_log_line(line)
+        if fields is None:
+            continue  # tracebacks, uvicorn's own lines
+        parsed += 1
+        when, pid, logger, message = fields
+        if (capture := CAPTURE.match(message)) and logger == "models.cuda_graphs":
             captures.append((when, pid, capture.group(1), float(capture.group(2))))
         elif fill := FILL.search(message):
             fills[pid] = (int(fill.group(1)), float(fill.group(2)))
         elif done := READY.search(message):
             ready[pid] = WorkerWarmUp(pid, float(done.group(1)), float(done.group(2)), float(done.group(3)))
+    if not parsed:
+        raise ValueError(f"{path}: no line in a known log format (serve/worker.py's, serve/__main__.py's, Hydra's)")
     for pid, (shapes, seconds) in fills.items():
         if pid in ready:
             ready[pid].filled_shapes, ready[pid].fill_s = shapes, seconds
@@ -122,10 +158,15 @@ def summarize(report_path: Path, server_log: Path | None = None, gpu_csv: Path |
     levels = report["levels"]
     if not 0 <= level < len(levels):
         raise ValueError(f"{report_path} has {len(levels)} level(s); there is no level {level}")
+    if len(levels) > 1 and (gpu_csv is not None or server_log is not None):
+        raise ValueError(f"{report_path} has {len(levels)} levels and one clock: its levels' windows are unknown, "
+                         "so GPU samples and captures are read only for a report of one level")
     measured = levels[level]
     per_request = report.get("sentences_per_request", 1)
     sentences = measured["requests_ok"] * per_request
     start, wall_s = report["started_unix_s"], measured["wall_s"]
+    if wall_s <= 0:
+        raise ValueError(f"{report_path}: level {level} lasted {wall_s} s")
     audio_s = None
     if sample_rate_hz:
         samples = (measured["audio_bytes_total"] - WAV_HEADER_BYTES * measured["requests_ok"]) / SAMPLE_BYTES
@@ -139,13 +180,14 @@ def summarize(report_path: Path, server_log: Path | None = None, gpu_csv: Path |
         until = (json.loads(stream_report.read_text())["started_unix_s"] if stream_report is not None
                  else start + wall_s + LATE_SAMPLES_S)
         captures = [capture for capture in all_captures if start <= capture[0] <= until]
-    latency = measured["latency_ms"]
+    latency = measured["latency_ms"]  # None where no request succeeded
     return LevelSummary(
         report=report_path.name, sentence_set=report.get("sentence_set", "eval"),
         concurrency=measured["concurrency"], requests_ok=measured["requests_ok"],
         errors=sum(measured["errors_by_status"].values()), wall_s=wall_s, sentences_per_s=sentences / wall_s,
-        latency_p50_p95_p99_s=tuple(latency[key] / 1000.0 for key in ("p50", "p95", "p99")),
-        audio_s_per_sentence=audio_s, gpu_busy_level_clock_percent=busy_clock,
+        latency_p50_p95_p99_s=tuple(None if latency.get(key) is None else latency[key] / 1000.0
+                                    for key in ("p50", "p95", "p99")),
+        audio_s_per_sentence=audio_s, gpu_busy_report_clock_percent=busy_clock,
         gpu_busy_last_wall_percent=busy_last,
         captures_under_load=None if captures is None else len(captures),
         capture_s_under_load=None if captures is None else sum(capture[3] for capture in captures),
@@ -173,7 +215,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpu-csv", type=Path, help="gpu_utilisation.csv (nvidia-smi every 200 ms)")
     parser.add_argument("--stream-report", type=Path, help="the streaming level's report: captures count until it starts")
     parser.add_argument("--sample-rate-hz", type=int, help="the voice's output rate, for audio seconds (EmotiVoice: 16000)")
-    parser.add_argument("--level", type=int, default=0, help="which level of the report (0: the first)")
+    parser.add_argument("--level", type=int, default=0, help="which level of the report (0: the first; GPU samples "
+                        "and captures need a report of one level)")
     args = parser.parse_args(argv)
     if (args.dir is None) == (args.report is None):
         parser.error("give either --dir or --report")
@@ -182,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
             "report_path": args.report, "server_log": args.server_log, "gpu_csv": args.gpu_csv,
             "stream_report": args.stream_report}
         summary = summarize(**paths, sample_rate_hz=args.sample_rate_hz, level=args.level)
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError, KeyError, TypeError) as error:
         parser.error(str(error))
     print(json.dumps(asdict(summary), indent=2))
 

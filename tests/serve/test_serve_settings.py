@@ -130,7 +130,8 @@ def test_the_measured_emotivoice_gpu_preset_composes_into_valid_settings(tmp_pat
     assert (settings.device, settings.torch_engine, settings.workers, settings.gpu_sharing) == ("cuda", "compile", 2,
                                                                                               "mps")
     assert (settings.max_batch_size, settings.max_batch_phonemes, settings.batches_in_flight) == (1024, 65536, 2)
-    assert (settings.queue_capacity, settings.max_requests_per_client, settings.length_buckets) == (1024, 256, (64,))
+    assert (settings.queue_capacity, settings.max_requests_per_client, settings.length_buckets) == (1024, 1024, (64,))
+    assert (settings.max_wait_ms, settings.warmup_length_scales) == (0, (1.0,))
     options = settings.family_engine_options()
     assert (options.frame_groups, options.min_group_rows, options.frame_bucket) == (32, 32, 8)
     assert options.compile_dynamic and options.fill_frame_shapes
