@@ -19,7 +19,7 @@
 # It writes a dozen files; to bring them back as one, write elsewhere and pack them:
 #   OUT=/tmp/r bash serve/gpu_loadtest.sh; tar czf "$OUT/results.tgz" -C /tmp/r .
 # What the measured level did (the GPU's busy share, graphs captured under load, each worker's warm-up):
-#   python -m serve.loadtest_summary --dir /tmp/r --sample-rate-hz 16000
+#   python -m serve.loadtest_summary --dir /tmp/r --sample-rate-hz 16000   # the voice's rate: EmotiVoice 16 kHz
 # Settings (environment, defaults after ':-'; the defaults are the configuration of the measured run in
 # docs/benchmarks.md); the H200 target is >= 500 req/s at P95 <= 100 ms and, streaming, a first
 # audio chunk within 20 ms at concurrency 1.
