@@ -336,5 +336,6 @@ def _recognizer(settings: RunSettings, texts: list[str]):
     if "wer" not in settings.evaluate.metrics:
         return None
     recognizer = settings.evaluate.recognizer
-    return build_recognizer(recognizer.kind, recognizer.model, settings.model.language, settings.evaluate.cpu_threads,
+    language = settings.model.language
+    return build_recognizer(recognizer.kind, recognizer.whisper_model(language), language, settings.evaluate.cpu_threads,
                             texts, Path(settings.paths.cache_dir))

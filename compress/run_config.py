@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from compress.settings import REFERENCE_RUNTIME_VARIANTS, RunSettings
-from compress.stages import stage_settings
+from compress.settings import RunSettings
+from compress.stages import STAGES, stage_settings, unbuildable_reason
 from core.config import ConfigError, build_dataclass
 from models.registry import FAMILIES, get_family
 from texts import load_sentences
@@ -24,7 +24,7 @@ def settings_from_config(resolved: dict) -> RunSettings:
     # The serve group is the server's own: `python -m serve` checks it (serve/settings.py).
     resolved = {k: v for k, v in resolved.items() if k not in ("hydra", "serve")}
     resolved["model"] = _without_voice_fields(resolved.get("model"))
-    resolved = _without_reference_variants(resolved)
+    resolved = fit_variants_to_family(resolved)
     settings = build_dataclass(RunSettings, resolved, "")
     typed = stage_settings(settings.variants, settings.stages, get_family(settings.model.family))
     if typed:
@@ -41,23 +41,37 @@ def _without_voice_fields(model):
     return {key: value for key, value in model.items() if key not in folded}
 
 
-def _without_reference_variants(resolved: dict) -> dict:
-    """An experiment's variant list is written for every family; a family that ships no graph of its
-    own (no reference runtime) cannot have ``original_onnx`` or ``lite_ort``: they are dropped, and
-    the log says so (the saved config shows the variants that ran)."""
+def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
+    """``resolved`` with the variants its family cannot build (``compress.stages.unbuildable_reason``)
+    taken out, each named in the log: an experiment's variant list is written for every family
+    (``int8`` lists ``int8_ort``, which quantizes the graph a family ships). The pipeline saves
+    the fitted config, so the saved config lists the variants that ran.
+
+    ``strict``: the variants were typed on the command line, so one the family cannot build is an
+    error rather than dropped. A list left with none of its stage variants is an error too: the run
+    would score the teacher alone.
+    """
     model, variants = resolved.get("model"), resolved.get("variants")
     if not isinstance(model, dict) or model.get("family") not in FAMILIES or not isinstance(variants, list):
+        return resolved  # RunSettings names what is wrong
+    family = FAMILIES[model["family"]]
+    reasons = {v: why for v in variants if isinstance(v, str) and (why := unbuildable_reason(v, family))}
+    if not reasons:
         return resolved
-    if FAMILIES[model["family"]].reference is not None:
-        return resolved
-    dropped = [v for v in variants if v in REFERENCE_RUNTIME_VARIANTS]
-    if not dropped:
-        return resolved
-    log.warning("family %s ships no graph of its own (no reference runtime): variants %s dropped",
-                model["family"], dropped)
-    kept = [v for v in variants if v not in dropped]
+    described = "; ".join(f"{variant!r} {why}" for variant, why in reasons.items())
+    if strict:
+        raise ConfigError(f"variants: family {family.name!r} cannot build them all: {described}")
+    kept = [v for v in variants if v not in reasons]
+    if any(v in reasons for v in variants if v in STAGES) and not any(v in STAGES for v in kept):
+        settled = resolved.get("stages") or {}
+        buildable = [name for name, spec in STAGES.items() if unbuildable_reason(name, family) is None
+                     and (spec.settings_key is None or spec.settings_key in settled)]
+        raise ConfigError(f"variants: family {family.name!r} builds none of this run's stage variants ({described}); "
+                          f"the stage variants it can build with this run's stages settings: {buildable}")
+    for variant, why in reasons.items():
+        log.warning("family %s cannot build variant %s: it %s; dropped", family.name, variant, why)
     evaluate = dict(resolved.get("evaluate") or {})
-    if evaluate.get("reference_variant") in dropped:
+    if evaluate.get("reference_variant") in reasons:
         evaluate["reference_variant"] = "teacher"
     return {**resolved, "variants": kept, "evaluate": evaluate}
 

@@ -106,6 +106,8 @@ class RunSettings:
         if needs_reference and family.reference is None:
             raise ConfigError(f"variants {needs_reference} run graphs in the family's reference runtime, and family "
                               f"{family.name!r} has none (models/registry.py); drop them from variants")
+        if "wer" in self.evaluate.metrics and self.evaluate.recognizer.kind == "whisper":
+            self.evaluate.recognizer.whisper_model(self.model.language)  # an English-only model for another language fails here
         if self.export.graph_variant is not None and self.export.graph_variant not in family.graph_variants:
             raise ConfigError(f"export.graph_variant={self.export.graph_variant!r}: family {family.name!r} exports "
                               + (f"one of {list(family.graph_variants)}" if family.graph_variants

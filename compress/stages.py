@@ -23,6 +23,30 @@ from core.config import ConfigError
 from models.family import Family
 
 
+def _any_family(family: Family) -> str | None:
+    return None
+
+
+def _needs_reference_runtime(family: Family) -> str | None:
+    if family.reference is None:
+        return "runs in the family's reference runtime, and the family ships no graph of its own"
+    return None
+
+
+def _needs_pruning(family: Family) -> str | None:
+    return "needs pruning hooks (Family.prune is None)" if family.prune is None else None
+
+
+def _needs_pytorch_int8(family: Family) -> str | None:
+    if family.quantization is None or not family.quantization.quantizable_parts:
+        return "needs parts that INT8 may quantize in PyTorch (Family.quantization.quantizable_parts)"
+    return None
+
+
+def _needs_student(family: Family) -> str | None:
+    return "needs a small student (Family.distil is None)" if family.distil is None else None
+
+
 @dataclass(frozen=True)
 class StageSpec:
     source: str  # the variant the stage starts from
@@ -30,6 +54,9 @@ class StageSpec:
     settings_class: type | None
     build: Callable
     timed_on_cpu: bool = True  # False for GPU-only precisions: CPU fp16 kernels are not what ships
+    # Why a family cannot build this stage whatever its settings (None: it can), read from what the
+    # family registers; a setting the family cannot honour is the settings class's check_family's.
+    requires: Callable[[Family], str | None] = _any_family
 
 
 STAGES = {
@@ -38,13 +65,14 @@ STAGES = {
     "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
     # The teacher's exported graph in the family's reference runtime, then that graph in INT8 (same
     # settings as int8_ort): a family whose shipped graph is already int8 quantizes its own graph.
-    "teacher_ort": StageSpec("teacher", None, None, partial(onnxruntime_variant.build, variant_name="teacher_ort")),
+    "teacher_ort": StageSpec("teacher", None, None, partial(onnxruntime_variant.build, variant_name="teacher_ort"),
+                             requires=_needs_reference_runtime),
     "teacher_int8": StageSpec("teacher_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
                               partial(int8_onnxruntime.build, variant_name="teacher_int8")),
-    "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build),
-    "lite": StageSpec("teacher", "distil", distil.DistilSettings, distil.build),
+    "pruned": StageSpec("teacher", "prune", prune.PruneSettings, prune.build, requires=_needs_pruning),
+    "lite": StageSpec("teacher", "distil", distil.DistilSettings, distil.build, requires=_needs_student),
     # The Lite student's exported graph in onnxruntime, then that graph in INT8 (same settings as int8_ort).
-    "lite_ort": StageSpec("lite", None, None, onnxruntime_variant.build),
+    "lite_ort": StageSpec("lite", None, None, onnxruntime_variant.build, requires=_needs_reference_runtime),
     "lite_int8": StageSpec("lite_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
                            partial(int8_onnxruntime.build, variant_name="lite_int8")),
     # The same, after the upsampling ConvTransposes become polyphase Convs (exact), so that they too
@@ -56,18 +84,34 @@ STAGES = {
     # fine-tuned against the teacher's encoder (stages.prune_lite); the encoder is a quarter of the
     # student's CPU time, and nearly all of its arithmetic is in those layers.
     "lite_slim": StageSpec("lite", "prune_lite", prune.PruneSettings,
-                           partial(prune.build, variant_name="lite_slim")),
+                           partial(prune.build, variant_name="lite_slim"), requires=_needs_pruning),
     "lite_slim_ort": StageSpec("lite_slim", None, None,
-                               partial(onnxruntime_variant.build, variant_name="lite_slim_ort")),
+                               partial(onnxruntime_variant.build, variant_name="lite_slim_ort"),
+                               requires=_needs_reference_runtime),
     "lite_slim_int8": StageSpec("lite_slim_ort", "int8_ort", int8_onnxruntime.Int8OrtSettings,
                                 partial(int8_onnxruntime.build, variant_name="lite_slim_int8")),
     # Fake quantization in PyTorch: CPU timing would measure quantize-dequantize overhead, not INT8
     # (its speed is TensorRT's, from the Q/DQ graph); quality only, like fp16.
     "int8_modelopt": StageSpec("teacher", "int8_modelopt", int8_modelopt.Int8ModeloptSettings, int8_modelopt.build,
-                               False),
+                               False, requires=_needs_pytorch_int8),
     # Dynamic INT8 Linear layers in PyTorch on CPU kernels: real INT8 speed, timed like the teacher.
     "int8_dynamic": StageSpec("teacher", "int8_dynamic", int8_dynamic.Int8DynamicSettings, int8_dynamic.build),
 }
+
+
+def unbuildable_reason(variant: str, family: Family) -> str | None:
+    """Why ``family`` cannot build ``variant`` whatever the settings, following the stage's source
+    (``int8_ort`` starts from the family's shipped graph); None when it can."""
+    if variant == "original_onnx":
+        return _needs_reference_runtime(family)
+    spec = STAGES.get(variant)
+    if spec is None:
+        return None
+    own = spec.requires(family)
+    if own is not None:
+        return own
+    behind = unbuildable_reason(spec.source, family)
+    return None if behind is None else f"is built from {spec.source!r}, which {behind}"
 
 
 def stage_settings(variants: tuple[str, ...], raw: dict, family: Family) -> dict[str, object]:

@@ -21,6 +21,7 @@ from evaluate.dnsmos import DNSMOSP808, DNSMOSP835
 from core.atomic_io import write_text_atomic
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import build_recognizer, error_rate_metric
+from evaluate.settings import default_whisper_model
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 from models.interface import SynthesisRequest, TTSModel
@@ -41,7 +42,7 @@ def score_conditions(voice: TTSModel, sentences: list[str], language: str = "en"
         for i, seq in enumerate(tqdm(sequences, desc="teacher"))
     ]
     texts = [seq.text for seq in sequences]
-    recognizer = build_recognizer(recognizer_kind, "tiny.en" if language == "en" else "base", language, 2, texts)
+    recognizer = build_recognizer(recognizer_kind, default_whisper_model(language), language, 2, texts)
     rate = voice.sample_rate_hz
     table = {}
     for condition, degrade in STANDARD_DEGRADATIONS.items():

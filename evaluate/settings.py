@@ -22,13 +22,32 @@ class RecognizerSettings:
     """
 
     kind: str = "whisper"
-    model: str = "tiny.en"  # whisper only: tiny.en (English) or base (multilingual)
+    model: str | None = None  # whisper only: tiny.en (English) or base (multilingual); None: by the voice's language
 
     def __post_init__(self):
         if self.kind not in RECOGNIZERS:
             raise ConfigError(f"evaluate.recognizer.kind={self.kind!r}: use one of {list(RECOGNIZERS)}")
-        if self.model not in WHISPER_MODELS:
-            raise ConfigError(f"evaluate.recognizer.model={self.model!r}: use one of {list(WHISPER_MODELS)}")
+        if self.model is not None and self.model not in WHISPER_MODELS:
+            raise ConfigError(f"evaluate.recognizer.model={self.model!r}: use one of {list(WHISPER_MODELS)} or null")
+
+    def whisper_model(self, language: str) -> str:
+        """The Whisper model that transcribes a voice speaking ``language`` (BCP 47); a ConfigError
+        when the chosen one cannot (an English-only model for another language)."""
+        if self.model is None:
+            return default_whisper_model(language)
+        if self.model.endswith(".en") and not _is_english(language):
+            raise ConfigError(f"evaluate.recognizer.model={self.model!r} is English only and the voice speaks "
+                              f"{language!r}: use base, or null to choose by language")
+        return self.model
+
+
+def _is_english(language: str) -> bool:
+    return language.split("-")[0].lower() == "en"
+
+
+def default_whisper_model(language: str) -> str:
+    """tiny.en for English (0.35 s a sentence on 2 threads), else multilingual base."""
+    return "tiny.en" if _is_english(language) else "base"
 
 
 @dataclass(frozen=True)

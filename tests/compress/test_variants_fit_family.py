@@ -1,0 +1,83 @@
+"""An experiment's variant list is written for every family; each family runs the variants it can
+build, and the log names the ones it cannot. Variants typed on the command line are strict.
+
+    python -m pytest -q tests/compress/test_variants_fit_family.py
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import compose_config
+
+from compress.__main__ import variants_typed
+from compress.run_config import fit_variants_to_family, settings_from_config
+from compress.stages import STAGES, unbuildable_reason
+from core.config import ConfigError
+from models.registry import FAMILIES
+
+
+def _settings(tmp_path, *overrides):
+    return settings_from_config(compose_config(tmp_path, list(overrides)))
+
+
+def test_int8_experiment_runs_the_int8_a_family_without_a_shipped_graph_has(tmp_path, caplog):
+    """EmotiVoice ships no graph, so int8_ort (which quantizes the shipped graph) cannot be built;
+    before the fit, `python -m compress +experiment=int8 model=emotivoice` stopped at start."""
+    with caplog.at_level(logging.WARNING, logger="compress.run_config"):
+        settings = _settings(tmp_path, "model=emotivoice", "+experiment=int8")
+    assert settings.variants == ("teacher", "int8_modelopt")
+    assert settings.evaluate.reference_variant == "teacher"
+    assert "int8_ort" in caplog.text and "built from 'original_onnx'" in caplog.text
+
+
+def test_piper_keeps_every_variant_of_the_full_experiment(tmp_path):
+    resolved = compose_config(tmp_path, ["+experiment=full"])
+    assert fit_variants_to_family(resolved) is resolved
+    assert _settings(tmp_path, "+experiment=full").variants == tuple(resolved["variants"])
+
+
+def test_a_fitted_run_drops_each_variant_built_from_a_dropped_one(tmp_path):
+    """Kokoro has a student but no pruning: lite_slim and everything built from it go, lite stays."""
+    settings = _settings(tmp_path, "model=kokoro_ja", "+experiment=lite_slim")
+    assert "lite_slim" not in settings.variants and "lite_slim_int8" not in settings.variants
+    assert {"lite", "lite_ort", "lite_int8"} <= set(settings.variants)
+
+
+def test_an_experiment_left_with_no_stage_variant_is_an_error_naming_what_can_run(tmp_path):
+    with pytest.raises(ConfigError, match="builds none of this run's stage variants") as error:
+        _settings(tmp_path, "model=gpt_sovits_v2", "+experiment=int8")
+    assert "int8_dynamic" in str(error.value)  # GPT-SoVITS's own INT8, declared in its stage defaults
+    with pytest.raises(ConfigError, match=r"Family\.prune is None"):
+        _settings(tmp_path, "model=kokoro_ja", "+experiment=prune")
+
+
+def test_variants_typed_on_the_command_line_are_not_dropped(tmp_path):
+    resolved = compose_config(tmp_path, ["model=kokoro_ja", "variants=[original_onnx,teacher,pruned]"])
+    with pytest.raises(ConfigError, match=r"cannot build them all: 'pruned' needs pruning hooks"):
+        fit_variants_to_family(resolved, strict=True)
+    assert variants_typed(["model=kokoro_ja", "variants=[teacher,pruned]"])
+    assert variants_typed(["+variants=[teacher]"]) and variants_typed(["++variants=[teacher]"])
+    assert not variants_typed(["model=kokoro_ja", "+experiment=prune", "stages.prune.ratio=0.3"])
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_stage_a_family_can_build_has_a_source_it_can_build(family):
+    """The reason follows the source: a stage is never buildable on top of one that is not."""
+    registered = FAMILIES[family]
+    for name, spec in STAGES.items():
+        if unbuildable_reason(name, registered) is None:
+            assert unbuildable_reason(spec.source, registered) is None, (family, name, spec.source)
+    assert (unbuildable_reason("original_onnx", registered) is None) == (registered.reference is not None)
+
+
+def test_the_recognizer_follows_the_voice_language_and_a_wrong_one_fails_at_start(tmp_path):
+    """The default (null) picks tiny.en for English and multilingual base otherwise; before, a Mandarin
+    voice's int8 run reached the recognizer after MLflow had started and failed there."""
+    english = _settings(tmp_path, "+experiment=debug", "evaluate.metrics=[wer]")
+    assert english.evaluate.recognizer.whisper_model(english.model.language) == "tiny.en"
+    mandarin = _settings(tmp_path, "model=emotivoice", "+experiment=int8")
+    assert "wer" in mandarin.evaluate.metrics
+    assert mandarin.evaluate.recognizer.whisper_model(mandarin.model.language) == "base"
+    with pytest.raises(ConfigError, match="English only and the voice speaks 'zh'"):
+        _settings(tmp_path, "model=emotivoice", "+experiment=int8", "evaluate.recognizer.model=tiny.en")
