@@ -29,6 +29,7 @@ from mlflow import MlflowClient
 from core.atomic_io import atomic_write, write_text_atomic
 from compress.selection import Selection, SelectionSettings, pareto_figure, select_champion
 from compress.settings import RunSettings, TrackingSettings
+from evaluate.asr import error_unit
 from export.manifest import DeploymentManifest, load_manifest, write_manifest
 
 GRAPH_ARTIFACT = "onnx"  # the Variant.artifacts key of a variant's ONNX graph (its family's graph contract)
@@ -164,7 +165,8 @@ def select_and_register(rows: dict[str, dict[str, float]], variants: dict, setti
 
     A run with no eligible variant, or none with a graph, still finishes: the summary says why.
     """
-    selection = select_champion(rows, settings.selection, settings.evaluate.reference_variant)
+    rule = settings.selection.for_error_unit(error_unit(settings.model.language))
+    selection = select_champion(rows, rule, settings.evaluate.reference_variant)
     log_selection(selection, parent_run_id, settings.tracking.tracking_uri, Path(settings.paths.run_dir))
     ineligible = "; ".join(f"{n}: {', '.join(e.reasons)}" for n, e in selection.eligibility.items() if not e.eligible)
     lines = [f"selection rule: {selection.rule}",
@@ -175,7 +177,7 @@ def select_and_register(rows: dict[str, dict[str, float]], variants: dict, setti
     voice = VoiceIdentity(settings.model.family, settings.model.voice, reference_model.sample_rate_hz)
     try:
         manifest_path = register_champion(selection, {n: v.artifacts for n, v in variants.items()}, parent_run_id,
-                                          settings.tracking, Path(settings.paths.output_dir), settings.selection,
+                                          settings.tracking, Path(settings.paths.output_dir), rule,
                                           voice)
     except NoDeployableVariant as reason:
         lines.append(f"not registered: {reason}")

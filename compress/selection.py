@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # matplotlib is heavy: it loads only when pareto_figure draws
 
 DIRECTIONS = ("minimize", "maximize")
 BOUND_SLACK = 1e-9  # bounds are inclusive; float rounding of `reference + offset` must not flip a boundary
+ERROR_RATES = {"word": "wer", "char": "cer"}  # the recognition error rate a voice is scored in, by unit
 SPREAD_SUFFIX = "_spread"  # rtf_cpu_b1_spread: max - min of rtf_cpu_b1 over interleaved rounds
 
 
@@ -164,6 +165,18 @@ class SelectionSettings:
     reference_self_scores: dict[str, float] = field(default_factory=lambda: {"mcd_db": 0.0, "spk_sim": 1.0})
     registry: RegistrySettings = field(default_factory=RegistrySettings)
     manifest_dir: str = "champion"  # under paths.output_dir, one folder per family (champion_dir)
+
+    def for_error_unit(self, unit: str) -> SelectionSettings:
+        """The rule a voice scored in ``unit`` ("word" or "char", evaluate.asr.error_unit) is held to:
+        constraints on the other unit's error rate are left out, since its runs never measure it (a
+        Mandarin voice has no WER, and would otherwise be ineligible on every variant), and those on
+        its own error rate bind whether or not they say ``when_measured``."""
+        if unit not in ERROR_RATES:
+            raise ValueError(f"error unit {unit!r}: use one of {sorted(ERROR_RATES)}")
+        measured = ERROR_RATES[unit]
+        kept = tuple(replace(c, when_measured=False) if c.metric == measured else c
+                     for c in self.constraints if c.metric == measured or c.metric not in ERROR_RATES.values())
+        return replace(self, constraints=kept)
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)

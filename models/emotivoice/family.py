@@ -28,6 +28,14 @@ from models.sampling import Sampling
 from models.voice_spec import RANDOM
 
 
+RANDOM_WEIGHTS_NOTE = ("full-size random weights (no model.checkpoint/model.style_encoder given): speed and memory "
+                       "are real; quality (DNSMOS, CER, MCD, spk_sim) means nothing")
+
+
+def _weights_note(voice: str) -> str | None:
+    return RANDOM_WEIGHTS_NOTE if EmotiVoiceFiles.parse(voice).is_random else None
+
+
 def _load_teacher(voice: str, cache_dir: Path) -> EmotiVoiceVoice:
     # Nothing is converted or cached: the released files load directly (cache_dir is unused).
     return load_voice(EmotiVoiceFiles.parse(voice))
@@ -49,4 +57,5 @@ FAMILY = Family(
     distil=DISTIL_HOOKS,
     voice_fields=("checkpoint", "style_encoder", "data_dir", "bert_dir"),
     speaker_names=lambda voice: tuple(voice.speakers),  # speaker2's names ("8051"), the server's voices
+    weights_note=_weights_note,
 )

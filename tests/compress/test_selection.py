@@ -343,3 +343,24 @@ def test_a_lead_within_the_spread_is_a_tie_that_the_smaller_variant_wins():
     for name in rows:  # measured once (no spreads): the faster one wins by any margin
         rows[name].pop("rtf_cpu_b1_spread")
     assert select_champion(rows, SelectionSettings(), "teacher").ranking[0] == "int8"
+
+
+def test_a_voice_is_held_to_the_error_rate_its_language_is_scored_in():
+    """A Mandarin run measures CER, never WER: the default rule found every variant ineligible
+    ("no wer"); fitted to the character unit it ranks them, and a CER regression still fails."""
+    rows = {name: {("cer" if key == "wer" else key): value for key, value in row.items()}
+            for name, row in rows_fixture().items()}
+    assert select_champion(rows, default_settings(), "teacher").champion is None  # every variant: "no wer"
+    by_character = default_settings().for_error_unit("char")
+    assert [c.metric for c in by_character.constraints if c.metric in ("wer", "cer")] == ["cer"]
+    selection = select_champion(rows, by_character, "teacher")
+    assert selection.champion == "int8_ort"  # as for the same rows scored in WER
+    rows["int8_ort"]["cer"] = 0.05
+    assert select_champion(rows, by_character, "teacher").eligibility["int8_ort"].reasons == (
+        "cer 0.05 fails cer <= teacher + 0.02 (= 0.03)",)
+    del rows["int8_ort"]["cer"]  # measured for its unit, the rate binds: a variant without it fails
+    assert select_champion(rows, by_character, "teacher").eligibility["int8_ort"].reasons == ("no cer",)
+    by_word = default_settings().for_error_unit("word")
+    assert [c.metric for c in by_word.constraints if c.metric in ("wer", "cer")] == ["wer"]
+    with pytest.raises(ValueError, match="error unit"):
+        default_settings().for_error_unit("phoneme")

@@ -22,6 +22,7 @@ from models.graph_contract import SYNTHESIZER
 from models.interface import SynthesisRequest, TTSModel, UnspeakableTextError, VoiceCondition
 from models.registry import FAMILIES
 from models.text.sanitize import UnsafeTextError
+from models.voice_spec import RANDOM
 from serve.app import create_app
 from serve.engines import served_as_is
 from serve.settings import serve_settings_from_config
@@ -38,6 +39,14 @@ def family(request):
 def model(family):
     torch.set_num_threads(1)
     return family.tiny_model(0)
+
+
+def test_a_default_voice_of_random_weights_says_its_quality_means_nothing(family):
+    """Results tables lead with the family's note when the voice is full-size random weights."""
+    if family.default_voice != RANDOM:
+        return  # a real voice ships with the family (Piper's joe, Kokoro's jf_alpha)
+    note = family.weights_note(family.default_voice) if family.weights_note else None
+    assert note and "random weights" in note, f"family {family.name!r}: no weights_note for its random default voice"
 
 
 def test_tiny_model_implements_the_interface(family, model):
