@@ -33,6 +33,12 @@ def _needs_reference_runtime(family: Family) -> str | None:
     return None
 
 
+def _needs_float_shipped_graph(family: Family) -> str | None:
+    if family.reference is not None and family.reference.ships_int8:
+        return "quantizes the graph the family ships, which is INT8 already (teacher_int8 quantizes our exported graph)"
+    return None
+
+
 def _needs_pruning(family: Family) -> str | None:
     return "needs pruning hooks (Family.prune is None)" if family.prune is None else None
 
@@ -62,7 +68,8 @@ class StageSpec:
 STAGES = {
     "fp16": StageSpec("teacher", "fp16", half_precision.HalfPrecisionSettings, half_precision.build, False),
     "bf16": StageSpec("teacher", "bf16", half_precision.HalfPrecisionSettings, half_precision.build, False),
-    "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build),
+    "int8_ort": StageSpec("original_onnx", "int8_ort", int8_onnxruntime.Int8OrtSettings, int8_onnxruntime.build,
+                          requires=_needs_float_shipped_graph),
     # The teacher's exported graph in the family's reference runtime, then that graph in INT8 (same
     # settings as int8_ort): a family whose shipped graph is already int8 quantizes its own graph.
     "teacher_ort": StageSpec("teacher", None, None, partial(onnxruntime_variant.build, variant_name="teacher_ort"),

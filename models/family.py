@@ -28,6 +28,9 @@ class ReferenceRuntime:
     load_graph: Callable[[str, int, Path], TTSModel]  # (voice, cpu_threads, graph_path) -> that graph
     graph_path: Callable[[str], Path]  # voice -> the original graph file
     prepare_graph: Callable[[Path], object]  # original graph -> onnx.ModelProto ready for graph stages
+    # The shipped graph is quantized already (Kokoro's int8 ONNX): int8_ort, which quantizes it, has
+    # nothing to do; the family's INT8 graph is teacher_int8, our exported graph quantized.
+    ships_int8: bool = False
 
 
 @dataclass(frozen=True)

@@ -147,4 +147,5 @@ REFERENCE = ReferenceRuntime(
                                                                          graph_path=graph_path),
     graph_path=lambda voice: int8_graph_path(),
     prepare_graph=prepare_graph,
+    ships_int8=True,
 )

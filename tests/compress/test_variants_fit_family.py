@@ -50,6 +50,10 @@ def test_an_experiment_left_with_no_stage_variant_is_an_error_naming_what_can_ru
     assert "int8_dynamic" in str(error.value)  # GPT-SoVITS's own INT8, declared in its stage defaults
     with pytest.raises(ConfigError, match=r"Family\.prune is None"):
         _settings(tmp_path, "model=kokoro_ja", "+experiment=prune")
+    # Kokoro ships an int8 graph: int8_ort had quantized it again and failed after the teacher's scoring.
+    with pytest.raises(ConfigError, match="which is INT8 already") as error:
+        _settings(tmp_path, "model=kokoro_ja", "+experiment=int8")
+    assert "teacher_int8" in str(error.value).split("can build")[1]
 
 
 def test_variants_typed_on_the_command_line_are_not_dropped(tmp_path):
