@@ -335,7 +335,8 @@ def _recognizer(settings: RunSettings, texts: list[str]):
     """The recognizer for the error rate, built once per run (evaluate.recognizer)."""
     if "wer" not in settings.evaluate.metrics:
         return None
-    recognizer = settings.evaluate.recognizer
-    language = settings.model.language
-    return build_recognizer(recognizer.kind, recognizer.whisper_model(language), language, settings.evaluate.cpu_threads,
-                            texts, Path(settings.paths.cache_dir))
+    recognizer, language = settings.evaluate.recognizer, settings.scored_language
+    model = recognizer.whisper_model(language) if recognizer.kind == "whisper" else None
+    print(f"recognizer: {recognizer.kind} {model or ''} transcribing {language!r}", flush=True)
+    return build_recognizer(recognizer.kind, model, language, settings.evaluate.cpu_threads, texts,
+                            Path(settings.paths.cache_dir))

@@ -28,6 +28,8 @@ from core.atomic_io import write_text_atomic
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from compress.run_config import settings_from_config
 from compress.selection import SelectionSettings, select_champion
+from compress.settings import scored_language
+from evaluate.asr import error_unit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_DIR_STAMP = "%Y-%m-%d_%H-%M-%S"  # Hydra's run directory name: the run's start, local time
@@ -117,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     reference = resolved["evaluate"]["reference_variant"]
     others = {}
     for name in args.also_selection:
-        chosen = select_champion(rows, selection_settings(name), reference).to_json()
+        unit = error_unit(scored_language(resolved["data"]["eval_set"], resolved["model"]["language"]))
+        chosen = select_champion(rows, selection_settings(name).for_error_unit(unit), reference).to_json()
         others[name] = {key: value for key, value in chosen.items() if key != "rows"}
     report = {
         "what": f"python -m compress run {args.run_dir.name}: every variant scored on one evaluation set",

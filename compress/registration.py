@@ -165,7 +165,7 @@ def select_and_register(rows: dict[str, dict[str, float]], variants: dict, setti
 
     A run with no eligible variant, or none with a graph, still finishes: the summary says why.
     """
-    rule = settings.selection.for_error_unit(error_unit(settings.model.language))
+    rule = settings.selection.for_error_unit(error_unit(settings.scored_language))
     selection = select_champion(rows, rule, settings.evaluate.reference_variant)
     log_selection(selection, parent_run_id, settings.tracking.tracking_uri, Path(settings.paths.run_dir))
     ineligible = "; ".join(f"{n}: {', '.join(e.reasons)}" for n, e in selection.eligibility.items() if not e.eligible)

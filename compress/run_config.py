@@ -55,7 +55,9 @@ def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
     if not isinstance(model, dict) or model.get("family") not in FAMILIES or not isinstance(variants, list):
         return resolved  # RunSettings names what is wrong
     family = FAMILIES[model["family"]]
-    reasons = {v: why for v in variants if isinstance(v, str) and (why := unbuildable_reason(v, family))}
+    if not all(isinstance(v, str) for v in variants):
+        return resolved  # RunSettings names the entry that is not a variant name
+    reasons = {v: why for v in variants if (why := unbuildable_reason(v, family))}
     if not reasons:
         return resolved
     described = "; ".join(f"{variant!r} {why}" for variant, why in reasons.items())
@@ -72,6 +74,8 @@ def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
         log.warning("family %s cannot build variant %s: it %s; dropped", family.name, variant, why)
     evaluate = dict(resolved.get("evaluate") or {})
     if evaluate.get("reference_variant") in reasons:
+        log.warning("evaluate.reference_variant=%s dropped: the variants are scored against the teacher",
+                    evaluate["reference_variant"])
         evaluate["reference_variant"] = "teacher"
     return {**resolved, "variants": kept, "evaluate": evaluate}
 

@@ -12,6 +12,7 @@ from core.config import ConfigError
 from evaluate.settings import EvaluateSettings
 from export.settings import EngineSettings, ExportSettings
 from models.registry import FAMILIES
+from texts import set_language
 
 BASE_VARIANTS = ("original_onnx", "teacher")
 STAGE_VARIANTS = ("fp16", "bf16", "int8_ort", "teacher_ort", "teacher_int8", "pruned", "int8_modelopt", "lite",
@@ -80,6 +81,12 @@ class PathSettings:
     cache_dir: str
 
 
+def scored_language(eval_set: str, voice_language: str) -> str:
+    """The language a run's audio is transcribed in: the evaluation set's own where it is a named set
+    (a Mandarin voice reading the English set speaks English), else the voice's (``model.language``)."""
+    return set_language(eval_set) or voice_language
+
+
 @dataclass(frozen=True)
 class RunSettings:
     model: ModelSettings
@@ -106,8 +113,8 @@ class RunSettings:
         if needs_reference and family.reference is None:
             raise ConfigError(f"variants {needs_reference} run graphs in the family's reference runtime, and family "
                               f"{family.name!r} has none (models/registry.py); drop them from variants")
-        if "wer" in self.evaluate.metrics and self.evaluate.recognizer.kind == "whisper":
-            self.evaluate.recognizer.whisper_model(self.model.language)  # an English-only model for another language fails here
+        if "wer" in self.evaluate.metrics:
+            self._check_recognizer()
         if self.export.graph_variant is not None and self.export.graph_variant not in family.graph_variants:
             raise ConfigError(f"export.graph_variant={self.export.graph_variant!r}: family {family.name!r} exports "
                               + (f"one of {list(family.graph_variants)}" if family.graph_variants
@@ -116,3 +123,16 @@ class RunSettings:
             raise ConfigError("variant 'lite_ort' runs the Lite student's exported graph: set export.enabled=true")
         if "teacher_ort" in self.variants and not self.export.enabled:
             raise ConfigError("variant 'teacher_ort' runs the teacher's exported graph: set export.enabled=true")
+
+    @property
+    def scored_language(self) -> str:
+        return scored_language(self.data.eval_set, self.model.language)
+
+    def _check_recognizer(self) -> None:
+        """The recognizer can transcribe the language the run is scored in (before any work)."""
+        recognizer, language = self.evaluate.recognizer, self.scored_language
+        if recognizer.kind == "whisper":
+            recognizer.whisper_model(language)  # an English-only model for another language fails here
+        elif language.split("-")[0].lower() != "en":
+            raise ConfigError(f"evaluate.recognizer.kind={recognizer.kind!r} recognizes English only; this run is "
+                              f"scored in {language!r} (data.eval_set={self.data.eval_set!r}): use whisper")

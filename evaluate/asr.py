@@ -131,7 +131,7 @@ def error_rate_metric(recognizer):
     return "wer", WordErrorRate(recognizer)
 
 
-def build_recognizer(kind: str, model: str, language: str, threads: int, texts: list[str],
+def build_recognizer(kind: str, model: str | None, language: str, threads: int, texts: list[str],
                      cache_dir: Path = DEFAULT_CACHE_DIR):
     """The recognizer ``evaluate.recognizer`` names: Whisper, or for comparison with earlier runs the
     pocketsphinx decoder whose language model is written from ``texts`` (the sentences scored)."""

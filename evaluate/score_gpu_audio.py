@@ -8,7 +8,7 @@ names as the pipeline (evaluate/runner.py):
     python -m evaluate.score_gpu_audio --npz results/audio_teacher.npz results/audio_fp16.npz \
         results/audio_bf16.npz --reference-variant teacher --out results/gpu_audio_quality.json
 
-Word error rate comes from Whisper tiny.en (``--recognizer``; evaluate/asr.py), as in the pipeline,
+Word error rate comes from Whisper tiny.en (base for other languages; ``--recognizer``; evaluate/asr.py), as in the pipeline,
 and MCD and speaker similarity compare each variant with the reference variant's audio of the
 same utterance and noise. ``wer_vs_teacher`` is a variant's WER minus the reference's.
 """
@@ -27,6 +27,7 @@ from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import build_recognizer, error_rate_metric
+from evaluate.settings import default_whisper_model
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 
@@ -41,7 +42,8 @@ def load_audio(path: str) -> tuple[str, int, list[str], list[torch.Tensor]]:
 
 
 def score(npz_paths: list[str], reference_variant: str, cpu_threads: int, recognizer_kind: str = "whisper",
-          whisper_model: str = "tiny.en", language: str = "en") -> dict:
+          whisper_model: str | None = None, language: str = "en") -> dict:
+    """``whisper_model`` None: tiny.en for English, base otherwise (as the pipeline chooses)."""
     loaded = {}
     for path in npz_paths:
         variant, sample_rate_hz, texts, waveforms = load_audio(path)
@@ -60,7 +62,8 @@ def score(npz_paths: list[str], reference_variant: str, cpu_threads: int, recogn
     utterances = min(len(audio["texts"]) for audio in loaded.values())
     texts = reference["texts"][:utterances]
     sample_rate_hz = reference["sample_rate_hz"]
-    recognizer = build_recognizer(recognizer_kind, whisper_model, language, cpu_threads, texts)
+    recognizer = build_recognizer(recognizer_kind, whisper_model or default_whisper_model(language), language,
+                                  cpu_threads, texts)
 
     results: dict[str, dict[str, float]] = {}
     for variant in [reference_variant] + sorted(set(loaded) - {reference_variant}):
@@ -98,7 +101,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="JSON with the metrics per variant")
     parser.add_argument("--cpu-threads", type=int, default=2, help="onnxruntime threads for DNSMOS")
     parser.add_argument("--recognizer", default="whisper", choices=("whisper", "pocketsphinx_domain"))
-    parser.add_argument("--whisper-model", default="tiny.en", choices=("tiny.en", "base"))
+    parser.add_argument("--whisper-model", default=None, choices=("tiny.en", "base"),
+                        help="default: tiny.en for an English --language, base otherwise")
     parser.add_argument("--language", default="en", help="what the voice speaks; zh and ja are scored by CER")
     add_allow_dirty_argument(parser)
     args = parser.parse_args()

@@ -34,6 +34,16 @@ NAMED_SETS = {
 }
 
 
+# What each named set is written in (BCP 47): a recognizer transcribes a voice reading it in this language.
+SET_LANGUAGES = {"eval": "en", "calibration": "en", "harvard": "en", "eval_ja": "ja", "calibration_ja": "ja",
+                 "eval_zh": "zh"}
+
+
+def set_language(name_or_path: str) -> str | None:
+    """The language a named set is written in; None for a file, whose language only its author knows."""
+    return SET_LANGUAGES.get(name_or_path)
+
+
 def load_sentences(name_or_path: str) -> list[str]:
     """A named set (eval, calibration, harvard, eval_ja, calibration_ja, eval_zh), or a .txt (one sentence a
     line) or .tsv (column ``text``)."""
