@@ -337,6 +337,6 @@ def _recognizer(settings: RunSettings, texts: list[str]):
         return None
     recognizer, language = settings.evaluate.recognizer, settings.scored_language
     model = recognizer.whisper_model(language) if recognizer.kind == "whisper" else None
-    print(f"recognizer: {recognizer.kind} {model or ''} transcribing {language!r}", flush=True)
+    print(f"recognizer: {recognizer.kind}{f' {model}' if model else ''}, transcribing {language!r}", flush=True)
     return build_recognizer(recognizer.kind, model, language, settings.evaluate.cpu_threads, texts,
                             Path(settings.paths.cache_dir))
