@@ -40,6 +40,7 @@ def finished_run(tmp_path):
     (run_dir / "selection.json").write_text(json.dumps({"champion": "fast", "rule": "the run's rule",
                                                         "eligibility": eligibility, "rows": ROWS}))
     resolved = {"tracking": {"tracking_uri": tracking_uri, "experiment_name": "tts-compress"},
+                "model": {"family": "piper", "voice": "en_US-joe-medium", "language": "en"},
                 "data": {"eval_set": "harvard", "max_eval_sentences": None},
                 "variants": list(ROWS), "evaluate": {"reference_variant": "teacher", "warm_runs": 3}}
     (run_dir / "resolved_config.yaml").write_text(yaml.safe_dump(resolved))
