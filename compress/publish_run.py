@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         run_origin["evaluation_origins"] = json.loads(origins_path.read_text(encoding="utf-8"))
     reference = resolved["evaluate"]["reference_variant"]
     others = {}
+    unit = error_unit(scored_language(resolved["data"]["eval_set"], resolved["model"]["language"]))
     for name in args.also_selection:
-        unit = error_unit(scored_language(resolved["data"]["eval_set"], resolved["model"]["language"]))
         chosen = select_champion(rows, selection_settings(name).for_error_unit(unit), reference).to_json()
         others[name] = {key: value for key, value in chosen.items() if key != "rows"}
     report = {

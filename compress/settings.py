@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from compress.selection import SelectionSettings
 from core.config import ConfigError
-from evaluate.settings import EvaluateSettings
+from evaluate.settings import EvaluateSettings, is_english
 from export.settings import EngineSettings, ExportSettings
 from models.registry import FAMILIES
 from texts import set_language
@@ -133,6 +133,6 @@ class RunSettings:
         recognizer, language = self.evaluate.recognizer, self.scored_language
         if recognizer.kind == "whisper":
             recognizer.whisper_model(language)  # an English-only model for another language fails here
-        elif language.split("-")[0].lower() != "en":
+        elif not is_english(language):
             raise ConfigError(f"evaluate.recognizer.kind={recognizer.kind!r} recognizes English only; this run is "
                               f"scored in {language!r} (data.eval_set={self.data.eval_set!r}): use whisper")

@@ -8,9 +8,9 @@ names as the pipeline (evaluate/runner.py):
     python -m evaluate.score_gpu_audio --npz results/audio_teacher.npz results/audio_fp16.npz \
         results/audio_bf16.npz --reference-variant teacher --out results/gpu_audio_quality.json
 
-Word error rate comes from Whisper tiny.en (base for other languages; ``--recognizer``; evaluate/asr.py), as in the pipeline,
-and MCD and speaker similarity compare each variant with the reference variant's audio of the
-same utterance and noise. ``wer_vs_teacher`` is a variant's WER minus the reference's.
+Word error rate comes from Whisper tiny.en, base for other languages (``--recognizer``;
+evaluate/asr.py), as in the pipeline, and MCD and speaker similarity compare each variant with the
+reference variant's audio of the same utterance and noise. ``wer_vs_teacher`` is a variant's WER minus the reference's.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from core.atomic_io import write_text_atomic
 from core.paths import REPO_ROOT
 from core.publishing import add_allow_dirty_argument, publication_or_exit
 from evaluate.asr import build_recognizer, error_rate_metric
-from evaluate.settings import default_whisper_model
+from evaluate.settings import RecognizerSettings
 from evaluate.mcd import MelCepstralDistortion
 from evaluate.speaker import SpeakerSimilarity
 
@@ -43,7 +43,7 @@ def load_audio(path: str) -> tuple[str, int, list[str], list[torch.Tensor]]:
 
 def score(npz_paths: list[str], reference_variant: str, cpu_threads: int, recognizer_kind: str = "whisper",
           whisper_model: str | None = None, language: str = "en") -> dict:
-    """``whisper_model`` None: tiny.en for English, base otherwise (as the pipeline chooses)."""
+    """``whisper_model`` None: chosen by ``language`` as the pipeline chooses (RecognizerSettings)."""
     loaded = {}
     for path in npz_paths:
         variant, sample_rate_hz, texts, waveforms = load_audio(path)
@@ -62,8 +62,9 @@ def score(npz_paths: list[str], reference_variant: str, cpu_threads: int, recogn
     utterances = min(len(audio["texts"]) for audio in loaded.values())
     texts = reference["texts"][:utterances]
     sample_rate_hz = reference["sample_rate_hz"]
-    recognizer = build_recognizer(recognizer_kind, whisper_model or default_whisper_model(language), language,
-                                  cpu_threads, texts)
+    settings = RecognizerSettings(recognizer_kind, whisper_model)  # tiny.en for another language fails here
+    model = settings.whisper_model(language) if recognizer_kind == "whisper" else None
+    recognizer = build_recognizer(recognizer_kind, model, language, cpu_threads, texts)
 
     results: dict[str, dict[str, float]] = {}
     for variant in [reference_variant] + sorted(set(loaded) - {reference_variant}):

@@ -35,19 +35,19 @@ class RecognizerSettings:
         when the chosen one cannot (an English-only model for another language)."""
         if self.model is None:
             return default_whisper_model(language)
-        if self.model.endswith(".en") and not _is_english(language):
+        if self.model.endswith(".en") and not is_english(language):
             raise ConfigError(f"evaluate.recognizer.model={self.model!r} is English only and the voice speaks "
                               f"{language!r}: use base, or null to choose by language")
         return self.model
 
 
-def _is_english(language: str) -> bool:
+def is_english(language: str) -> bool:
     return language.split("-")[0].lower() == "en"
 
 
 def default_whisper_model(language: str) -> str:
     """tiny.en for English (0.35 s a sentence on 2 threads), else multilingual base."""
-    return "tiny.en" if _is_english(language) else "base"
+    return "tiny.en" if is_english(language) else "base"
 
 
 @dataclass(frozen=True)
