@@ -53,8 +53,10 @@ class DistilSettings:
 
     def __post_init__(self):
         if self.checkpoint is None and self.train_steps < 1:
-            raise ConfigError("stages.distil: checkpoint is null, so train_steps must be >= 1 "
-                              f"(got {self.train_steps}); or give the committed checkpoint")
+            raise ConfigError("stages.distil: no student to load (checkpoint is null) and none to train "
+                              f"(train_steps is {self.train_steps}): set stages.distil.train_steps=N to train "
+                              "one here, stages.distil.checkpoint=PATH to load one, or train it on a GPU "
+                              "machine from `python -m compress.distil prepare --family FAMILY`")
         if self.checkpoint is not None and not (REPO_ROOT / self.checkpoint).is_file():
             raise ConfigError(f"stages.distil.checkpoint={self.checkpoint!r}: no such file under {REPO_ROOT}")
         if self.lr <= 0 or self.batch_size < 1 or self.segment_frames < 1 or self.latent_weight < 0:

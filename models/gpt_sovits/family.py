@@ -39,7 +39,8 @@ def _load_teacher(voice: str, cache_dir: Path) -> GptSovitsVoice:
 
 
 RANDOM_WEIGHTS_NOTE = ("full-size random weights (no model.gpt/model.sovits given): speed and memory are real; "
-                       "quality (DNSMOS, MCD, spk_sim, token agreement) means nothing")
+                       "quality (DNSMOS, MCD, spk_sim, token agreement) means nothing; as they never choose EOS, "
+                       "each sentence stops after 2.5 semantic tokens a phone (a speaker's length)")
 
 
 def _weights_note(voice: str) -> str | None:

@@ -98,8 +98,9 @@ def measure_variant(voice, utterances: list[Utterance], sampling: GptSovitsSampl
     tokens, seconds, longest = [], 0.0, 0
     for utterance in utterances:
         text_ids, bert = voice.decode_input(utterance.phoneme_ids, prompt)
+        sentence = voice.sentence_sampling(greedy, len(utterance.phoneme_ids))
         start = time.perf_counter()
-        decoded = decode(voice.t2s, text_ids, bert, prompt.tokens, greedy)
+        decoded = decode(voice.t2s, text_ids, bert, prompt.tokens, sentence)
         seconds += time.perf_counter() - start
         tokens.append(decoded.tokens)
         longest = max(longest, text_ids.numel() + prompt.tokens.numel() + decoded.tokens.numel())

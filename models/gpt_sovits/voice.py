@@ -59,6 +59,9 @@ PROMPT_TAIL_SILENCE_S = 0.3  # appended to the clip before HuBERT, as the web UI
 PROMPT_CACHE_ENTRIES = 64
 BERT_DIM = 1024
 PHRASE_CACHE_ENTRIES = 4096
+# A sentence under a voice's ``tokens_per_phone`` still decodes 1 s (25 tokens): a word or two
+# spoken alone takes about that long.
+MIN_CAPPED_TOKENS = 25
 
 
 def _resample(waveform: np.ndarray, from_hz: int, to_hz: int) -> np.ndarray:
@@ -84,15 +87,19 @@ class GptSovitsVoice(nn.Module):
     sampling_type = GptSovitsSampling
 
     def __init__(self, t2s: Text2SemanticModel, sovits: SovitsSynthesizer, hubert: nn.Module, bert: nn.Module,
-                 tokenize, default_reference: ReferenceClip, max_tokens: int, language: str = "auto"):
+                 tokenize, default_reference: ReferenceClip, max_tokens: int, language: str = "auto",
+                 tokens_per_phone: float | None = None):
         """``tokenize``: text -> (1, tokens) BERT input ids with [CLS] first and [SEP] last.
         ``max_tokens``: the checkpoint's early stop (50 per second of ``max_sec``), a cap on a
-        request's own ``max_tokens``."""
+        request's own ``max_tokens``. ``tokens_per_phone``: for weights that never learnt to stop
+        (random ones), a sentence's further cap per phone it has (``token_cap``); None for trained
+        weights, which stop at their EOS as the official code lets them."""
         super().__init__()
         self.t2s, self.sovits, self.hubert, self.bert = t2s.eval(), sovits.eval(), hubert.eval(), bert.eval()
         self.tokenize = tokenize
         self.default_reference = default_reference
         self.max_tokens = max_tokens
+        self.tokens_per_phone = tokens_per_phone
         self.language = language
         self.sample_rate_hz = sovits.config.sample_rate_hz
         self.hop_length = sovits.samples_per_code  # output samples per semantic token
@@ -171,6 +178,18 @@ class GptSovitsVoice(nn.Module):
             sampling = dataclasses.replace(sampling, max_tokens=self.max_tokens)
         return sampling
 
+    def token_cap(self, phone_count: int) -> int:
+        """The most semantic tokens a sentence of ``phone_count`` phones decodes: the checkpoint's
+        early stop, and for weights that never stop, about what a speaker would say for it."""
+        if self.tokens_per_phone is None:
+            return self.max_tokens
+        return min(self.max_tokens, max(MIN_CAPPED_TOKENS, math.ceil(self.tokens_per_phone * phone_count)))
+
+    def sentence_sampling(self, sampling: GptSovitsSampling, phone_count: int) -> GptSovitsSampling:
+        """``sampling`` with its max_tokens held to ``token_cap`` of one sentence."""
+        cap = self.token_cap(phone_count)
+        return sampling if sampling.max_tokens <= cap else dataclasses.replace(sampling, max_tokens=cap)
+
     def decode_input(self, phoneme_ids: tuple[int, ...], prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
         """(phone ids (T,), BERT features (1024, T)) the transformer reads: transcript then target."""
         target = torch.tensor(phoneme_ids, dtype=torch.long)
@@ -236,10 +255,11 @@ class GptSovitsVoice(nn.Module):
             for row in range(request.phoneme_ids.shape[0]):
                 ids = tuple(int(i) for i in request.phoneme_ids[row, : int(request.phoneme_lengths[row])])
                 text_ids, bert = self.decode_input(ids, prompt)
-                decoded = decode(self.t2s, text_ids, bert, prompt.tokens, sampling)
+                row_sampling = self.sentence_sampling(sampling, len(ids))
+                decoded = decode(self.t2s, text_ids, bert, prompt.tokens, row_sampling)
                 tokens = decoded.semantic_for_sovits
                 token_rows.append(tokens)
-                waveforms.append(self.tokens_to_audio(tokens, ids, prompt, sampling))
+                waveforms.append(self.tokens_to_audio(tokens, ids, prompt, row_sampling))
         return pad_results(waveforms, token_rows, self.sample_rate_hz)
 
     def step_decoder(self, max_rows: int, chunking: ChunkSettings = DEFAULT_CHUNKING):

@@ -44,6 +44,12 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 T2S_MANIFEST = DATA_DIR / "manifest_official_t2s.json"
 SOVITS_MANIFEST = DATA_DIR / "manifest_official_sovits.json"
 RANDOM_MAX_SEC = 54  # the official v2 training config's max_sec: early stop after 2700 tokens
+# Random weights almost never sample EOS, so every sentence would decode the whole 2700 tokens (54 s;
+# 146 sentences at this CPU's 39.5 tokens/s: 2.8 hours for one variant). They stop instead after the
+# tokens a speaker needs for the sentence: at about 10 phones a second (Mandarin's 4-5 syllables a
+# second are two phones each; English runs 10-14) and 25 tokens a second, 2.5 tokens a phone, so
+# timings and memory describe sentences of real length.
+RANDOM_TOKENS_PER_PHONE = 2.5
 SYNTHETIC_REFERENCE_TEXT = "Hello, this is the voice I would like you to speak in."
 
 
@@ -105,7 +111,8 @@ def load_voice(files: GptSovitsFiles, language: str = "auto") -> GptSovitsVoice:
         bert = random_bert()
         return GptSovitsVoice(t2s, sovits, random_hubert(), bert, _char_tokenizer(bert.config.vocab_size),
                               synthetic_reference(sovits.config.sample_rate_hz),
-                              max_tokens_for_early_stop(50 * RANDOM_MAX_SEC), language)
+                              max_tokens_for_early_stop(50 * RANDOM_MAX_SEC), language,
+                              tokens_per_phone=RANDOM_TOKENS_PER_PHONE)
     t2s = load_t2s_checkpoint(files.gpt)
     sovits = load_sovits_checkpoint(files.sovits).model
     bert, tokenizer = load_bert(files.bert)

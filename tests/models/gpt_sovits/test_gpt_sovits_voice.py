@@ -3,11 +3,14 @@ once per clip, bad clips are refused, the server's token-step decoder gives the 
 tokens and audio, and the voice string names the user's files or random weights."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from models.gpt_sovits.capabilities import GptSovitsSampling
 from models.gpt_sovits.tiny import tiny_voice
+from models.gpt_sovits.voice import MIN_CAPPED_TOKENS
 from models.gpt_sovits.voice_files import GptSovitsFiles, synthetic_reference
 from models.interface import ReferenceClip, SynthesisRequest, VoiceCondition
 
@@ -52,6 +55,30 @@ def test_the_token_step_decoder_gives_the_eager_tokens_and_audio(voice):
                                                                   voice=VoiceCondition(reference=clip)))
         assert torch.equal(finished[key].tokens, eager.tokens)
         torch.testing.assert_close(finished[key].audio, eager.audio, atol=1e-5, rtol=0)
+
+
+def test_weights_that_never_stop_decode_a_speakers_length_of_tokens(voice):
+    """Random weights seldom choose EOS: their sentences stop after ``tokens_per_phone`` tokens a
+    phone, in the eager path and the server's step decoder alike, as an explicit max_tokens would."""
+    never_stopping = copy.deepcopy(voice)
+    never_stopping.tokens_per_phone = 1.0
+    utterance = voice.text_to_utterances("Where did Kenji leave his lantern?")[0]
+    phones = len(utterance.phoneme_ids)
+    cap = never_stopping.token_cap(phones)
+    assert cap == max(MIN_CAPPED_TOKENS, phones) and voice.token_cap(phones) == voice.max_tokens
+    long = GptSovitsSampling.deterministic(max_tokens=300)
+    uncapped = voice.synthesize(SynthesisRequest.from_utterances([utterance], sampling=long))
+    assert uncapped.tokens.shape[1] > cap  # the cap binds: these weights speak past it
+    capped = never_stopping.synthesize(SynthesisRequest.from_utterances([utterance], sampling=long))
+    explicit = voice.synthesize(SynthesisRequest.from_utterances(
+        [utterance], sampling=GptSovitsSampling.deterministic(max_tokens=cap)))
+    assert torch.equal(capped.tokens, explicit.tokens)
+    decoder = never_stopping.step_decoder(max_rows=1)
+    decoder.join("row", SynthesisRequest.from_utterances([utterance], sampling=long))
+    finished = {}
+    while decoder.active:
+        finished.update(decoder.step())
+    assert torch.equal(finished["row"].tokens, explicit.tokens)
 
 
 def test_the_voice_string_names_every_file_or_none():

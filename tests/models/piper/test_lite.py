@@ -130,7 +130,7 @@ def test_eval_audio_pairs_teacher_and_student(teacher, tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["stages.distil.checkpoint=null"], "train_steps must be >= 1"),
+    (["stages.distil.checkpoint=null"], "none to train \\(train_steps is 0\\)"),
     (["stages.distil.checkpoint=models/checkpoints/missing.safetensors"], "no such file"),
     (["+stages.distil.student.decoder_channels=8"], "unknown keys"),
     (["stages.distil.lr=0"], "lr > 0"),
