@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from compress.pipeline import run
 from compress.run_config import fit_variants_to_family, settings_from_config
+from core.termination import exit_on_termination
 
 
 def resolve(cfg: DictConfig) -> dict:
@@ -32,6 +33,7 @@ def main(cfg: DictConfig) -> None:
     # Fitted before saving, so the run's saved config lists the variants that ran.
     resolved = fit_variants_to_family(resolve(cfg), strict=typed)
     settings = settings_from_config(resolved)  # fails here, before any work, on a bad config
+    exit_on_termination()
     run(settings, resolved)
 
 
