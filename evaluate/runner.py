@@ -93,7 +93,10 @@ def _quality_metrics(
         similarity = SpeakerSimilarity()
         for wave, ref in zip(waveforms, reference.waveforms):
             similarity.update(wave, ref, sample_rate_hz)
-        metrics["spk_sim"] = float(similarity.compute())
+        if similarity.scored_pairs:  # none when the reference never speaks (random weights): no spk_sim
+            metrics["spk_sim"] = float(similarity.compute())
+        metrics["spk_sim_silenced_utterances"] = similarity.silenced_pairs
+        metrics["spk_sim_unscored_utterances"] = similarity.unscored_pairs
     for name in ("wer", "cer"):
         if reference is not None and name in metrics and name in reference.metrics:
             metrics[f"{name}_vs_teacher"] = metrics[name] - reference.metrics[name]

@@ -38,10 +38,16 @@ def _voice_encoder() -> resemblyzer.VoiceEncoder:
     return resemblyzer.VoiceEncoder(device="cpu", verbose=False)
 
 
+def speech_at_16k(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int, name: str = "waveform") -> np.ndarray:
+    """What resemblyzer keeps of one utterance (T,): at 16 kHz, normalised, silences trimmed; (T_16k,),
+    empty when its voice-activity detector finds no speech."""
+    audio = mono_float32(waveform, name, sample_rate_hz)
+    return resemblyzer.preprocess_wav(audio, source_sr=sample_rate_hz)  # (T_16k,)
+
+
 def speaker_embedding(waveform: torch.Tensor | np.ndarray, sample_rate_hz: int, name: str = "waveform") -> np.ndarray:
     """resemblyzer d-vector of one utterance (T,): unit-length float32, (256,)."""
-    audio = mono_float32(waveform, name, sample_rate_hz)
-    speech_16k = resemblyzer.preprocess_wav(audio, source_sr=sample_rate_hz)  # (T_16k,)
+    speech_16k = speech_at_16k(waveform, sample_rate_hz, name)
     if speech_16k.size == 0:
         raise ValueError(f"{name} holds no speech after resemblyzer's silence trimming: give a clip with a voice")
     return _voice_encoder().embed_utterance(speech_16k)
@@ -57,7 +63,12 @@ def speaker_similarity(
 
 
 class SpeakerSimilarity(Metric):
-    """Mean speaker cosine over the utterance pairs given to ``update``; 1.0 is the teacher's voice."""
+    """Mean speaker cosine over the utterance pairs given to ``update``; 1.0 is the teacher's voice.
+
+    A pair whose reference holds no speech (random weights' noise, say) says nothing of the test's
+    voice: it is left out and counted in ``unscored_pairs``. A test left without speech where the
+    reference spoke has kept none of the voice: it scores 0 and is counted in ``silenced_pairs``.
+    Neither stops a long run at its last metric."""
 
     higher_is_better = True
     full_state_update = False
@@ -65,14 +76,39 @@ class SpeakerSimilarity(Metric):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.add_state("similarities", default=[], dist_reduce_fx="cat")
+        self.add_state("unscored", default=torch.tensor(0), dist_reduce_fx="sum")
+        self.add_state("silenced", default=torch.tensor(0), dist_reduce_fx="sum")
 
     def update(
         self, test: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray, sample_rate_hz: int
     ) -> None:
-        similarity = speaker_similarity(test, reference, sample_rate_hz)
+        reference_speech = speech_at_16k(reference, sample_rate_hz, "reference")  # (T_ref_16k,)
+        test_speech = speech_at_16k(test, sample_rate_hz, "test")  # (T_test_16k,)
+        if reference_speech.size == 0:
+            self.unscored += 1
+            return
+        if test_speech.size == 0:
+            self.silenced += 1
+            similarity = 0.0
+        else:
+            encoder = _voice_encoder()
+            similarity = float(np.dot(encoder.embed_utterance(test_speech), encoder.embed_utterance(reference_speech)))
         self.similarities.append(torch.tensor([similarity], dtype=torch.float64))
+
+    @property
+    def scored_pairs(self) -> int:
+        return len(self.similarities)
+
+    @property
+    def unscored_pairs(self) -> int:
+        return int(self.unscored)
+
+    @property
+    def silenced_pairs(self) -> int:
+        return int(self.silenced)
 
     def compute(self) -> torch.Tensor:
         if not self.similarities:
-            raise RuntimeError("SpeakerSimilarity.compute() called before any update(): add one pair first")
+            raise RuntimeError(f"SpeakerSimilarity.compute(): no pair to score ({self.unscored_pairs} with a "
+                               "reference that holds no speech); add a pair with a voiced reference first")
         return dim_zero_cat(self.similarities).mean()
