@@ -45,7 +45,7 @@ T2S_MANIFEST = DATA_DIR / "manifest_official_t2s.json"
 SOVITS_MANIFEST = DATA_DIR / "manifest_official_sovits.json"
 RANDOM_MAX_SEC = 54  # the official v2 training config's max_sec: early stop after 2700 tokens
 # Random weights almost never sample EOS, so every sentence would decode the whole 2700 tokens (54 s;
-# 146 sentences at this CPU's 39.5 tokens/s: 2.8 hours for one variant). They stop instead after the
+# 146 sentences at this CPU's 20-25 tokens/s: about 5 hours for one variant). They stop instead after the
 # tokens a speaker needs for the sentence: at about 10 phones a second (Mandarin's 4-5 syllables a
 # second are two phones each; English runs 10-14) and 25 tokens a second, 2.5 tokens a phone, so
 # timings and memory describe sentences of real length.
