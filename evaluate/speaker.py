@@ -59,7 +59,11 @@ def speaker_similarity(
     """Cosine of the d-vectors of ``test`` (T_test,) and ``reference`` (T_ref,), both at ``sample_rate_hz``."""
     test_embedding = speaker_embedding(test, sample_rate_hz, name="test")  # (256,)
     reference_embedding = speaker_embedding(reference, sample_rate_hz, name="reference")  # (256,)
-    return float(np.dot(test_embedding, reference_embedding))  # both unit length: the dot is the cosine
+    return _cosine(test_embedding, reference_embedding)
+
+
+def _cosine(first: np.ndarray, second: np.ndarray) -> float:
+    return float(np.dot(first, second))  # d-vectors are unit length: the dot is the cosine
 
 
 class SpeakerSimilarity(Metric):
@@ -92,7 +96,7 @@ class SpeakerSimilarity(Metric):
             similarity = 0.0
         else:
             encoder = _voice_encoder()
-            similarity = float(np.dot(encoder.embed_utterance(test_speech), encoder.embed_utterance(reference_speech)))
+            similarity = _cosine(encoder.embed_utterance(test_speech), encoder.embed_utterance(reference_speech))
         self.similarities.append(torch.tensor([similarity], dtype=torch.float64))
 
     @property

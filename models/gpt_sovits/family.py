@@ -29,7 +29,7 @@ from models.gpt_sovits.measures import measure_variant
 from models.gpt_sovits.onnx_contract import graph_contracts
 from models.gpt_sovits.tiny import tiny_voice
 from models.gpt_sovits.voice import GptSovitsVoice
-from models.gpt_sovits.voice_files import GptSovitsFiles, load_voice
+from models.gpt_sovits.voice_files import RANDOM_TOKENS_PER_PHONE, GptSovitsFiles, load_voice
 from models.voice_spec import RANDOM
 
 
@@ -40,7 +40,8 @@ def _load_teacher(voice: str, cache_dir: Path) -> GptSovitsVoice:
 
 RANDOM_WEIGHTS_NOTE = ("full-size random weights (no model.gpt/model.sovits given): speed and memory are real; "
                        "quality (DNSMOS, MCD, spk_sim, token agreement) means nothing; as they never choose EOS, "
-                       "each sentence stops after 2.5 semantic tokens a phone (a speaker's length)")
+                       f"each sentence stops after {RANDOM_TOKENS_PER_PHONE:g} semantic tokens a phone "
+                       "(a speaker's length)")
 
 
 def _weights_note(voice: str) -> str | None:

@@ -32,10 +32,10 @@ FIRST_CHUNK_TOKENS = 25  # 1 s of audio at 25 tokens per second: a first chunk w
 MIB = 1024 * 1024
 
 
-def greedy_sampling(voice, sampling: GptSovitsSampling) -> GptSovitsSampling:
-    """The run's sampling made deterministic (top-k 1, no prior noise), capped by the checkpoint's stop."""
-    return dataclasses.replace(GptSovitsSampling.of(sampling), top_k=1, noise_scale=0.0,
-                               max_tokens=min(sampling.max_tokens, voice.max_tokens))
+def greedy_sampling(sampling: GptSovitsSampling) -> GptSovitsSampling:
+    """The run's sampling made deterministic (top-k 1, no prior noise); each sentence's decode holds
+    it to the voice's ``token_cap``."""
+    return dataclasses.replace(GptSovitsSampling.of(sampling), top_k=1, noise_scale=0.0)
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
@@ -82,7 +82,7 @@ def measure_variant(voice, utterances: list[Utterance], sampling: GptSovitsSampl
     figures say nothing of how it ships."""
     if not utterances:
         raise ValueError("measure_variant needs at least one utterance")
-    greedy = greedy_sampling(voice, sampling)
+    greedy = greedy_sampling(sampling)
     prompt = voice.prompt_of(voice.default_reference)  # cached: every variant decodes after the same prompt
 
     metrics = {}

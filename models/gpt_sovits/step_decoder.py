@@ -110,7 +110,7 @@ class GptSovitsStepDecoder:
         reference = request.voice.reference if request.voice and request.voice.reference else voice.default_reference
         prompt = voice.prompt_of(reference)
         ids = tuple(int(i) for i in request.phoneme_ids[0, : int(request.phoneme_lengths[0])])
-        sampling = voice.sentence_sampling(voice.sampling_of(request), len(ids))
+        sampling = voice.sentence_sampling(request.sampling, len(ids))
         text_ids, bert = voice.decode_input(ids, prompt)
         request_id = self.engine.submit(T2SRequest(
             phoneme_ids=text_ids, bert_features=bert, prompt_tokens=prompt.tokens, top_k=sampling.top_k,

@@ -53,6 +53,7 @@ from models.interface import (
     UnspeakableTextError,
     Utterance,
 )
+from models.sampling import Sampling
 
 REFERENCE_SECONDS = (3.0, 10.0)  # the official web UI refuses clips outside this range
 PROMPT_TAIL_SILENCE_S = 0.3  # appended to the clip before HuBERT, as the web UI does
@@ -171,13 +172,6 @@ class GptSovitsVoice(nn.Module):
         return prompt
 
     # ----- synthesis
-    def sampling_of(self, request: SynthesisRequest) -> GptSovitsSampling:
-        """The request's sampling as this family's kind, its max_tokens capped by the checkpoint's early stop."""
-        sampling = GptSovitsSampling.of(request.sampling)
-        if sampling.max_tokens > self.max_tokens:
-            sampling = dataclasses.replace(sampling, max_tokens=self.max_tokens)
-        return sampling
-
     def token_cap(self, phone_count: int) -> int:
         """The most semantic tokens a sentence of ``phone_count`` phones decodes: the checkpoint's
         early stop, and for weights that never stop, about what a speaker would say for it."""
@@ -185,9 +179,9 @@ class GptSovitsVoice(nn.Module):
             return self.max_tokens
         return min(self.max_tokens, max(MIN_CAPPED_TOKENS, math.ceil(self.tokens_per_phone * phone_count)))
 
-    def sentence_sampling(self, sampling: GptSovitsSampling, phone_count: int) -> GptSovitsSampling:
-        """``sampling`` with its max_tokens held to ``token_cap`` of one sentence."""
-        cap = self.token_cap(phone_count)
+    def sentence_sampling(self, sampling: Sampling, phone_count: int) -> GptSovitsSampling:
+        """``sampling`` (a request's) as this family's kind, its max_tokens held to ``token_cap`` of one sentence."""
+        sampling, cap = GptSovitsSampling.of(sampling), self.token_cap(phone_count)
         return sampling if sampling.max_tokens <= cap else dataclasses.replace(sampling, max_tokens=cap)
 
     def decode_input(self, phoneme_ids: tuple[int, ...], prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,7 +243,7 @@ class GptSovitsVoice(nn.Module):
         self.capabilities.check(request.voice, self.family)
         reference = request.voice.reference if request.voice and request.voice.reference else self.default_reference
         prompt = self.prompt_of(reference)
-        sampling = self.sampling_of(request)
+        sampling = GptSovitsSampling.of(request.sampling)
         waveforms, token_rows = [], []
         with torch.inference_mode():
             for row in range(request.phoneme_ids.shape[0]):
