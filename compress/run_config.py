@@ -44,7 +44,8 @@ def _without_voice_fields(model):
 def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
     """``resolved`` with the variants its family cannot build (``compress.stages.unbuildable_reason``)
     taken out, each named in the log: an experiment's variant list is written for every family
-    (``int8`` lists ``int8_ort``, which quantizes the graph a family ships). The pipeline saves
+    (``int8`` lists ``int8_ort``, which quantizes the graph a family ships, and ``int8_dynamic``,
+    whose parts only the stage defaults of the families it pays for name). The pipeline saves
     the fitted config, so the saved config lists the variants that ran.
 
     ``strict``: the variants were typed on the command line, so one the family cannot build is an
@@ -57,7 +58,9 @@ def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
     family = FAMILIES[model["family"]]
     if not all(isinstance(v, str) for v in variants):
         return resolved  # RunSettings names the entry that is not a variant name
-    reasons = {v: why for v in variants if (why := unbuildable_reason(v, family))}
+    settled = resolved.get("stages") if isinstance(resolved.get("stages"), dict) else {}
+    # Typed variants keep stage_settings' own error for missing settings, which names the key.
+    reasons = {v: why for v in variants if (why := unbuildable_reason(v, family, None if strict else settled))}
     if not reasons:
         return resolved
     described = "; ".join(f"{variant!r} {why}" for variant, why in reasons.items())
@@ -65,9 +68,7 @@ def fit_variants_to_family(resolved: dict, strict: bool = False) -> dict:
         raise ConfigError(f"variants: family {family.name!r} cannot build them all: {described}")
     kept = [v for v in variants if v not in reasons]
     if any(v in reasons for v in variants if v in STAGES) and not any(v in STAGES for v in kept):
-        settled = resolved.get("stages") or {}
-        buildable = [name for name, spec in STAGES.items() if unbuildable_reason(name, family) is None
-                     and (spec.settings_key is None or spec.settings_key in settled)]
+        buildable = [name for name in STAGES if unbuildable_reason(name, family, settled) is None]
         raise ConfigError(f"variants: family {family.name!r} builds none of this run's stage variants ({described}); "
                           f"the stage variants it can build with this run's stages settings: {buildable}")
     for variant, why in reasons.items():

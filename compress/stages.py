@@ -6,7 +6,7 @@ and are checked at start, before any work.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 
@@ -106,18 +106,26 @@ STAGES = {
 }
 
 
-def unbuildable_reason(variant: str, family: Family) -> str | None:
-    """Why ``family`` cannot build ``variant`` whatever the settings, following the stage's source
-    (``int8_ort`` starts from the family's shipped graph); None when it can."""
+def unbuildable_reason(variant: str, family: Family, settled: Collection[str] | None = None) -> str | None:
+    """Why ``family`` cannot build ``variant``, following the stage's source (``int8_ort`` starts
+    from the family's shipped graph); None when it can.
+
+    ``settled``: the ``stages.<key>`` present in the run's config. Given, a stage with no settings
+    there is unbuildable too: a stage whose settings are all the family's own (``int8_dynamic``'s
+    parts) has them only in the stage defaults of the families it pays for.
+    """
     if variant == "original_onnx":
         return _needs_reference_runtime(family)
     spec = STAGES.get(variant)
     if spec is None:
         return None
     own = spec.requires(family)
+    if own is None and settled is not None and spec.settings_key is not None and spec.settings_key not in settled:
+        own = (f"needs settings under stages.{spec.settings_key}, which the family's stage defaults "
+               f"(conf/stages/family/) do not give")
     if own is not None:
         return own
-    behind = unbuildable_reason(spec.source, family)
+    behind = unbuildable_reason(spec.source, family, settled)
     return None if behind is None else f"is built from {spec.source!r}, which {behind}"
 
 

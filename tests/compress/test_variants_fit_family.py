@@ -26,15 +26,40 @@ def test_int8_experiment_runs_the_int8_a_family_without_a_shipped_graph_has(tmp_
     before the fit, `python -m compress +experiment=int8 model=emotivoice` stopped at start."""
     with caplog.at_level(logging.WARNING, logger="compress.run_config"):
         settings = _settings(tmp_path, "model=emotivoice", "+experiment=int8")
-    assert settings.variants == ("teacher", "int8_modelopt")
+    assert settings.variants == ("teacher", "int8_modelopt", "int8_dynamic")
+    assert settings.stages["int8_dynamic"].parts == ("style_encoder",)  # from its family's stage defaults
     assert settings.evaluate.reference_variant == "teacher"
     assert "int8_ort" in caplog.text and "built from 'original_onnx'" in caplog.text
 
 
-def test_piper_keeps_every_variant_of_the_full_experiment(tmp_path):
+def test_int8_experiment_runs_gpt_sovits_dynamic_int8(tmp_path, caplog):
+    """GPT-SoVITS has neither a shipped graph nor parts ModelOpt may quantize: its INT8 is dynamic
+    INT8 of the transformer's Linear layers. Before, `+experiment=int8 model=gpt_sovits_v2` stopped at start."""
+    with caplog.at_level(logging.WARNING, logger="compress.run_config"):
+        settings = _settings(tmp_path, "model=gpt_sovits_v2", "+experiment=int8")
+    assert settings.variants == ("teacher", "int8_dynamic")
+    assert settings.stages["int8_dynamic"].parts == ("t2s",)
+    assert "int8_modelopt" in caplog.text
+
+
+def test_a_stage_with_no_settings_for_the_family_is_dropped_unless_typed(tmp_path, caplog):
+    """Piper's stage defaults name no parts for dynamic INT8 (its text encoder's projections are
+    convolutions), so the experiments that list int8_dynamic run without it; typed, it is an error."""
+    with caplog.at_level(logging.WARNING, logger="compress.run_config"):
+        settings = _settings(tmp_path, "+experiment=int8")
+    assert settings.variants == ("original_onnx", "teacher", "int8_ort", "int8_modelopt")
+    assert "needs settings under stages.int8_dynamic" in caplog.text
+    with pytest.raises(ConfigError, match="needs settings under stages.int8_dynamic"):
+        _settings(tmp_path, "variants=[teacher,int8_dynamic]")
+    given = _settings(tmp_path, "+experiment=int8", "+stages.int8_dynamic.parts=[encoder]")
+    assert given.variants[-1] == "int8_dynamic" and given.stages["int8_dynamic"].parts == ("encoder",)
+
+
+def test_piper_keeps_every_variant_of_the_full_experiment_its_stage_defaults_configure(tmp_path):
     resolved = compose_config(tmp_path, ["+experiment=full"])
-    assert fit_variants_to_family(resolved) is resolved
-    assert _settings(tmp_path, "+experiment=full").variants == tuple(resolved["variants"])
+    expected = tuple(v for v in resolved["variants"] if v != "int8_dynamic")
+    assert fit_variants_to_family(resolved)["variants"] == list(expected)
+    assert _settings(tmp_path, "+experiment=full").variants == expected
 
 
 def test_a_fitted_run_drops_each_variant_built_from_a_dropped_one(tmp_path):
@@ -46,8 +71,8 @@ def test_a_fitted_run_drops_each_variant_built_from_a_dropped_one(tmp_path):
 
 def test_an_experiment_left_with_no_stage_variant_is_an_error_naming_what_can_run(tmp_path):
     with pytest.raises(ConfigError, match="builds none of this run's stage variants") as error:
-        _settings(tmp_path, "model=gpt_sovits_v2", "+experiment=int8")
-    assert "int8_dynamic" in str(error.value)  # GPT-SoVITS's own INT8, declared in its stage defaults
+        _settings(tmp_path, "model=gpt_sovits_v2", "+experiment=prune")
+    assert str(error.value).endswith("['fp16', 'bf16', 'lite', 'int8_dynamic']")
     with pytest.raises(ConfigError, match=r"Family\.prune is None"):
         _settings(tmp_path, "model=kokoro_ja", "+experiment=prune")
     # Kokoro ships an int8 graph: int8_ort had quantized it again and failed after the teacher's scoring.
