@@ -1,10 +1,10 @@
 """Stage: CPU INT8 by dynamic quantization of a model's Linear layers in PyTorch (the ``int8_dynamic`` variant).
 
-Weights become int8 once, one scale per output channel; activations are quantized per call from
-their own range, so no calibration set is needed. It suits the parts whose time goes into
-matrix-vector products, an autoregressive transformer's decode steps, on CPU kernels (torch.ao,
-x86/fbgemm). Which parts, and which of their Linear layers stay float32, is the family's stage
-default (conf/stages/family/<family>.yaml):
+The conversion is models/dynamic_int8.py's (the server rebuilds the variant with it): weights int8
+with one scale per output channel, activations quantized per call, no calibration set. It suits
+the parts whose time goes into matrix-vector products, an autoregressive transformer's decode
+steps, on CPU kernels. Which parts, and which of their Linear layers stay float32, is the family's
+stage default (conf/stages/family/<family>.yaml):
 
     from compress.int8_dynamic import Int8DynamicSettings, build
     settings = Int8DynamicSettings(parts=["t2s"], keep_float=["ar_predict_layer"])
@@ -15,14 +15,10 @@ default (conf/stages/family/<family>.yaml):
 
 Only ``nn.Linear`` modules are converted: a projection a part applies as a raw weight
 (``F.linear(x, self.weight)``) stays float32 and is counted in ``int8_weight_fraction``'s denominator.
-torch.ao's eager quantization is deprecated in favour of torchao, which this project does not install;
-its kernels are the ones torch 2.13 ships.
 """
 from __future__ import annotations
 
 import copy
-import fnmatch
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +26,7 @@ from torch import nn
 
 from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from core.config import ConfigError
+from models.dynamic_int8 import to_dynamic_int8
 from models.family import Family
 
 VARIANT_NAME = "int8_dynamic"
@@ -54,25 +51,6 @@ class Int8DynamicSettings:
 
     def check_family(self, family: Family) -> None:
         check_part_roles("stages.int8_dynamic.parts", self.parts, family)
-
-
-def linear_names(part: nn.Module, keep_float: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(Linear modules to quantize, Linear modules kept float32 by a pattern), by module name."""
-    quantized, kept = [], []
-    for name, module in part.named_modules():
-        if isinstance(module, nn.Linear):
-            (kept if any(fnmatch.fnmatchcase(name, p) for p in keep_float) else quantized).append(name)
-    return quantized, kept
-
-
-def quantize_linears(part: nn.Module, names: list[str]) -> nn.Module:
-    """``part`` with the Linear modules ``names`` replaced by dynamic int8 ones, in place."""
-    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # torch.ao's pointer to torchao, said above
-        warnings.filterwarnings("ignore", message=".*torchao.*")
-        return torch.ao.quantization.quantize_dynamic(part, {name: qconfig for name in names}, dtype=torch.qint8,
-                                                      inplace=True)
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -121,18 +99,13 @@ def build(teacher: Variant, settings: Int8DynamicSettings, ctx: StageContext) ->
     if teacher.device != "cpu":
         raise ValueError(f"int8_dynamic runs on torch's CPU kernels; {teacher.name!r} is on {teacher.device!r}")
     model = copy.deepcopy(teacher.model)
-    quantized_count, kept_all, fractions = 0, [], {}
-    for role in settings.parts:
-        part = model.parts()[role]
-        names, kept = linear_names(part, settings.keep_float)
-        if not names:
-            raise ValueError(f"stages.int8_dynamic: part {role!r} has no Linear layer left to quantize "
-                             f"(keep_float={list(settings.keep_float)} keeps {kept})")
-        model.replace_part(role, quantize_linears(part, names))
+    converted = to_dynamic_int8(model, settings.parts, settings.keep_float)
+    fractions = {}
+    for role in converted:
         _, values, int8_values = weight_bytes(model.parts()[role])
         fractions[f"{role}_int8_weight_fraction"] = int8_values / values
-        quantized_count += len(names)
-        kept_all += [f"{role}.{name}" for name in kept]
+    quantized_count = sum(len(part.quantized) for part in converted.values())
+    kept_all = [f"{role}.{name}" for role, part in converted.items() for name in part.kept_float]
     total_bytes, values, int8_values = weight_bytes(model)
     return Variant(
         name=VARIANT_NAME, model=model, engine="torch", device="cpu", params_m=parameter_count_int8(model) / 1e6,

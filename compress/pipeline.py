@@ -19,7 +19,7 @@ from compress.graph_step import variant_graph
 from compress.registration import select_and_register
 from compress.settings import RunSettings
 from compress.stage_cache import graph_dir, stage_dir
-from compress.stages import STAGES, stage_settings_chain
+from compress.stages import STAGES, built_with, stage_settings_chain
 from compress.tracking import log_variant_run, start_parent_run
 from compress.variants import StageContext, Variant, build_variant, set_cpu_threads
 from core.atomic_io import write_text_atomic
@@ -229,7 +229,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         mlflow.log_artifact(str(run_dir / "results.json"))
         # The champion by conf/selection, logged and registered (a run with no eligible
         # variant, or none with an ONNX graph, still finishes and says why).
-        selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id)
+        selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id,
+                                                {name: built_with(name, settings.stages) for name in built})
     _print_table(rows, tuple(family_columns), weights_note)
     print(selection_summary)
     return rows

@@ -11,8 +11,11 @@ the parent MLflow run (``python -m compress +experiment=full``). It
   default tts-compress-<family>-<voice name>, ``RegistrySettings.model_name_for``) and points the
   alias ``champion`` at the new version: ``mlflow.onnx.load_model("models:/<name>@champion")``.
 
-The deployed variant is the champion when it has an ONNX graph (``Variant.artifacts["onnx"]``);
-otherwise the best-ranked eligible variant that has one, and the manifest says why.
+The deployed variant is the champion when serve can run it: from its ONNX graph
+(``Variant.artifacts["onnx"]``), or rebuilt from the teacher by the recipe its stage built it with
+(the teacher, fp16/bf16, int8_dynamic: export.manifest.REBUILT_VARIANTS; nothing is registered then,
+as there is no graph). Otherwise it is the best-ranked eligible variant serve can run, and the
+manifest says why.
 """
 from __future__ import annotations
 
@@ -27,13 +30,22 @@ import onnx
 from mlflow import MlflowClient
 
 from core.atomic_io import atomic_write, write_text_atomic
-from compress.selection import Selection, SelectionSettings, pareto_figure, select_champion
+from compress.selection import RegistrySettings, Selection, SelectionSettings, pareto_figure, select_champion
 from compress.settings import RunSettings, TrackingSettings
 from evaluate.asr import error_unit
-from export.manifest import DeploymentManifest, load_manifest, write_manifest
+from export.manifest import (
+    GRAPH_ENGINE,
+    REBUILD_ENGINE,
+    REBUILT_VARIANTS,
+    DeploymentManifest,
+    load_manifest,
+    rebuild_refusal,
+    write_manifest,
+)
+from models.family import Family
+from models.registry import get_family
 
 GRAPH_ARTIFACT = "onnx"  # the Variant.artifacts key of a variant's ONNX graph (its family's graph contract)
-MANIFEST_ENGINE = "onnxruntime"  # what serve runs a manifest's graph with (export.manifest.KNOWN_ENGINES)
 PARETO_Y = "dnsmos_p808"  # quality axis of the logged Pareto plot: the MOS proxy the constraints guard
 PARETO_SIZE = "vram_peak_mib"  # marker area; present when GPU figures are merged in
 
@@ -51,23 +63,56 @@ class VoiceIdentity:
     sample_rate_hz: int
 
 
-def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[str, Path]]) -> tuple[str, str]:
-    """(variant to deploy, why): the champion if it has a graph, else the best-ranked eligible one that has."""
+@dataclass(frozen=True)
+class Deployment:
+    """The variant a run deploys, and how serve gets it."""
+
+    variant: str
+    why: str
+    graph: Path | None  # its ONNX graph; None: serve rebuilds it from the teacher by its recipe
+
+
+def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[str, Path]], family: Family) -> Deployment:
+    """The champion if serve can run it (its ONNX graph, where the family has a runtime for graphs; or
+    rebuilt from the teacher: export.manifest.REBUILT_VARIANTS), else the best-ranked eligible variant
+    that serve can run."""
     if selection.champion is None:
         raise NoDeployableVariant(f"no eligible variant under the rule: {selection.rule}")
-    with_graph = [name for name in selection.ranking if _graph(variant_artifacts, name) is not None]
-    if not with_graph:
-        raise NoDeployableVariant(
-            f"no eligible variant has an ONNX graph (Variant.artifacts[{GRAPH_ARTIFACT!r}]); eligible, best first: "
-            f"{list(selection.ranking)}")
-    deployed = with_graph[0]
-    if deployed == selection.champion:
-        objective = selection.objective_metric
-        return deployed, f"champion by the rule ({objective} {selection.rows[deployed][objective]:.4g})"
-    skipped = selection.ranking[: selection.ranking.index(deployed)]
-    return deployed, (f"champion {selection.champion!r} has no ONNX graph and the manifest's engine is "
-                      f"{MANIFEST_ENGINE}; {deployed!r} is the best-ranked eligible variant with one "
-                      f"(ranked above it without a graph: {list(skipped)})")
+
+    def refusal(name: str) -> str | None:
+        if family.reference is not None and _graph(variant_artifacts, name) is not None:
+            return None
+        graph = ("it has no ONNX graph" if family.reference is not None else
+                 "the family has no runtime for exported graphs (Family.reference)")
+        rebuilt = rebuild_refusal(name, family.capabilities)
+        return None if rebuilt is None else f"{graph}, and it {rebuilt}"
+
+    for rank, name in enumerate(selection.ranking):
+        if refusal(name) is not None:
+            continue
+        graph = _graph(variant_artifacts, name) if family.reference is not None else None
+        how = "its ONNX graph" if graph is not None else "rebuilt from the teacher by its recipe"
+        if name == selection.champion:
+            objective = selection.objective_metric
+            return Deployment(name, f"champion by the rule ({objective} {selection.rows[name][objective]:.4g}); "
+                                    f"served as {how}", graph)
+        return Deployment(name, (f"champion {selection.champion!r} cannot be served: {refusal(selection.champion)}; "
+                                 f"{name!r} is the best-ranked eligible variant serve can run, as {how} "
+                                 f"(ranked above it: {list(selection.ranking[:rank])})"), graph)
+    raise NoDeployableVariant(
+        f"serve can run no eligible variant: none has an ONNX graph (Variant.artifacts[{GRAPH_ARTIFACT!r}]) that "
+        f"the family's runtime runs, or is one serve rebuilds from the teacher ({sorted(REBUILT_VARIANTS)}); "
+        f"eligible, best first: {list(selection.ranking)}")
+
+
+def rebuild_recipe(variant: str, stage_settings: object | None) -> dict[str, list[str]]:
+    """The recipe serve rebuilds ``variant`` by: REBUILT_VARIANTS' fields, read off the settings of the
+    stage that built it (``None`` for the teacher, which no stage builds)."""
+    fields = REBUILT_VARIANTS[variant]
+    missing = [name for name in fields if not hasattr(stage_settings, name)]
+    if missing:
+        raise ValueError(f"variant {variant!r}: its stage settings {stage_settings!r} lack recipe fields {missing}")
+    return {name: list(getattr(stage_settings, name)) for name in fields}
 
 
 def _graph(variant_artifacts: dict[str, dict[str, Path]], name: str) -> Path | None:
@@ -88,52 +133,61 @@ def _in_run(run_id: str):
 
 def register_champion(selection: Selection, variant_artifacts: dict[str, dict[str, Path]], run_id: str,
                       tracking: TrackingSettings, output_dir: Path, settings: SelectionSettings,
-                      voice: VoiceIdentity) -> Path:
-    """Write ``<output_dir>/<manifest_dir>/manifest.json`` beside the deployed graph and register the graph.
+                      voice: VoiceIdentity, family: Family, built_with: dict[str, object] | None = None) -> Path:
+    """Write ``<output_dir>/<manifest_dir>/manifest.json`` for the deployed variant: beside its graph,
+    which is registered in MLflow's model registry, or with the recipe serve rebuilds it by
+    (``built_with``: variant -> the settings of the stage that built it; the teacher has none).
 
-    Returns the manifest's path; raises NoDeployableVariant when no eligible variant has an ONNX graph.
+    Returns the manifest's path; raises NoDeployableVariant when serve can run no eligible variant.
     """
-    deployed, why = deployable_choice(selection, variant_artifacts)
-    source_graph = _graph(variant_artifacts, deployed)
+    deployment = deployable_choice(selection, variant_artifacts, family)
+    deployed = deployment.variant
     folder = settings.champion_dir(output_dir, voice.family)
-    graph_name = f"{deployed}.onnx"
-    atomic_write(folder / graph_name, lambda tmp: shutil.copyfile(source_graph, tmp))
+    selection_record = {"rule": selection.rule, "champion": selection.champion, "deployed": deployed,
+                        "why": deployment.why, "objective_metric": selection.objective_metric,
+                        "ranking": list(selection.ranking),
+                        "ineligible": {n: list(e.reasons) for n, e in selection.eligibility.items() if not e.eligible}}
+    if deployment.graph is None:
+        files = {"engine": REBUILD_ENGINE, "recipe": rebuild_recipe(deployed, (built_with or {}).get(deployed))}
+        keep = None
+    else:
+        graph_name = f"{deployed}.onnx"
+        atomic_write(folder / graph_name, lambda tmp: shutil.copyfile(deployment.graph, tmp))
+        selection_record.update(_register_graph(deployment, run_id, tracking, settings.registry, voice))
+        files, keep = {"engine": GRAPH_ENGINE, "graph": graph_name}, graph_name
     for stale in folder.glob("*.onnx"):  # an earlier champion's graph: the manifest names only the new one
-        if stale.name != graph_name:
+        if stale.name != keep:
             stale.unlink()
 
+    manifest_path = folder / "manifest.json"
+    write_manifest(manifest_path, DeploymentManifest(
+        variant=deployed, family=voice.family, voice=voice.voice, sample_rate_hz=int(voice.sample_rate_hz),
+        metrics=selection.rows[deployed], selection=selection_record, mlflow_run_id=run_id, **files))
+    load_manifest(manifest_path)  # what serve will do: fail here, not at serving time
+    MlflowClient(tracking.tracking_uri).log_artifact(run_id, str(manifest_path), "selection")
+    return manifest_path
+
+
+def _register_graph(deployment: Deployment, run_id: str, tracking: TrackingSettings, registry: RegistrySettings,
+                    voice: VoiceIdentity) -> dict[str, str]:
+    """Log the deployed graph as an MLflow ONNX model, register it and point the alias at the new version."""
     mlflow.set_tracking_uri(tracking.tracking_uri)
-    registry = settings.registry
     model_name = registry.model_name_for(voice.family, voice.voice)
     with _in_run(run_id):
         model_info = mlflow.onnx.log_model(
-            onnx.load(str(source_graph)), name="champion", registered_model_name=model_name,
+            onnx.load(str(deployment.graph)), name="champion", registered_model_name=model_name,
             save_as_external_data=False,  # one self-contained file, as serve and onnxruntime load it
             # What a graph needs is onnx and onnxruntime at these versions; stating them skips
             # MLflow's inference, which loads the model again in a subprocess (about 9 s a run).
             pip_requirements=mlflow.onnx.get_default_pip_requirements(),
-            tags={"variant": deployed},
+            tags={"variant": deployment.variant},
         )
     version = str(model_info.registered_model_version)
     client = MlflowClient(tracking.tracking_uri)
     client.set_registered_model_alias(model_name, registry.alias, version)
-    client.set_model_version_tag(model_name, version, "variant", deployed)
+    client.set_model_version_tag(model_name, version, "variant", deployment.variant)
     client.set_model_version_tag(model_name, version, "source_run_id", run_id)
-
-    manifest_path = folder / "manifest.json"
-    write_manifest(manifest_path, DeploymentManifest(
-        variant=deployed, engine=MANIFEST_ENGINE, family=voice.family, voice=voice.voice, graph=graph_name,
-        sample_rate_hz=int(voice.sample_rate_hz), metrics=selection.rows[deployed],
-        selection={"rule": selection.rule, "champion": selection.champion, "deployed": deployed, "why": why,
-                   "objective_metric": selection.objective_metric, "ranking": list(selection.ranking),
-                   "ineligible": {n: list(e.reasons) for n, e in selection.eligibility.items() if not e.eligible},
-                   "registered_model": f"models:/{model_name}@{registry.alias}",
-                   "registered_model_version": version},
-        mlflow_run_id=run_id,
-    ))
-    load_manifest(manifest_path)  # what serve will do: fail here, not at serving time
-    client.log_artifact(run_id, str(manifest_path), "selection")
-    return manifest_path
+    return {"registered_model": f"models:/{model_name}@{registry.alias}", "registered_model_version": version}
 
 
 def log_selection(selection: Selection, parent_run_id: str, tracking_uri: str, run_dir: Path | None = None) -> None:
@@ -160,8 +214,9 @@ def log_selection(selection: Selection, parent_run_id: str, tracking_uri: str, r
 
 
 def select_and_register(rows: dict[str, dict[str, float]], variants: dict, settings: RunSettings,
-                        parent_run_id: str) -> str:
-    """The pipeline's last step; returns a one-paragraph summary. ``variants``: {name: compress.variants.Variant}.
+                        parent_run_id: str, built_with: dict[str, object] | None = None) -> str:
+    """The pipeline's last step; returns a one-paragraph summary. ``variants``: {name: compress.variants.Variant};
+    ``built_with``: variant -> the typed settings of the stage that built it (compress.stages.built_with).
 
     A run with no eligible variant, or none with a graph, still finishes: the summary says why.
     """
@@ -175,15 +230,19 @@ def select_and_register(rows: dict[str, dict[str, float]], variants: dict, setti
         lines.append(f"ineligible: {ineligible}")
     reference_model = variants[settings.evaluate.reference_variant].model
     voice = VoiceIdentity(settings.model.family, settings.model.voice, reference_model.sample_rate_hz)
+    family = get_family(settings.model.family)
     try:
         manifest_path = register_champion(selection, {n: v.artifacts for n, v in variants.items()}, parent_run_id,
                                           settings.tracking, Path(settings.paths.output_dir), rule,
-                                          voice)
+                                          voice, family, built_with)
     except NoDeployableVariant as reason:
-        lines.append(f"not registered: {reason}")
+        lines.append(f"not deployed: {reason}")
     else:
         deployed = load_manifest(manifest_path)
+        registered = (f"registered {deployed.selection['registered_model']} "
+                      f"(version {deployed.selection['registered_model_version']})"
+                      if "registered_model" in deployed.selection else
+                      f"rebuilt by serve from the teacher ({deployed.recipe}); no graph to register")
         lines.append(f"deployed {deployed.variant!r}: {deployed.selection['why']}; manifest {manifest_path}; "
-                     f"registered {deployed.selection['registered_model']} "
-                     f"(version {deployed.selection['registered_model_version']})")
+                     f"{registered}")
     return "\n".join(lines)

@@ -129,6 +129,13 @@ def unbuildable_reason(variant: str, family: Family, settled: Collection[str] | 
     return None if behind is None else f"is built from {spec.source!r}, which {behind}"
 
 
+def built_with(variant: str, typed_stages: dict[str, object]) -> object | None:
+    """The typed settings of the stage that builds ``variant`` (``RunSettings.stages``' entry); None for a
+    base variant or a stage without settings."""
+    spec = STAGES.get(variant)
+    return None if spec is None or spec.settings_key is None else typed_stages.get(spec.settings_key)
+
+
 def stage_settings(variants: tuple[str, ...], raw: dict, family: Family) -> dict[str, object]:
     """Typed settings for every stage the listed variants need; errors name the key at fault.
 

@@ -11,6 +11,14 @@ folder. Each graph follows its family's graph contract, which is what the family
                                             voice=voice, graphs={"synthesizer": "fp16.onnx"}, sample_rate_hz=22050))
     load_manifest(path).graph_path(path)   # the one graph, resolved
 
+A variant with no graph that the server can rebuild from the family's teacher (the teacher
+itself, fp16/bf16, int8_dynamic: ``REBUILT_VARIANTS``) is deployed with ``engine="torch"``, no
+graphs, and the ``recipe`` the stage built it with, so a family whose runtime runs no exported
+graph still serves its champion:
+
+    DeploymentManifest(variant="int8_dynamic", engine="torch", family="gpt_sovits_v2", voice=voice,
+                       sample_rate_hz=32000, recipe={"parts": ["t2s"], "keep_float": ["ar_predict_layer"]})
+
 Schema 1 (one graph under ``graph``) is still read: ``load_manifest`` turns it into
 ``graphs={"synthesizer": graph}``, so a deployment written by an earlier run keeps loading.
 """
@@ -22,12 +30,29 @@ from pathlib import Path
 
 from core.atomic_io import write_text_atomic
 from models.graph_contract import SYNTHESIZER
+from models.interface import Capabilities
 from models.registry import FAMILIES
 
 MANIFEST_SCHEMA_VERSION = 2
 ONE_GRAPH_SCHEMA_VERSION = 1  # ``graph``: one file, the synthesizer
-KNOWN_ENGINES = ("onnxruntime",)  # engines serve can run from a manifest today
+GRAPH_ENGINE = "onnxruntime"  # runs the manifest's graphs
+REBUILD_ENGINE = "torch"  # rebuilds the variant from the teacher's weights by the manifest's recipe
+KNOWN_ENGINES = (GRAPH_ENGINE, REBUILD_ENGINE)
 REQUIRED_FIELDS = ("variant", "engine", "family", "voice", "sample_rate_hz")
+# Variants the server rebuilds from the teacher, and the recipe fields (lists of names) each one reads:
+# the settings of the stage that built it (stages.fp16.keep_fp32, stages.int8_dynamic.parts ...).
+REBUILT_VARIANTS = {"teacher": (), "fp16": ("keep_fp32",), "bf16": ("keep_fp32",),
+                    "int8_dynamic": ("parts", "keep_float")}
+
+
+def rebuild_refusal(variant: str, capabilities: Capabilities) -> str | None:
+    """Why a family with ``capabilities`` cannot serve ``variant`` rebuilt from its teacher; None when it can."""
+    if variant not in REBUILT_VARIANTS:
+        return f"is not rebuilt from the teacher (rebuilt: {sorted(REBUILT_VARIANTS)})"
+    if variant == "int8_dynamic" and capabilities.autoregressive:
+        # The server decodes such a family by token steps on its step engine, whose weights are float tensors.
+        return "runs dynamic int8 Linear layers, and the family's token-step engine runs float weights"
+    return None
 
 
 class ManifestError(ValueError):
@@ -42,6 +67,8 @@ class DeploymentManifest:
     voice: str  # "bundled:joe" or a voice path: the phoneme map, espeak voice and sample rate
     sample_rate_hz: int
     graphs: dict[str, str] = field(default_factory=dict)  # graph name -> file, relative to the manifest's folder
+    # engine "torch": how the server rebuilds the variant from the teacher (REBUILT_VARIANTS' fields)
+    recipe: dict[str, list[str]] = field(default_factory=dict)
     assets: dict[str, str] = field(default_factory=dict)  # asset name -> file, relative to the manifest's folder
     metrics: dict[str, float] = field(default_factory=dict)  # the scores that won the selection
     selection: dict = field(default_factory=dict)  # the rule and why this variant won
@@ -133,14 +160,37 @@ def load_manifest(path: Path) -> DeploymentManifest:
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     values = _fields_of(raw, path)
-    _check_files("graphs", values["graphs"], path, required=True)
+    if values["engine"] not in KNOWN_ENGINES:
+        raise ManifestError(f"{path}: engine {values['engine']!r}; accepted: {list(KNOWN_ENGINES)}")
+    rebuilt = values["engine"] == REBUILD_ENGINE
+    _check_files("graphs", values["graphs"], path, required=not rebuilt)
     _check_files("assets", values.get("assets", {}), path, required=False)
     manifest = DeploymentManifest(**values)
-    if manifest.engine not in KNOWN_ENGINES:
-        raise ManifestError(f"{path}: engine {manifest.engine!r}; accepted: {list(KNOWN_ENGINES)}")
     if manifest.family not in FAMILIES:
         raise ManifestError(f"{path}: family {manifest.family!r}; accepted: {sorted(FAMILIES)}")
+    if rebuilt:
+        _check_recipe(manifest, path)
+    elif manifest.recipe:
+        raise ManifestError(f"{path}: recipe is for engine {REBUILD_ENGINE!r}; engine {manifest.engine!r} runs graphs")
     if isinstance(manifest.sample_rate_hz, bool) or not isinstance(manifest.sample_rate_hz, int) \
             or manifest.sample_rate_hz <= 0:
         raise ManifestError(f"{path}: sample_rate_hz must be a positive integer, got {manifest.sample_rate_hz!r}")
     return manifest
+
+
+def _check_recipe(manifest: DeploymentManifest, path: Path) -> None:
+    """A rebuilt variant: no graphs, a variant its family can rebuild, and exactly its recipe's fields."""
+    if manifest.graphs:
+        raise ManifestError(f"{path}: engine {REBUILD_ENGINE!r} rebuilds the variant from the teacher; "
+                            f"graphs must be empty, got {sorted(manifest.graphs)}")
+    refusal = rebuild_refusal(manifest.variant, FAMILIES[manifest.family].capabilities)
+    if refusal is not None:
+        raise ManifestError(f"{path}: variant {manifest.variant!r} {refusal}")
+    recipe = manifest.recipe
+    expected = set(REBUILT_VARIANTS[manifest.variant])
+    if not isinstance(recipe, dict) or set(recipe) != expected:
+        raise ManifestError(f"{path}: recipe of {manifest.variant!r} must have exactly the fields "
+                            f"{sorted(expected)}, got {recipe!r}")
+    for name, value in recipe.items():
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ManifestError(f"{path}: recipe.{name} must be a list of names, got {value!r}")

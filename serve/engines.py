@@ -6,7 +6,8 @@
 
 Every model comes through the family registry (models/registry.py): the teacher from
 ``family.load_teacher``, the family's own graph and exported graphs from ``family.reference``.
-``source: champion`` loads ``manifest_path`` (export/manifest.py), which names its family; when no
+``source: champion`` loads ``manifest_path`` (export/manifest.py), which names its family and either
+a graph or the recipe that rebuilds the variant from the teacher (fp16, int8_dynamic ...); when no
 manifest exists it serves ``fallback_variant`` instead and says so in ``ServedModel.note``. A
 manifest that exists but is broken stops the server: serving a different model silently would be
 worse.
@@ -18,11 +19,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.manifest import load_manifest
+from export.manifest import REBUILD_ENGINE, load_manifest, rebuild_refusal
+from models.dynamic_int8 import to_dynamic_int8
 from models.family import Family
 from models.interface import Capabilities, TTSModel
 from models.registry import get_family
 from serve.settings import HALF_PRECISION_VARIANTS, SERVABLE_VARIANTS, ServeSettings
+
+# A rebuilt manifest's recipe field -> the serve setting it stands for (export.manifest.REBUILT_VARIANTS)
+RECIPE_SETTINGS = {"keep_fp32": "half_keep_fp32", "parts": "int8_parts", "keep_float": "int8_keep_float"}
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +132,16 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
     the bucketed engine ``settings.torch_engine`` names), or ``fp16``/``bf16`` (the teacher with every part but
     ``settings.half_keep_fp32`` in half precision, on the same engines; on a bucketed engine of a family with
     ``engine_precision`` the engine makes the half variant its own way instead, and ``half_keep_fp32`` is not
-    read). ``voice``: "" for the family's own."""
+    read), or ``int8_dynamic`` (the teacher with ``settings.int8_parts``' Linear layers in dynamic int8, eager
+    on the CPU). ``voice``: "" for the family's own."""
     voice = voice or family.default_voice
     if variant == "original_onnx":
         if family.reference is None:
             raise ValueError(f"family {family.name} ships no graph of its own: serve teacher, fp16 or bf16")
         model = family.reference.load(voice, threads)
         return served_as_is(model, family, variant, voice, "onnxruntime")
+    if variant == "int8_dynamic":
+        return _dynamic_int8(family, voice, device, settings)
     if variant == "teacher" or variant in HALF_PRECISION_VARIANTS:
         # Without settings: ServeSettings' defaults, read off the class (an instance would need a source).
         defaults = settings or ServeSettings
@@ -155,6 +163,23 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
     raise ValueError(f"variant {variant!r} cannot be served without a manifest: use one of {list(SERVABLE_VARIANTS)}")
 
 
+def _dynamic_int8(family: Family, voice: str, device: str, settings: ServeSettings | None) -> ServedModel:
+    """The teacher with ``settings.int8_parts``' Linear layers in dynamic int8 (models/dynamic_int8.py, the
+    conversion the int8_dynamic stage scored), eager on the CPU."""
+    refusal = rebuild_refusal("int8_dynamic", family.capabilities)
+    if refusal is not None:
+        raise ValueError(f"family {family.name}: int8_dynamic {refusal}; serve teacher, fp16 or bf16")
+    if settings is None or not settings.int8_parts:
+        raise ValueError("int8_dynamic needs serve.int8_parts: the parts whose Linear layers run in int8 "
+                         "(the family's stages.int8_dynamic.parts)")
+    if device != "cpu" or settings.torch_engine != "eager":
+        raise ValueError(f"int8_dynamic runs eager on torch's CPU kernels; serve.device is {device!r} and "
+                         f"serve.torch_engine {settings.torch_engine!r}")
+    model = family.load_teacher(voice, Path(settings.cache_dir))
+    to_dynamic_int8(model, settings.int8_parts, settings.int8_keep_float)
+    return served_as_is(model, family, "int8_dynamic", voice)
+
+
 def load_served_model(settings: ServeSettings) -> ServedModel:
     family = get_family(settings.family)
     if settings.source != "champion":
@@ -168,13 +193,26 @@ def load_served_model(settings: ServeSettings) -> ServedModel:
         log.warning(note)
         served = load_variant(family, fallback, settings.voice, settings.threads, settings.device)
         return dataclasses.replace(served, note=note)
-    return load_deployed(manifest_path, settings.threads)
+    return load_deployed(manifest_path, settings.threads, settings)
 
 
-def load_deployed(manifest_path: Path, threads: int) -> ServedModel:
-    """The variant a manifest deploys (the champion), in its family's graph runtime."""
+def load_deployed(manifest_path: Path, threads: int, settings: ServeSettings | None = None) -> ServedModel:
+    """The variant a manifest deploys (the champion): its graph in the family's graph runtime, or the
+    variant rebuilt from the teacher by the manifest's recipe (on ``settings``' device and torch engine;
+    without settings, eager on the CPU)."""
     manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
     family = get_family(manifest.family)
+    if manifest.engine == REBUILD_ENGINE:
+        base = settings or ServeSettings(family=family.name, source="teacher")  # eager on the CPU
+        rebuilt_settings = dataclasses.replace(base, **{RECIPE_SETTINGS[name]: tuple(value)
+                                                        for name, value in manifest.recipe.items()})
+        served = load_variant(family, manifest.variant, manifest.voice, threads, rebuilt_settings.device,
+                              rebuilt_settings)
+        if served.model.sample_rate_hz != manifest.sample_rate_hz:
+            raise ValueError(f"{manifest_path}: sample_rate_hz {manifest.sample_rate_hz} but voice "
+                             f"{manifest.voice!r} speaks at {served.model.sample_rate_hz} Hz")
+        return dataclasses.replace(served, note=f"champion from {manifest_path}, rebuilt from the teacher "
+                                                f"({manifest.recipe or 'as it is'})")
     if family.reference is None:
         raise ValueError(f"{manifest_path}: family {family.name} has no runtime for exported graphs")
     model = family.reference.load_graph(manifest.voice, threads, manifest.graph_path(manifest_path))

@@ -17,7 +17,7 @@ from models.registry import FAMILIES
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 # fp16 and bf16 are the teacher with its parts in half precision, built as compress/half_precision.py
 # builds them (models/precision.py), so they run on the torch engines like the teacher.
-SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16")
+SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16", "int8_dynamic")
 HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
 GPU_SHARING_MODES = ("time_slices", "mps")  # serve/gpu_sharing.py
@@ -44,6 +44,8 @@ class ServeSettings:
     threads: int = 1  # onnxruntime intra-op threads
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
     half_keep_fp32: tuple[str, ...] = ("encoder", "duration")  # fp16/bf16 sources: parts left in float32
+    int8_parts: tuple[str, ...] = ()  # int8_dynamic source: parts whose Linear layers run in dynamic int8
+    int8_keep_float: tuple[str, ...] = ()  # int8_dynamic source: Linear modules (fnmatch patterns) left float32
     aoti_package_dir: str = ""  # where the aoti engine writes its packages
     cudnn_benchmark: bool = False  # bucketed engines on CUDA: cuDNN times its convolutions per new shape
     # The family's own bucketed-engine settings (its Family.engine_options dataclass); checked at start
@@ -138,6 +140,13 @@ class ServeSettings:
             fail("manifest_path", "give the champion's manifest.json path when source is 'champion'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             fail("device", "use 'cpu' or 'cuda[:N]'")
+        if self.source == "int8_dynamic":
+            if not self.int8_parts:
+                fail("int8_parts", "int8_dynamic needs the parts whose Linear layers run in int8; the family's "
+                                   "stage defaults (stages.int8_dynamic.parts) name none")
+            if self.device != "cpu" or self.torch_engine != "eager":
+                fail("source", "int8_dynamic runs eager on torch's CPU kernels: set serve.device=cpu and "
+                               "serve.torch_engine=eager")
         serves_original = self.source == "original_onnx" or (self.source == "champion"
                                                               and self.fallback_variant == "original_onnx")
         if self.voice.endswith(".safetensors") and serves_original:

@@ -28,11 +28,14 @@ from compress.selection import (
     select_champion,
 )
 from core.config import ConfigError
+from compress.int8_dynamic import Int8DynamicSettings
 from compress.run_config import settings_from_config
 from compress.settings import TrackingSettings
 from export.manifest import load_manifest
+from models.registry import get_family
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PIPER = get_family("piper")
 
 
 def rows_fixture() -> dict[str, dict[str, float]]:
@@ -80,7 +83,7 @@ def test_relative_constraint_without_the_reference_metric_names_the_reference():
     assert "reference 'teacher' has no wer" in selection.eligibility["int8_ort"].reasons
     assert selection.champion is None and selection.ranking == ()
     with pytest.raises(NoDeployableVariant, match="no eligible variant"):
-        deployable_choice(selection, {})
+        deployable_choice(selection, {}, PIPER)
 
 
 def test_bounds_are_inclusive():
@@ -243,13 +246,14 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
         run_id = parent.info.run_id
         log_selection(selection, run_id, tracking.tracking_uri, tmp_path)
         manifest_path = register_champion(selection, artifacts, run_id, tracking, tmp_path / "outputs",
-                                          SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050))
+                                          SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050), PIPER)
 
     manifest = load_manifest(manifest_path)
     assert manifest_path == tmp_path / "outputs" / "champion" / "piper" / "manifest.json"  # one folder per family
     assert manifest.variant == "original_onnx" and manifest.graph == "original_onnx.onnx"
     assert manifest.selection["champion"] == "int8_ort"
-    assert "champion 'int8_ort' has no ONNX graph" in manifest.selection["why"]
+    assert "champion 'int8_ort' cannot be served: it has no ONNX graph" in manifest.selection["why"]
+    assert manifest.engine == "onnxruntime" and manifest.recipe == {}
     assert manifest.selection["ineligible"] == {
         "pruned": ["dnsmos_p808 3.7 fails dnsmos_p808 >= teacher - 0.1 (= 3.8)"],
         "fp16": ["no rtf_cpu_b1 (the objective)"]}
@@ -275,7 +279,7 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
     artifacts["int8_ort"]["onnx"] = tiny_graph(tmp_path / "int8.onnx", 3.0)
     with mlflow.start_run(experiment_id=experiment_id) as parent:
         register_champion(selection, artifacts, parent.info.run_id, tracking, tmp_path / "outputs",
-                          SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050))
+                          SelectionSettings(), VoiceIdentity("piper", "bundled:joe", 22050), PIPER)
     assert client.get_model_version_by_alias("tts-compress-piper-joe", "champion").version == 2
     champion_dir = tmp_path / "outputs" / "champion" / "piper"
     assert sorted(p.name for p in champion_dir.iterdir()) == ["int8_ort.onnx", "manifest.json"]
@@ -284,11 +288,48 @@ def test_registry_round_trip_on_a_sqlite_store(tmp_path):
     np.testing.assert_allclose(session.run(None, {"input": np.array([1.0], dtype=np.float32)})[0], [3.0])
 
 
-def test_no_graph_anywhere_is_reported_not_registered():
-    selection = select_champion(rows_fixture(), SelectionSettings(), "teacher")
-    expected = r"no eligible variant has an ONNX graph .*'int8_ort', 'original_onnx', 'teacher'"
+def test_no_servable_variant_is_reported_not_registered():
+    rows = rows_fixture()
+    del rows["teacher"]["rtf_cpu_b1"]  # the teacher, which serve could rebuild, drops out of the ranking
+    selection = select_champion(rows, SelectionSettings(), "teacher")
+    expected = r"serve can run no eligible variant: .*\['int8_ort', 'original_onnx'\]"
     with pytest.raises(NoDeployableVariant, match=expected):
-        deployable_choice(selection, {"teacher": {}, "pruned": {"onnx": Path("/nonexistent.onnx")}})
+        deployable_choice(selection, {"original_onnx": {"onnx": Path("/nonexistent.onnx")}}, PIPER)
+
+
+def test_a_variant_without_a_graph_is_deployed_by_the_recipe_serve_rebuilds_it_with(tmp_path):
+    """EmotiVoice has no runtime for exported graphs: its champion is rebuilt from the teacher, even
+    where the pipeline exported the champion's graph. GPT-SoVITS decodes by token steps on float
+    weights: its int8_dynamic champion gives way to the best variant serve can rebuild."""
+    rows = {"teacher": {"rtf_cpu_b1": 0.33, "dnsmos_p808": 2.2, "wer": 1.0, "size_mb": 600.0},
+            "int8_dynamic": {"rtf_cpu_b1": 0.30, "dnsmos_p808": 2.2, "wer": 1.0, "spk_sim": 1.0, "size_mb": 500.0}}
+    selection = select_champion(rows, SelectionSettings(), "teacher")
+    assert selection.ranking == ("int8_dynamic", "teacher")
+    graph = tiny_graph(tmp_path / "int8_dynamic.onnx", 2.0)
+    deployment = deployable_choice(selection, {"int8_dynamic": {"onnx": graph}}, get_family("emotivoice"))
+    assert (deployment.variant, deployment.graph) == ("int8_dynamic", None)
+    assert "rebuilt from the teacher by its recipe" in deployment.why
+    deployment = deployable_choice(selection, {}, get_family("gpt_sovits_v2"))
+    assert (deployment.variant, deployment.graph) == ("teacher", None)
+    assert "token-step engine runs float weights" in deployment.why
+
+    tracking = TrackingSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "rebuilt-test")
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    experiment_id = mlflow.create_experiment(tracking.experiment_name, artifact_location=(tmp_path / "art").as_uri())
+    folder = tmp_path / "outputs" / "champion" / "emotivoice"
+    folder.mkdir(parents=True)
+    (folder / "teacher.onnx").write_bytes(b"an earlier champion's graph")
+    built_with = {"int8_dynamic": Int8DynamicSettings(parts=["style_encoder"], keep_float=["*.pooler.*"])}
+    with mlflow.start_run(experiment_id=experiment_id) as parent:
+        manifest_path = register_champion(selection, {}, parent.info.run_id, tracking, tmp_path / "outputs",
+                                          SelectionSettings(), VoiceIdentity("emotivoice", "random", 16000),
+                                          get_family("emotivoice"), built_with)
+    manifest = load_manifest(manifest_path)
+    assert (manifest.variant, manifest.engine, manifest.graphs) == ("int8_dynamic", "torch", {})
+    assert manifest.recipe == {"parts": ["style_encoder"], "keep_float": ["*.pooler.*"]}
+    assert "registered_model" not in manifest.selection  # no graph, nothing in the model registry
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json"]  # the stale graph is gone
+    assert mlflow.MlflowClient(tracking.tracking_uri).search_registered_models() == []
 
 
 def test_cpu_selection_preset_ranks_on_the_cpu_rtf_only(debug_config):

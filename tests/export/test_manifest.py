@@ -96,3 +96,32 @@ def test_a_manifest_missing_its_graph_field_says_which(tmp_path):
                                 "sample_rate_hz": 22050, "schema_version": 1}))
     with pytest.raises(ManifestError, match=r"missing fields \['graph'\]"):
         load_manifest(path)
+
+
+def _rebuilt(path, **fields):
+    values = dict(variant="int8_dynamic", engine="torch", family="emotivoice", voice="random", sample_rate_hz=16000,
+                  recipe={"parts": ["style_encoder"], "keep_float": []})
+    path.write_text(json.dumps({"schema_version": MANIFEST_SCHEMA_VERSION, "graphs": {}, **values, **fields}))
+    return path
+
+
+def test_a_variant_rebuilt_from_the_teacher_round_trips_with_its_recipe(tmp_path):
+    path = tmp_path / "manifest.json"
+    manifest = DeploymentManifest(variant="fp16", engine="torch", family="gpt_sovits_v2", voice="random",
+                                  sample_rate_hz=32000, recipe={"keep_fp32": ["sovits"]})
+    write_manifest(path, manifest)
+    assert load_manifest(path) == manifest and load_manifest(_rebuilt(tmp_path / "int8.json")).graphs == {}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"graphs": {SYNTHESIZER: "fp16.onnx"}}, "graphs must be empty"),
+    ({"variant": "lite_int8", "recipe": {}}, "'lite_int8' is not rebuilt from the teacher"),
+    ({"recipe": {"parts": ["style_encoder"]}}, r"exactly the fields \['keep_float', 'parts'\]"),
+    ({"recipe": {"parts": "style_encoder", "keep_float": []}}, "recipe.parts must be a list of names"),
+    ({"family": "gpt_sovits_v2", "recipe": {"parts": ["t2s"], "keep_float": []}}, "token-step engine runs float"),
+    ({"engine": "onnxruntime", "graphs": {SYNTHESIZER: "fp16.onnx"}}, "recipe is for engine 'torch'"),
+])
+def test_a_bad_rebuilt_manifest_names_the_field(tmp_path, change, message):
+    touch(tmp_path, "fp16.onnx")
+    with pytest.raises(ManifestError, match=message):
+        load_manifest(_rebuilt(tmp_path / "manifest.json", **change))
