@@ -30,3 +30,13 @@ def parse_paths(voice: str, known: Iterable[str], spec: str | None = None) -> di
         if not is_unset(value):
             paths[key] = Path(value.strip()).expanduser()
     return paths
+
+
+def spec_name(voice: str) -> str:
+    """A short name for a voice string of this form, as a server lists it: ``random`` when no file is
+    set, else the name of the first file set (``g_00140000``)."""
+    for item in voice.split(";"):
+        _, separator, value = item.partition("=")
+        if separator and not is_unset(value):
+            return Path(value.strip()).name
+    return RANDOM

@@ -169,11 +169,14 @@ def test_a_rebuilt_champion_is_the_variant_its_stage_scored(tmp_path, monkeypatc
     manifest_path = tmp_path / "champion" / "manifest.json"
     manifest_path.parent.mkdir()
     write_manifest(manifest_path, DeploymentManifest(variant="int8_dynamic", engine="torch", family="emotivoice",
-                                                     voice="random", sample_rate_hz=tiny_voice(0).sample_rate_hz,
+                                                     voice="checkpoint=None;style_encoder=None;data_dir=None", sample_rate_hz=tiny_voice(0).sample_rate_hz,
                                                      recipe={"parts": ["style_encoder"], "keep_float": []}))
     served = load_served_model(serve_settings(tmp_path, "model=emotivoice", "serve.source=champion",
                                               f"serve.manifest_path={manifest_path}"))
     assert (served.model_id, served.engine) == ("int8_dynamic", "torch") and "rebuilt from the teacher" in served.note
+    assert served.voice_name == "random"  # not the files string "checkpoint=None;style_encoder=None;..."
+    named = dataclasses.replace(served, voice="checkpoint=/ckpt/g_00140000;style_encoder=None")
+    assert named.voice_name == "g_00140000"
     dynamic = torch.ao.nn.quantized.dynamic.Linear
     parts = served.model.parts()
     assert any(isinstance(m, dynamic) for m in parts["style_encoder"].modules())
