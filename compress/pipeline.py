@@ -227,8 +227,8 @@ def run(settings: RunSettings, resolved_config: dict) -> dict[str, dict[str, flo
         write_text_atomic(run_dir / "results.json", json.dumps(rows, indent=2))
         mlflow.log_artifact(str(run_dir / "results.md"))
         mlflow.log_artifact(str(run_dir / "results.json"))
-        # The champion by conf/selection, logged and registered (a run with no eligible
-        # variant, or none with an ONNX graph, still finishes and says why).
+        # The champion by conf/selection, logged and deployed (a run with no eligible
+        # variant, or none that serve can run, still finishes and says why).
         selection_summary = select_and_register(rows, built, settings, mlflow.active_run().info.run_id,
                                                 {name: built_with(name, settings.stages) for name in built})
     _print_table(rows, tuple(family_columns), weights_note)

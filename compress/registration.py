@@ -28,6 +28,7 @@ from pathlib import Path
 import mlflow
 import onnx
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from core.atomic_io import atomic_write, write_text_atomic
 from compress.selection import RegistrySettings, Selection, SelectionSettings, pareto_figure, select_champion
@@ -150,22 +151,34 @@ def register_champion(selection: Selection, variant_artifacts: dict[str, dict[st
     if deployment.graph is None:
         files = {"engine": REBUILD_ENGINE, "recipe": rebuild_recipe(deployed, (built_with or {}).get(deployed))}
         keep = None
+        _clear_alias(tracking, settings.registry, voice)
     else:
         graph_name = f"{deployed}.onnx"
         atomic_write(folder / graph_name, lambda tmp: shutil.copyfile(deployment.graph, tmp))
         selection_record.update(_register_graph(deployment, run_id, tracking, settings.registry, voice))
         files, keep = {"engine": GRAPH_ENGINE, "graph": graph_name}, graph_name
-    for stale in folder.glob("*.onnx"):  # an earlier champion's graph: the manifest names only the new one
-        if stale.name != keep:
-            stale.unlink()
 
     manifest_path = folder / "manifest.json"
     write_manifest(manifest_path, DeploymentManifest(
         variant=deployed, family=voice.family, voice=voice.voice, sample_rate_hz=int(voice.sample_rate_hz),
         metrics=selection.rows[deployed], selection=selection_record, mlflow_run_id=run_id, **files))
     load_manifest(manifest_path)  # what serve will do: fail here, not at serving time
+    for stale in folder.glob("*.onnx"):  # an earlier champion's graph: the manifest names only the new one
+        if stale.name != keep:
+            stale.unlink()
     MlflowClient(tracking.tracking_uri).log_artifact(run_id, str(manifest_path), "selection")
     return manifest_path
+
+
+def _clear_alias(tracking: TrackingSettings, registry: RegistrySettings, voice: VoiceIdentity) -> None:
+    """Take the champion alias off an earlier run's graph: this run's champion has none, and
+    ``models:/<name>@champion`` would otherwise name a graph the manifest no longer deploys."""
+    client = MlflowClient(tracking.tracking_uri)
+    model_name = registry.model_name_for(voice.family, voice.voice)
+    if not client.search_registered_models(filter_string=f"name = '{model_name}'"):
+        return
+    with contextlib.suppress(MlflowException):  # no version holds the alias
+        client.delete_registered_model_alias(model_name, registry.alias)
 
 
 def _register_graph(deployment: Deployment, run_id: str, tracking: TrackingSettings, registry: RegistrySettings,
@@ -218,7 +231,7 @@ def select_and_register(rows: dict[str, dict[str, float]], variants: dict, setti
     """The pipeline's last step; returns a one-paragraph summary. ``variants``: {name: compress.variants.Variant};
     ``built_with``: variant -> the typed settings of the stage that built it (compress.stages.built_with).
 
-    A run with no eligible variant, or none with a graph, still finishes: the summary says why.
+    A run with no eligible variant, or none that serve can run, still finishes: the summary says why.
     """
     rule = settings.selection.for_error_unit(error_unit(settings.scored_language))
     selection = select_champion(rows, rule, settings.evaluate.reference_variant)

@@ -16,8 +16,8 @@ itself, fp16/bf16, int8_dynamic: ``REBUILT_VARIANTS``) is deployed with ``engine
 graphs, and the ``recipe`` the stage built it with, so a family whose runtime runs no exported
 graph still serves its champion:
 
-    DeploymentManifest(variant="int8_dynamic", engine="torch", family="gpt_sovits_v2", voice=voice,
-                       sample_rate_hz=32000, recipe={"parts": ["t2s"], "keep_float": ["ar_predict_layer"]})
+    DeploymentManifest(variant="int8_dynamic", engine="torch", family="emotivoice", voice=voice,
+                       sample_rate_hz=16000, recipe={"parts": ["style_encoder"], "keep_float": []})
 
 Schema 1 (one graph under ``graph``) is still read: ``load_manifest`` turns it into
 ``graphs={"synthesizer": graph}``, so a deployment written by an earlier run keeps loading.
@@ -87,6 +87,9 @@ class DeploymentManifest:
 
     def graph_path(self, manifest_path: Path, name: str | None = None) -> Path:
         """Graph ``name`` resolved beside ``manifest_path``; ``name`` may be left out when there is one graph."""
+        if self.engine == REBUILD_ENGINE:
+            raise ManifestError(f"variant {self.variant!r} has no graph: `python -m serve` rebuilds it from the "
+                                f"teacher (engine {REBUILD_ENGINE!r}, recipe {self.recipe})")
         if name is None:
             if len(self.graphs) != 1:
                 raise ManifestError(f"variant {self.variant!r} has graphs {sorted(self.graphs)}: name the one wanted")

@@ -195,19 +195,20 @@ def load_served_model(settings: ServeSettings) -> ServedModel:
                     else settings.fallback_variant)
         note = f"no champion manifest at {manifest_path}: serving {fallback}"
         log.warning(note)
-        served = load_variant(family, fallback, settings.voice, settings.threads, settings.device)
+        served = load_variant(family, fallback, settings.voice, settings.threads, settings.device, settings)
         return dataclasses.replace(served, note=note)
     return load_deployed(manifest_path, settings.threads, settings)
 
 
-def load_deployed(manifest_path: Path, threads: int, settings: ServeSettings | None = None) -> ServedModel:
+def load_deployed(manifest_path: Path, threads: int, settings: ServeSettings | None = None,
+                  device: str = "cpu") -> ServedModel:
     """The variant a manifest deploys (the champion): its graph in the family's graph runtime, or the
     variant rebuilt from the teacher by the manifest's recipe (on ``settings``' device and torch engine;
-    without settings, eager on the CPU)."""
+    without settings, eager on ``device``)."""
     manifest = load_manifest(manifest_path)  # ManifestError names the field at fault
     family = get_family(manifest.family)
     if manifest.engine == REBUILD_ENGINE:
-        base = settings or ServeSettings(family=family.name, source="teacher")  # eager on the CPU
+        base = settings or ServeSettings(family=family.name, source="teacher", device=device)  # eager
         rebuilt_settings = dataclasses.replace(base, **{RECIPE_SETTINGS[name]: tuple(value)
                                                         for name, value in manifest.recipe.items()})
         served = load_variant(family, manifest.variant, manifest.voice, threads, rebuilt_settings.device,

@@ -140,7 +140,7 @@ class ServeSettings:
             fail("manifest_path", "give the champion's manifest.json path when source is 'champion'")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             fail("device", "use 'cpu' or 'cuda[:N]'")
-        if self.source == "int8_dynamic":
+        if "int8_dynamic" in (self.source, self.fallback_variant if self.source == "champion" else None):
             if not self.int8_parts:
                 fail("int8_parts", "int8_dynamic needs the parts whose Linear layers run in int8; the family's "
                                    "stage defaults (stages.int8_dynamic.parts) name none")

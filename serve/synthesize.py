@@ -86,7 +86,7 @@ def load_source(family: Family, voice: str, variant: str | None, graph: Path | N
     if sum(source is not None for source in (variant, graph, manifest)) > 1:
         raise ValueError("give one of --variant (or --engine), --graph, --manifest")
     if manifest is not None:
-        return load_deployed(Path(manifest), threads=0).model
+        return load_deployed(Path(manifest), threads=0, device=device).model
     if graph is not None:
         if family.reference is None:
             raise ValueError(f"family {family.name} has no runtime for exported graphs")
@@ -180,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
                                                     "default: the family's own")
     parser.add_argument("--engine", choices=ENGINES, default=None, help="torch = --variant teacher, "
                         "onnxruntime = --variant original_onnx (the default is the teacher)")
-    parser.add_argument("--variant", choices=SERVABLE_VARIANTS, default=None, help="a variant built from the voice")
+    # int8_dynamic needs the parts its stage converted: a champion's manifest (--manifest) carries them.
+    parser.add_argument("--variant", choices=[v for v in SERVABLE_VARIANTS if v != "int8_dynamic"], default=None,
+                        help="a variant built from the voice")
     parser.add_argument("--graph", type=Path, default=None, help="an exported graph in the family's contract")
     parser.add_argument("--manifest", type=Path, default=None, help="a deployment manifest (the champion's)")
     parser.add_argument("--noise-scale", type=float, default=None, help="default: the family's sampling default")

@@ -405,3 +405,28 @@ def test_a_voice_is_held_to_the_error_rate_its_language_is_scored_in():
     assert [c.metric for c in by_word.constraints if c.metric in ("wer", "cer")] == ["wer"]
     with pytest.raises(ValueError, match="error unit"):
         default_settings().for_error_unit("phoneme")
+
+
+def test_a_rebuilt_champion_takes_the_alias_off_the_earlier_graph(tmp_path):
+    """models:/<name>@champion must not name a graph the manifest no longer deploys."""
+    tracking = TrackingSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "alias-test")
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    experiment_id = mlflow.create_experiment(tracking.experiment_name, artifact_location=(tmp_path / "art").as_uri())
+    voice = VoiceIdentity("piper", "bundled:joe", 22050)
+    rows = rows_fixture()
+    with_graph = select_champion(rows, SelectionSettings(), "teacher")  # int8_ort
+    with mlflow.start_run(experiment_id=experiment_id) as parent:
+        register_champion(with_graph, {"int8_ort": {"onnx": tiny_graph(tmp_path / "int8.onnx", 3.0)}},
+                          parent.info.run_id, tracking, tmp_path / "outputs", SelectionSettings(), voice, PIPER)
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    assert client.get_model_version_by_alias("tts-compress-piper-joe", "champion").tags["variant"] == "int8_ort"
+
+    rows["teacher"]["rtf_cpu_b1"] = 0.01  # now the teacher wins, and this run exported no graph of it
+    rebuilt = select_champion(rows, SelectionSettings(), "teacher")
+    with mlflow.start_run(experiment_id=experiment_id) as parent:
+        manifest_path = register_champion(rebuilt, {}, parent.info.run_id, tracking, tmp_path / "outputs",
+                                          SelectionSettings(), voice, PIPER)
+    assert (load_manifest(manifest_path).variant, load_manifest(manifest_path).engine) == ("teacher", "torch")
+    with pytest.raises(mlflow.exceptions.MlflowException):
+        client.get_model_version_by_alias("tts-compress-piper-joe", "champion")
+    assert len(client.search_model_versions("name = 'tts-compress-piper-joe'")) == 1  # the version itself stays

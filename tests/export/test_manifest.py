@@ -111,6 +111,8 @@ def test_a_variant_rebuilt_from_the_teacher_round_trips_with_its_recipe(tmp_path
                                   sample_rate_hz=32000, recipe={"keep_fp32": ["sovits"]})
     write_manifest(path, manifest)
     assert load_manifest(path) == manifest and load_manifest(_rebuilt(tmp_path / "int8.json")).graphs == {}
+    with pytest.raises(ManifestError, match="has no graph: `python -m serve` rebuilds it from the teacher"):
+        manifest.graph_path(path)  # what the Triton tools ask of a manifest
 
 
 @pytest.mark.parametrize("change, message", [

@@ -151,13 +151,14 @@ def test_int8_dynamic_settings_come_from_the_family_stage_defaults(tmp_path):
 
 def test_a_rebuilt_champion_is_the_variant_its_stage_scored(tmp_path, monkeypatch):
     """A manifest with engine "torch" (a family without a runtime for exported graphs) is served as the
-    teacher rebuilt by its recipe: here int8_dynamic of a tiny EmotiVoice, whose audio equals the same
-    conversion done by hand, Linear layers int8 only in the recipe's part."""
+    teacher rebuilt by its recipe: here int8_dynamic of a tiny EmotiVoice, whose weights equal those of
+    the variant the int8_dynamic stage builds, Linear layers int8 only in the recipe's part."""
     import dataclasses
 
     import torch
 
-    from models.dynamic_int8 import to_dynamic_int8
+    from compress.int8_dynamic import Int8DynamicSettings, build
+    from compress.variants import StageContext, Variant
     from models.emotivoice.tiny import tiny_voice
     from models.interface import SynthesisRequest
     from models.precision import waveform_snr_db
@@ -183,8 +184,10 @@ def test_a_rebuilt_champion_is_the_variant_its_stage_scored(tmp_path, monkeypatc
     assert not any(isinstance(m, dynamic) for role, part in parts.items() if role != "style_encoder"
                    for m in part.modules())
 
-    by_hand = tiny_voice(0)
-    to_dynamic_int8(by_hand, ["style_encoder"])
+    teacher = tiny_voice(0)
+    by_stage = build(Variant("teacher", teacher, "torch", "cpu", 0.0, 0.0), Int8DynamicSettings(parts=["style_encoder"]),
+                     StageContext([], tmp_path / "stage", 1, tmp_path / "cache", tiny, "random"))
+    by_hand = by_stage.model
     served_state, expected_state = served.model.state_dict(), by_hand.state_dict()
     assert served_state.keys() == expected_state.keys()
     for name, expected in expected_state.items():  # the int8 weights, scales and float tensors, exactly
@@ -213,3 +216,23 @@ def test_an_autoregressive_family_does_not_serve_int8_dynamic(tmp_path):
     """GPT-SoVITS serves by token steps on its step engine, whose weights are float tensors."""
     with pytest.raises(ValueError, match="token-step engine runs float weights"):
         load_served_model(serve_settings(tmp_path, "model=gpt_sovits_v2", "serve.source=int8_dynamic"))
+
+
+def test_a_champion_source_falling_back_to_int8_dynamic_is_checked_and_built(tmp_path, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from models.emotivoice.tiny import tiny_voice
+    from models.registry import FAMILIES
+
+    with pytest.raises(ValueError, match="int8_dynamic needs the parts"):  # Piper's stage defaults name none
+        serve_settings(tmp_path, "serve.source=champion", "serve.fallback_variant=int8_dynamic")
+    monkeypatch.setitem(FAMILIES, "emotivoice", dataclasses.replace(
+        FAMILIES["emotivoice"], load_teacher=lambda voice, cache_dir: tiny_voice(0)))
+    served = load_served_model(serve_settings(tmp_path, "model=emotivoice", "serve.source=champion",
+                                              f"serve.manifest_path={tmp_path / 'none.json'}",
+                                              "serve.fallback_variant=int8_dynamic"))
+    assert served.model_id == "int8_dynamic" and "no champion manifest" in served.note
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in served.model.parts()["style_encoder"].modules())
+
