@@ -211,6 +211,9 @@ def load_deployed(manifest_path: Path, threads: int, settings: ServeSettings | N
         base = settings or ServeSettings(family=family.name, source="teacher", device=device)  # eager
         rebuilt_settings = dataclasses.replace(base, **{RECIPE_SETTINGS[name]: tuple(value)
                                                         for name, value in manifest.recipe.items()})
+        if manifest.variant in HALF_PRECISION_VARIANTS and rebuilt_settings.device == "cpu":
+            log.warning("%s: the champion %s is a GPU precision; on the CPU its half-precision kernels run slower "
+                        "than float32 (serve.device=cuda serves it as scored)", manifest_path, manifest.variant)
         served = load_variant(family, manifest.variant, manifest.voice, threads, rebuilt_settings.device,
                               rebuilt_settings)
         if served.model.sample_rate_hz != manifest.sample_rate_hz:
