@@ -75,13 +75,18 @@ def test_two_families_keep_their_own_stage_outputs_and_champions(tmp_path, monke
     assert rows["fp16"]["sensitivity_measure_s"] == piper_table["measure_s"]
     assert _table(output_dir, "piper") == piper_table
 
-    # Piper's champion is in Piper's folder; EmotiVoice's run deployed none (no graph: export is off).
+    # Each family's champion is in its own folder: EmotiVoice's, with no graph runtime, as the recipe
+    # that rebuilds it from the teacher (the teacher: its fp16 has no CPU time to rank on).
     manifest = output_dir / "champion" / "piper" / "manifest.json"
     assert json.loads(manifest.read_text(encoding="utf-8"))["family"] == "piper"
-    assert not (output_dir / "champion" / "emotivoice").exists()
+    emotivoice_manifest = output_dir / "champion" / "emotivoice" / "manifest.json"
+    deployed = json.loads(emotivoice_manifest.read_text(encoding="utf-8"))
+    assert (deployed["family"], deployed["variant"], deployed["engine"], deployed["graphs"]) == (
+        "emotivoice", "teacher", "torch", {})
+    assert sorted(p.name for p in emotivoice_manifest.parent.iterdir()) == ["manifest.json"]
     served = load_served_model(serve_settings_from_config(compose_config(tmp_path, PIPER_RUN)))
     assert served.family.name == "piper" and served.note == f"champion from {manifest}"
-    # Configured for EmotiVoice, the server does not take Piper's champion: it falls back, in EmotiVoice.
+    # Configured for EmotiVoice, the server takes EmotiVoice's champion, not Piper's.
     served = load_served_model(serve_settings_from_config(compose_config(tmp_path, EMOTIVOICE_RUN)))
     assert served.family.name == "emotivoice" and served.model_id == "teacher"
-    assert str(output_dir / "champion" / "emotivoice" / "manifest.json") in served.note
+    assert served.note.startswith(f"champion from {emotivoice_manifest}, rebuilt from the teacher")
