@@ -16,7 +16,8 @@ from models.registry import FAMILIES
 
 # What ``source`` may name besides "champion": the variants serve can build without a manifest.
 # fp16 and bf16 are the teacher with its parts in half precision, built as compress/half_precision.py
-# builds them (models/precision.py), so they run on the torch engines like the teacher.
+# builds them (models/precision.py), so they run on the torch engines like the teacher; int8_dynamic is
+# the teacher with int8_parts' Linear layers in dynamic int8 (models/dynamic_int8.py), eager on the CPU.
 SERVABLE_VARIANTS = ("original_onnx", "teacher", "fp16", "bf16", "int8_dynamic")
 HALF_PRECISION_VARIANTS = {"fp16": "float16", "bf16": "bfloat16"}
 STREAMING_MODES = ("sentence", "decoder_chunks")
