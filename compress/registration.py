@@ -80,8 +80,11 @@ def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[st
     if selection.champion is None:
         raise NoDeployableVariant(f"no eligible variant under the rule: {selection.rule}")
 
+    def runnable_graph(name: str) -> Path | None:
+        return _graph(variant_artifacts, name) if family.reference is not None else None
+
     def refusal(name: str) -> str | None:
-        if family.reference is not None and _graph(variant_artifacts, name) is not None:
+        if runnable_graph(name) is not None:
             return None
         graph = ("it has no ONNX graph" if family.reference is not None else
                  "the family has no runtime for exported graphs (Family.reference)")
@@ -91,7 +94,7 @@ def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[st
     for rank, name in enumerate(selection.ranking):
         if refusal(name) is not None:
             continue
-        graph = _graph(variant_artifacts, name) if family.reference is not None else None
+        graph = runnable_graph(name)
         how = "its ONNX graph" if graph is not None else "rebuilt from the teacher by its recipe"
         if name == selection.champion:
             objective = selection.objective_metric

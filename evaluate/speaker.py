@@ -87,10 +87,10 @@ class SpeakerSimilarity(Metric):
         self, test: torch.Tensor | np.ndarray, reference: torch.Tensor | np.ndarray, sample_rate_hz: int
     ) -> None:
         reference_speech = speech_at_16k(reference, sample_rate_hz, "reference")  # (T_ref_16k,)
-        test_speech = speech_at_16k(test, sample_rate_hz, "test")  # (T_test_16k,)
         if reference_speech.size == 0:
             self.unscored += 1
             return
+        test_speech = speech_at_16k(test, sample_rate_hz, "test")  # (T_test_16k,)
         if test_speech.size == 0:
             self.silenced += 1
             similarity = 0.0

@@ -24,7 +24,7 @@ from models.dynamic_int8 import to_dynamic_int8
 from models.family import Family
 from models.interface import Capabilities, TTSModel
 from models.registry import get_family
-from models.voice_spec import is_random, spec_name
+from models.voice_spec import spec_name
 from serve.settings import HALF_PRECISION_VARIANTS, SERVABLE_VARIANTS, ServeSettings
 
 # A rebuilt manifest's recipe field -> the serve setting it stands for (export.manifest.REBUILT_VARIANTS)
@@ -68,7 +68,7 @@ class ServedModel:
         ``random`` or the first file's name for a family whose voice is a set of files (models/voice_spec.py)."""
         if self.voice.startswith("bundled:"):
             return self.voice.split(":", 1)[1]
-        if self.family.voice_fields and (is_random(self.voice) or "=" in self.voice):
+        if self.family.voice_fields:  # "random" or KEY=PATH;... (models/voice_spec.py)
             return spec_name(self.voice)
         stem = Path(self.voice).name.removesuffix(".onnx")
         parts = stem.split("-")
