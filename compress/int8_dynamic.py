@@ -1,7 +1,8 @@
 """Stage: CPU INT8 by dynamic quantization of a model's Linear layers in PyTorch (the ``int8_dynamic`` variant).
 
 The conversion is models/dynamic_int8.py's (the server rebuilds the variant with it): weights int8
-with one scale per output channel, activations quantized per call, no calibration set. It suits
+with one scale per output channel, activations quantized per call with one scale per row, no
+calibration set. It suits
 the parts whose time goes into matrix-vector products, an autoregressive transformer's decode
 steps, on CPU kernels. Which parts, and which of their Linear layers stay float32, is the family's
 stage default (conf/stages/family/<family>.yaml):
@@ -26,7 +27,7 @@ from torch import nn
 
 from compress.variants import StageContext, Variant, check_part_roles, require_parts
 from core.config import ConfigError
-from models.dynamic_int8 import to_dynamic_int8
+from models.dynamic_int8 import DynamicInt8Linear, to_dynamic_int8
 from models.family import Family
 
 VARIANT_NAME = "int8_dynamic"
@@ -53,43 +54,29 @@ class Int8DynamicSettings:
         check_part_roles("stages.int8_dynamic.parts", self.parts, family)
 
 
-def _tensors(value) -> list[torch.Tensor]:
-    """The tensors of a state dict entry: a dynamic Linear stores (int8 weight, bias) as one entry."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    return []
-
-
 def weight_bytes(module: nn.Module) -> tuple[int, int, int]:
-    """(bytes, values, int8 values) of every weight and buffer ``module`` ships; int8 tensors count one
-    byte a value plus their per-channel scales and zero points. A tensor shared under several names
-    (tied embeddings) counts once, as ``evaluate.memory.state_dict_size_mb`` counts it."""
+    """(bytes, values, int8 values) of every weight and buffer ``module`` ships; an int8 weight counts
+    one byte a value, its per-channel scales four. A tensor shared under several names (tied
+    embeddings) counts once, as ``evaluate.memory.state_dict_size_mb`` counts it."""
     total = values = int8_values = 0
     seen = set()
-    for value in module.state_dict().values():
-        for tensor in _tensors(value):
-            key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
-            if key in seen:
-                continue
-            seen.add(key)
-            values += tensor.numel()
-            if tensor.is_quantized:
-                int8_values += tensor.numel()
-                total += tensor.numel()
-                if tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric):
-                    total += tensor.q_per_channel_scales().numel() * 8 + tensor.q_per_channel_zero_points().numel() * 8
-            else:
-                total += tensor.numel() * tensor.element_size()
+    for tensor in module.state_dict().values():
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if key in seen:
+            continue
+        seen.add(key)
+        values += tensor.numel()
+        total += tensor.numel() * tensor.element_size()
+        if tensor.dtype == torch.int8:
+            int8_values += tensor.numel()
     return total, values, int8_values
 
 
 def parameter_count_int8(model: nn.Module) -> int:
-    """Parameters as the teacher counts them: a dynamic Linear's int8 weight and bias are no ``parameters()``."""
-    packed = sum(m.weight().numel() + (0 if m.bias() is None else m.bias().numel())
-                 for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear))
-    return sum(p.numel() for p in model.parameters()) + packed
+    """Parameters as the teacher counts them: a DynamicInt8Linear's weight and bias are buffers, not ``parameters()``."""
+    converted = sum(m.weight_int8.numel() + (0 if m.bias is None else m.bias.numel())
+                    for m in model.modules() if isinstance(m, DynamicInt8Linear))
+    return sum(p.numel() for p in model.parameters()) + converted
 
 
 def build(teacher: Variant, settings: Int8DynamicSettings, ctx: StageContext) -> Variant:
@@ -113,5 +100,5 @@ def build(teacher: Variant, settings: Int8DynamicSettings, ctx: StageContext) ->
         stage_metrics={"int8_linear_layers": float(quantized_count), "int8_weight_fraction": int8_values / values,
                        **fractions},
         stage_tags={"int8_parts": ",".join(settings.parts), "float_linear_layers": ",".join(kept_all) or "none",
-                    "execution": "torch.ao dynamic int8 (per-channel weights, per-call activations) on CPU kernels"},
+                    "execution": "dynamic int8 (per-channel weights, per-row activations per call) on CPU kernels"},
     )

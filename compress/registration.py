@@ -88,7 +88,7 @@ def deployable_choice(selection: Selection, variant_artifacts: dict[str, dict[st
             return None
         graph = ("it has no ONNX graph" if family.reference is not None else
                  "the family has no runtime for exported graphs (Family.reference)")
-        rebuilt = rebuild_refusal(name, family.capabilities)
+        rebuilt = rebuild_refusal(name)
         return None if rebuilt is None else f"{graph}, and it {rebuilt}"
 
     for rank, name in enumerate(selection.ranking):

@@ -30,7 +30,6 @@ from pathlib import Path
 
 from core.atomic_io import write_text_atomic
 from models.graph_contract import SYNTHESIZER
-from models.interface import Capabilities
 from models.registry import FAMILIES
 
 MANIFEST_SCHEMA_VERSION = 2
@@ -45,13 +44,10 @@ REBUILT_VARIANTS = {"teacher": (), "fp16": ("keep_fp32",), "bf16": ("keep_fp32",
                     "int8_dynamic": ("parts", "keep_float")}
 
 
-def rebuild_refusal(variant: str, capabilities: Capabilities) -> str | None:
-    """Why a family with ``capabilities`` cannot serve ``variant`` rebuilt from its teacher; None when it can."""
+def rebuild_refusal(variant: str) -> str | None:
+    """Why the server cannot rebuild ``variant`` from its family's teacher; None when it can."""
     if variant not in REBUILT_VARIANTS:
         return f"is not rebuilt from the teacher (rebuilt: {sorted(REBUILT_VARIANTS)})"
-    if variant == "int8_dynamic" and capabilities.autoregressive:
-        # The server decodes such a family by token steps on its step engine, whose weights are float tensors.
-        return "runs dynamic int8 Linear layers, and the family's token-step engine runs float weights"
     return None
 
 
@@ -186,7 +182,7 @@ def _check_recipe(manifest: DeploymentManifest, path: Path) -> None:
     if manifest.graphs:
         raise ManifestError(f"{path}: engine {REBUILD_ENGINE!r} rebuilds the variant from the teacher; "
                             f"graphs must be empty, got {sorted(manifest.graphs)}")
-    refusal = rebuild_refusal(manifest.variant, FAMILIES[manifest.family].capabilities)
+    refusal = rebuild_refusal(manifest.variant)
     if refusal is not None:
         raise ManifestError(f"{path}: variant {manifest.variant!r} {refusal}")
     recipe = manifest.recipe

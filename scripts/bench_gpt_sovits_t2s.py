@@ -19,15 +19,18 @@ tokens; peak VRAM; the kernels of one step; greedy token agreement of each engin
 FP32 port. The JSON is rewritten after
 each section, so a run cut short still leaves what it measured.
 
-CPU: eager FP32, dynamic INT8 (``quantize_dynamic`` on the port's ``nn.Linear`` layers: bert_proj, the
-packed q/k/v projection, out_proj, the feed-forward pair and the output head), the engine in FP32
-without graphs, and onnxruntime (the prefill and decode-step graphs exported from the eager port,
+CPU: eager FP32, dynamic INT8 (models/dynamic_int8.py on the port's ``nn.Linear`` layers as the
+int8_dynamic stage converts them: bert_proj, the packed q/k/v projection, out_proj and the
+feed-forward pair; the output head stays float) and, for comparison, torch.ao's deprecated
+``quantize_dynamic`` on the same layers; the engine without graphs in FP32 and on those INT8 layers
+(what the server runs); and onnxruntime (the prefill and decode-step graphs exported from the eager port,
 decoded by models/gpt_sovits/onnx_decode.py) as exported and with onnxruntime's dynamic INT8, same
 run; each row the median of ``--repeats`` warm runs, one row after the other.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from core.publishing import add_allow_dirty_argument, publication_or_exit
+from models.dynamic_int8 import linear_names, quantize_linears
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
 from models.gpt_sovits.engine_weights import (
     MANIFEST_PATH,
@@ -57,6 +61,7 @@ PHONEMES = 30
 PROMPT_TOKENS = 30
 TTFA_TOKENS = 25  # 25 semantic tokens = 1 s of audio at 25 Hz: a first streamed chunk
 STREAMS = 64
+INT8_KEEP_FLOAT = ("ar_predict_layer",)  # conf/stages/family/gpt_sovits.yaml's int8_dynamic.keep_float
 
 
 def make_request(config: T2SConfig, tokens: int, seed: int, top_k: int = 1) -> T2SRequest:
@@ -515,17 +520,34 @@ def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: d
     rows = result["batch1"] = {}
     rows["eager_fp32"], fp32_tokens = cpu_row(lambda r: decode_eager(eager, r), request, warm_request, args.repeats)
     write(result, args.out)
-    int8 = torch.ao.quantization.quantize_dynamic(eager, {torch.nn.Linear}, dtype=torch.qint8)
+    # The int8_dynamic variant as the stage builds it and the server rebuilds it (the family's recipe:
+    # every Linear layer but the output head, whose logits choose every token)
+    int8 = copy.deepcopy(eager)
+    quantize_linears(int8, linear_names(int8, INT8_KEEP_FLOAT)[0])
     rows["eager_dynamic_int8"], int8_tokens = cpu_row(lambda r: decode_eager(int8, r), request, warm_request,
                                                       args.repeats)
     rows["eager_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(int8_tokens, fp32_tokens)
     write(result, args.out)
-    weights = T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")
-    engine = T2SEngine(weights, max_batch=1, max_len=((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16)
-    row = bench_engine(engine, request, "cpu", repeats=args.repeats)
-    row["greedy_agreement_with_eager_fp32"] = agreement(row.pop("tokens"), fp32_tokens)
-    rows["engine_fp32_eager_steps"] = row
+    # For comparison: torch.ao's deprecated quantize_dynamic on the same layers (one activation scale
+    # per tensor, so a batch's rows move each other; the project does not use it)
+    ao_int8 = copy.deepcopy(eager)
+    ao_names = linear_names(ao_int8, INT8_KEEP_FLOAT)[0]
+    torch.ao.quantization.quantize_dynamic(ao_int8, {name: torch.ao.quantization.per_channel_dynamic_qconfig
+                                                     for name in ao_names}, dtype=torch.qint8, inplace=True)
+    rows["eager_torch_ao_dynamic_int8"], ao_tokens = cpu_row(lambda r: decode_eager(ao_int8, r), request,
+                                                             warm_request, args.repeats)
+    rows["eager_torch_ao_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(ao_tokens, fp32_tokens)
     write(result, args.out)
+    max_len = ((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16
+    for name, weights in (("engine_fp32_eager_steps", T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")),
+                          ("engine_dynamic_int8_eager_steps", T2SWeights.from_model(int8))):  # the served paths
+        row = bench_engine(T2SEngine(weights, max_batch=1, max_len=max_len), request, "cpu", repeats=args.repeats)
+        tokens_made = row.pop("tokens")
+        row["greedy_agreement_with_eager_fp32"] = agreement(tokens_made, fp32_tokens)
+        if weights.int8_projections:
+            row["greedy_agreement_with_eager_dynamic_int8"] = agreement(tokens_made, int8_tokens)
+        rows[name] = row
+        write(result, args.out)
     rows.update(onnxruntime_rows(eager, request, warm_request, fp32_tokens, args.threads, args.repeats))
     write(result, args.out)
 

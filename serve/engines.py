@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from export.manifest import REBUILD_ENGINE, load_manifest, rebuild_refusal
+from export.manifest import REBUILD_ENGINE, load_manifest
 from models.dynamic_int8 import to_dynamic_int8
 from models.family import Family
 from models.interface import Capabilities, TTSModel
@@ -170,9 +170,6 @@ def load_variant(family: Family, variant: str, voice: str, threads: int, device:
 def _dynamic_int8(family: Family, voice: str, device: str, settings: ServeSettings | None) -> ServedModel:
     """The teacher with ``settings.int8_parts``' Linear layers in dynamic int8 (models/dynamic_int8.py, the
     conversion the int8_dynamic stage scored), eager on the CPU."""
-    refusal = rebuild_refusal("int8_dynamic", family.capabilities)
-    if refusal is not None:
-        raise ValueError(f"family {family.name}: int8_dynamic {refusal}; serve teacher, fp16 or bf16")
     if settings is None or not settings.int8_parts:
         raise ValueError("int8_dynamic needs serve.int8_parts: the parts whose Linear layers run in int8 "
                          "(the family's stages.int8_dynamic.parts)")

@@ -47,10 +47,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from models.dynamic_int8 import DynamicInt8Linear
 from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
 from models.gpt_sovits.engine_weights import (
     LAYER_NORM_EPS,
     POSITION_TABLE_LEN,
+    Projection,
     T2SLayerWeights,
     T2SWeights,
 )
@@ -122,14 +124,29 @@ class RowSettings:
     rows_by_mode: dict[bool, torch.Tensor]  # greedy? -> (n,) rows of the group choosing that way
 
 
+def project(x: torch.Tensor, weight: Projection, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """x (..., in) -> (..., out), ReLU'd if asked. A float weight: one GEMM, for a decode step's rows
+    (x 2-D) with the bias and ReLU fused into it; a dynamic int8 Linear (CPU): its own product, with
+    its own bias."""
+    if isinstance(weight, DynamicInt8Linear):
+        y = weight(x)
+        return F.relu(y) if relu else y
+    if x.dim() == 2:
+        if bias is None:
+            return x @ weight.t()
+        return torch._addmm_activation(bias, x, weight.t()) if relu else torch.addmm(bias, x, weight.t())
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
+
+
 def after_attention(x: torch.Tensor, attention: torch.Tensor, layer: T2SLayerWeights) -> torch.Tensor:
     """The rest of a post-norm layer for one token a row: x (B, d) and its attention (B, d) ->
     LayerNorm(y + FFN(y)) with y = LayerNorm(x + W_o attention), in cuBLAS products."""
     d = x.shape[-1]
-    x = F.layer_norm(x + torch.addmm(layer.out_bias, attention, layer.out_weight.t()), (d,), layer.norm1_weight,
+    x = F.layer_norm(x + project(attention, layer.out_weight, layer.out_bias), (d,), layer.norm1_weight,
                      layer.norm1_bias, LAYER_NORM_EPS)
-    hidden = torch._addmm_activation(layer.ffn1_bias, x, layer.ffn1_weight.t())  # relu fused in the GEMM
-    return F.layer_norm(x + torch.addmm(layer.ffn2_bias, hidden, layer.ffn2_weight.t()), (d,), layer.norm2_weight,
+    hidden = project(x, layer.ffn1_weight, layer.ffn1_bias, relu=True)
+    return F.layer_norm(x + project(hidden, layer.ffn2_weight, layer.ffn2_bias), (d,), layer.norm2_weight,
                         layer.norm2_bias, LAYER_NORM_EPS)
 
 
@@ -271,7 +288,7 @@ class T2SEngine:
         self._start_rows(inputs, settings)
 
     def _allocate_prefill_inputs(self, rows: int, positions: int) -> PrefillInputs:
-        return PrefillInputs.allocate(rows, positions, self.weights.bert_proj_weight.shape[1], self.config.vocab_size,
+        return PrefillInputs.allocate(rows, positions, self.config.bert_feature_dim, self.config.vocab_size,
                                       self.weights.dtype, self.device)
 
     @torch.no_grad()
@@ -288,7 +305,7 @@ class T2SEngine:
         is_text = positions.unsqueeze(0) < text_len.unsqueeze(1)  # (B, n)
         in_row = positions.unsqueeze(0) < length.unsqueeze(1)  # (B, n)
         text_x = (w.text_embedding[inputs.ids.where(is_text, 0)]
-                  + F.linear(inputs.bert, w.bert_proj_weight, w.bert_proj_bias)) + w.text_positions[:padded]
+                  + project(inputs.bert, w.bert_proj_weight, w.bert_proj_bias)) + w.text_positions[:padded]
         audio_positions = (positions.unsqueeze(0) - text_len.unsqueeze(1)).clamp(min=0)  # (B, n)
         audio_x = w.audio_embedding[inputs.ids.where(~is_text, 0)] + w.audio_positions[audio_positions]
         x = torch.where((is_text & in_row).unsqueeze(2), text_x, audio_x * in_row.unsqueeze(2))  # (B, n, d)
@@ -298,22 +315,22 @@ class T2SEngine:
         key_is_text = key < text_len.view(batch, 1, 1)
         allowed = (query == key) | (in_row.unsqueeze(2) & (key_is_text | (key <= query)))  # (B, n, n)
         for index, layer in enumerate(w.layers):
-            qkv = F.linear(x, layer.qkv_weight, layer.qkv_bias)  # (B, n, 3d)
+            qkv = project(x, layer.qkv_weight, layer.qkv_bias)  # (B, n, 3d)
             self.kv_cache[index, :, :padded].index_copy_(0, slot_ids, qkv[..., d:])
             q, k, v = qkv.unflatten(-1, (3, heads, config.head_dim)).permute(2, 0, 3, 1, 4)  # 3 x (B, H, n, Dh)
             attention = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed.unsqueeze(1))  # (B, H, n, Dh)
             attention = attention.transpose(1, 2).reshape(batch, padded, d)
             x = F.layer_norm(
-                x + F.linear(attention, layer.out_weight, layer.out_bias), (d,), layer.norm1_weight, layer.norm1_bias,
+                x + project(attention, layer.out_weight, layer.out_bias), (d,), layer.norm1_weight, layer.norm1_bias,
                 LAYER_NORM_EPS,
             )
-            hidden = F.relu(F.linear(x, layer.ffn1_weight, layer.ffn1_bias))
+            hidden = project(x, layer.ffn1_weight, layer.ffn1_bias, relu=True)
             x = F.layer_norm(
-                x + F.linear(hidden, layer.ffn2_weight, layer.ffn2_bias), (d,), layer.norm2_weight, layer.norm2_bias,
+                x + project(hidden, layer.ffn2_weight, layer.ffn2_bias), (d,), layer.norm2_weight, layer.norm2_bias,
                 LAYER_NORM_EPS,
             )
         last = x[torch.arange(batch, device=self.device), length - 1]  # (B, d)
-        inputs.logits.copy_(F.linear(last, w.predict_weight))
+        inputs.logits.copy_(project(last, w.predict_weight))
 
     def _upload_settings(self, requests: list[T2SRequest]) -> RowSettings:
         """The requests' sampling and stop settings on the device, uploaded before the pass runs
@@ -369,7 +386,7 @@ class T2SEngine:
         bias = bias.view(batch, 1, 1, cache_bucket)
         slot_ids = self._slot_ids[rows]
         for index, layer in enumerate(w.layers):
-            qkv = torch.addmm(layer.qkv_bias, x, layer.qkv_weight.t())  # (B, 3d)
+            qkv = project(x, layer.qkv_weight, layer.qkv_bias)  # (B, 3d)
             self.kv_cache[index].index_put_((slot_ids, write_pos), qkv[:, d:])
             q = qkv[:, :d].unflatten(1, (heads, 1, config.head_dim))  # (B, H, 1, Dh)
             cache = self.kv_cache[index, rows, :cache_bucket].unflatten(2, (2, heads, config.head_dim))  # (B, Lb, 2, H, Dh)
@@ -377,7 +394,7 @@ class T2SEngine:
             values = cache[:, :, 1].transpose(1, 2)
             attention = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias).reshape(batch, d)
             x = after_attention(x, attention, layer)
-        logits = (x @ w.predict_weight.t()).float()  # (B, V)
+        logits = project(x, w.predict_weight).float()  # (B, V)
         self._choose_and_record(rows, logits, greedy)
         self.cache_len[rows].add_(1)
         self.audio_pos[rows].add_(1)
@@ -472,10 +489,10 @@ class T2SEngine:
         """Raise ValueError naming what this engine cannot decode in ``request``."""
         text_len = request.phoneme_ids.shape[0]
         prompt_len = 0 if request.prompt_tokens is None else request.prompt_tokens.shape[0]
-        if tuple(request.bert_features.shape) != (self.weights.bert_proj_weight.shape[1], text_len):
+        if tuple(request.bert_features.shape) != (self.config.bert_feature_dim, text_len):
             raise ValueError(
                 f"bert_features {tuple(request.bert_features.shape)} must be "
-                f"({self.weights.bert_proj_weight.shape[1]}, {text_len}) for {text_len} phonemes"
+                f"({self.config.bert_feature_dim}, {text_len}) for {text_len} phonemes"
             )
         needed = text_len + prompt_len + request.max_steps
         if needed > self.max_len:

@@ -10,6 +10,12 @@ At full size with random weights, from the manifest the benchmark carries:
     model = t2s_from_manifest(MANIFEST_PATH)                     # keys and shapes checked against it
     state_dict = random_state_dict(model.config, seed=0)
     weights = T2SWeights.from_state_dict(model.config, state_dict, torch.float16, "cuda")
+
+From a model as it runs (its dtype and device), where models/dynamic_int8.py may have converted
+Linear layers; those stay int8 modules that run their own product (CPU, the torch engine only):
+
+    weights = T2SWeights.from_model(model)
+    weights.int8_projections      # e.g. ("bert_proj", "h.layers.0.linear1", ...)
 """
 from __future__ import annotations
 
@@ -19,11 +25,18 @@ from pathlib import Path
 
 import torch
 
-from models.gpt_sovits.t2s import T2SConfig, Text2SemanticModel, sinusoid_table
+from models.dynamic_int8 import DynamicInt8Linear
+from models.gpt_sovits.t2s import OFFICIAL_PROJECTION_NAMES, T2SConfig, Text2SemanticModel, sinusoid_table
 from models.gpt_sovits.t2s_checkpoint import KEY_PREFIX
 
 LAYER_NORM_EPS = T2SConfig.norm_eps  # the eager port's default; the engines' kernels take it as a constant
 POSITION_TABLE_LEN = 4000  # the official tables hold 4000 positions
+# A projection's weight: a float tensor, or a dynamic int8 Linear (its bias inside) the torch engine calls
+Projection = torch.Tensor | DynamicInt8Linear
+# The model's Linear modules and the weight fields that hold them (layer fields per ``h.layers.N.``)
+TOP_PROJECTIONS = {"bert_proj": "bert_proj_weight", "ar_predict_layer": "predict_weight"}
+LAYER_PROJECTIONS = {"self_attn.in_proj": "qkv_weight", "self_attn.out_proj": "out_weight", "linear1": "ffn1_weight",
+                     "linear2": "ffn2_weight"}
 MANIFEST_PATH = Path(__file__).resolve().parent / "data" / "manifest_official_t2s.json"
 
 
@@ -58,15 +71,23 @@ def random_state_dict(config: T2SConfig, seed: int, logit_std: float = 3.0) -> d
     return state_dict
 
 
+def _official_key(key: str) -> str:
+    """A module's state dict key under the official checkpoint's name (``...in_proj.weight`` -> ``...in_proj_weight``)."""
+    for ours, official in OFFICIAL_PROJECTION_NAMES.items():
+        if key.endswith(ours):
+            return key[: -len(ours)] + official
+    return key
+
+
 @dataclass
 class T2SLayerWeights:
-    qkv_weight: torch.Tensor  # (3d, d), rows q, k, v
+    qkv_weight: Projection  # (3d, d), rows q, k, v
     qkv_bias: torch.Tensor
-    out_weight: torch.Tensor  # (d, d)
+    out_weight: Projection  # (d, d)
     out_bias: torch.Tensor
-    ffn1_weight: torch.Tensor  # (4d, d)
+    ffn1_weight: Projection  # (4d, d)
     ffn1_bias: torch.Tensor
-    ffn2_weight: torch.Tensor  # (d, 4d)
+    ffn2_weight: Projection  # (d, 4d)
     ffn2_bias: torch.Tensor
     norm1_weight: torch.Tensor
     norm1_bias: torch.Tensor
@@ -79,22 +100,48 @@ class T2SWeights:
     """The T2S weights in one dtype on one device, with the scaled positional tables precomputed."""
 
     config: T2SConfig
-    bert_proj_weight: torch.Tensor  # (d, bert_feature_dim)
+    bert_proj_weight: Projection  # (d, bert_feature_dim)
     bert_proj_bias: torch.Tensor
     text_embedding: torch.Tensor  # (phoneme_vocab, d)
     audio_embedding: torch.Tensor  # (vocab, d)
     text_positions: torch.Tensor  # (POSITION_TABLE_LEN, d) = alpha_text * PE
     audio_positions: torch.Tensor  # (POSITION_TABLE_LEN, d) = alpha_audio * PE
     layers: list[T2SLayerWeights]
-    predict_weight: torch.Tensor  # (vocab, d), no bias
+    predict_weight: Projection  # (vocab, d), no bias
+    int8_projections: tuple[str, ...] = ()  # the model's Linear modules held as DynamicInt8Linear
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.predict_weight.dtype
+        return self.audio_embedding.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.predict_weight.device
+        return self.audio_embedding.device
+
+    @classmethod
+    def from_model(cls, model: Text2SemanticModel) -> T2SWeights:
+        """``model``'s weights in its own dtype and device. A Linear layer that models/dynamic_int8.py
+        converted is held as that module; its float equivalent passes through ``from_state_dict``'s
+        checks on the way (a transient float32 copy of the int8 weights)."""
+        int8 = {name: module for name, module in model.named_modules() if isinstance(module, DynamicInt8Linear)}
+        state_dict = {key: value for key, value in model.state_dict().items()
+                      if not any(key.startswith(name + ".") for name in int8)}
+        for name, module in int8.items():
+            state_dict[_official_key(f"{name}.weight")] = module.dequantized_weight()
+            if module.bias is not None:
+                state_dict[_official_key(f"{name}.bias")] = module.bias
+        embedding = model.ar_audio_embedding.word_embeddings.weight
+        weights = cls.from_state_dict(model.config, state_dict, embedding.dtype, embedding.device)
+        for name, module in int8.items():
+            layer, _, local = name.removeprefix("h.layers.").partition(".")
+            if name in TOP_PROJECTIONS:
+                setattr(weights, TOP_PROJECTIONS[name], module)
+            elif name.startswith("h.layers.") and local in LAYER_PROJECTIONS:
+                setattr(weights.layers[int(layer)], LAYER_PROJECTIONS[local], module)
+            else:
+                raise ValueError(f"T2S engine: {name!r} is dynamic int8 but is no projection the engine runs")
+        weights.int8_projections = tuple(int8)
+        return weights
 
     @classmethod
     def from_state_dict(

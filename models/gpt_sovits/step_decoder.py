@@ -16,7 +16,8 @@ audio leaves in chunks while it decodes (models/gpt_sovits/streaming.py), the fi
         ...
 
 The engine runs on the voice's device in the voice's dtype (float32 eager on a CPU; CUDA graphs
-are captured by ``capture_graphs`` on a GPU). Greedy sentences decode the same tokens alone or in
+are captured by ``capture_graphs`` on a GPU), with the voice's dynamic int8 Linear layers where the
+int8_dynamic variant converted them (models/dynamic_int8.py; CPU). Greedy sentences decode the same tokens alone or in
 any batch; sampled ones draw from the engine's one generator, so their tokens depend on their
 neighbours (seeded per engine, not per sentence).
 """
@@ -64,8 +65,9 @@ MAX_STEPS_UNREAD = 8  # streaming: token steps between two reads of the stop fla
 def fastest_engine(weights: T2SWeights, max_rows: int, sync_every: int) -> T2SEngine:
     """The engine for the weights' device: on CUDA with Triton, the persistent step at batch 1 and
     the fused / cuBLAS + attention-kernel steps above it (``engine_persistent``, ``engine_triton``;
-    every step reads only each row's valid keys, so one length bucket serves all); else the torch step."""
-    if weights.device.type != "cuda" or importlib.util.find_spec("triton") is None:
+    every step reads only each row's valid keys, so one length bucket serves all); else, and for
+    dynamic int8 projections (whose kernels are the torch step's), the torch step."""
+    if weights.device.type != "cuda" or weights.int8_projections or importlib.util.find_spec("triton") is None:
         return T2SEngine(weights, max_batch=max_rows, max_len=CACHE_POSITIONS, sync_every=sync_every)
     # Imported here: Triton exists on GPU machines only, not in the CPU install.
     from models.gpt_sovits.engine_persistent import PersistentT2SEngine
@@ -84,9 +86,7 @@ class GptSovitsStepDecoder:
 
     def __init__(self, voice, max_rows: int, sync_every: int = 1, chunking: ChunkSettings = DEFAULT_CHUNKING):
         """``voice``: a GptSovitsVoice (models/gpt_sovits/voice.py, which hands these out)."""
-        t2s = voice.t2s
-        parameter = t2s.ar_predict_layer.weight
-        weights = T2SWeights.from_state_dict(t2s.config, t2s.state_dict(), parameter.dtype, parameter.device)
+        weights = T2SWeights.from_model(voice.t2s)
         self.voice = voice
         self.max_rows = max_rows
         self.chunking = chunking

@@ -299,8 +299,8 @@ def test_no_servable_variant_is_reported_not_registered():
 
 def test_a_variant_without_a_graph_is_deployed_by_the_recipe_serve_rebuilds_it_with(tmp_path):
     """EmotiVoice has no runtime for exported graphs: its champion is rebuilt from the teacher, even
-    where the pipeline exported the champion's graph. GPT-SoVITS decodes by token steps on float
-    weights: its int8_dynamic champion gives way to the best variant serve can rebuild."""
+    where the pipeline exported the champion's graph. GPT-SoVITS's int8_dynamic is rebuilt too: its
+    token-step engine runs the converted layers' int8 products."""
     rows = {"teacher": {"rtf_cpu_b1": 0.33, "dnsmos_p808": 2.2, "wer": 1.0, "size_mb": 600.0},
             "int8_dynamic": {"rtf_cpu_b1": 0.30, "dnsmos_p808": 2.2, "wer": 1.0, "spk_sim": 1.0, "size_mb": 500.0}}
     selection = select_champion(rows, SelectionSettings(), "teacher")
@@ -310,8 +310,8 @@ def test_a_variant_without_a_graph_is_deployed_by_the_recipe_serve_rebuilds_it_w
     assert (deployment.variant, deployment.graph) == ("int8_dynamic", None)
     assert "rebuilt from the teacher by its recipe" in deployment.why
     deployment = deployable_choice(selection, {}, get_family("gpt_sovits_v2"))
-    assert (deployment.variant, deployment.graph) == ("teacher", None)
-    assert "token-step engine runs float weights" in deployment.why
+    assert (deployment.variant, deployment.graph) == ("int8_dynamic", None)
+    assert "rebuilt from the teacher by its recipe" in deployment.why
 
     tracking = TrackingSettings(f"sqlite:///{tmp_path / 'mlflow.db'}", "rebuilt-test")
     mlflow.set_tracking_uri(tracking.tracking_uri)

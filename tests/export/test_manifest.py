@@ -120,7 +120,6 @@ def test_a_variant_rebuilt_from_the_teacher_round_trips_with_its_recipe(tmp_path
     ({"variant": "lite_int8", "recipe": {}}, "'lite_int8' is not rebuilt from the teacher"),
     ({"recipe": {"parts": ["style_encoder"]}}, r"exactly the fields \['keep_float', 'parts'\]"),
     ({"recipe": {"parts": "style_encoder", "keep_float": []}}, "recipe.parts must be a list of names"),
-    ({"family": "gpt_sovits_v2", "recipe": {"parts": ["t2s"], "keep_float": []}}, "token-step engine runs float"),
     ({"engine": "onnxruntime", "graphs": {SYNTHESIZER: "fp16.onnx"}}, "recipe is for engine 'torch'"),
 ])
 def test_a_bad_rebuilt_manifest_names_the_field(tmp_path, change, message):

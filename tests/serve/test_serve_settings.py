@@ -11,6 +11,7 @@ import pytest
 
 from core.config import ConfigError
 from export.manifest import DeploymentManifest, ManifestError, write_manifest
+from models.dynamic_int8 import DynamicInt8Linear
 from models.piper.onnx_runtime import prepare_graph
 from models.piper.voice_files import PiperVoiceFiles
 from serve.engines import load_served_model
@@ -178,10 +179,9 @@ def test_a_rebuilt_champion_is_the_variant_its_stage_scored(tmp_path, monkeypatc
     assert served.voice_name == "random"  # not the files string "checkpoint=None;style_encoder=None;..."
     named = dataclasses.replace(served, voice="checkpoint=/ckpt/g_00140000;style_encoder=None")
     assert named.voice_name == "g_00140000"
-    dynamic = torch.ao.nn.quantized.dynamic.Linear
     parts = served.model.parts()
-    assert any(isinstance(m, dynamic) for m in parts["style_encoder"].modules())
-    assert not any(isinstance(m, dynamic) for role, part in parts.items() if role != "style_encoder"
+    assert any(isinstance(m, DynamicInt8Linear) for m in parts["style_encoder"].modules())
+    assert not any(isinstance(m, DynamicInt8Linear) for role, part in parts.items() if role != "style_encoder"
                    for m in part.modules())
 
     teacher = tiny_voice(0)
@@ -191,37 +191,55 @@ def test_a_rebuilt_champion_is_the_variant_its_stage_scored(tmp_path, monkeypatc
     served_state, expected_state = served.model.state_dict(), by_hand.state_dict()
     assert served_state.keys() == expected_state.keys()
     for name, expected in expected_state.items():  # the int8 weights, scales and float tensors, exactly
-        for got, want in zip(_tensors_of(served_state[name]), _tensors_of(expected), strict=True):
-            assert torch.equal(got.dequantize() if got.is_quantized else got,
-                               want.dequantize() if want.is_quantized else want), name
+        assert torch.equal(served_state[name], expected), name
     request = SynthesisRequest.from_utterances(by_hand.text_to_utterances("The birch canoe slid."),
                                                sampling=Sampling(seed=1))
     served_result, expected_result = served.model.synthesize(request), by_hand.synthesize(request)
     assert torch.equal(served_result.durations, expected_result.durations)
-    # fbgemm's int8 products need not repeat to the last bit between two packings of the same weights
-    # (2.4e-5 of a 0.1 peak measured); int8 against float32 moved the tiny voice's audio 4.3e-5.
+    # The same int8 weights and products; the float kernels around them need not repeat to the last
+    # bit between two copies of a model (1e-5 of a 0.1 peak seen here).
     assert waveform_snr_db(served_result.waveforms()[0], expected_result.waveforms()[0]) > 50.0
 
 
-def _tensors_of(value) -> list:
-    """A state dict entry's tensors: a dynamic int8 Linear stores (weight, bias) as one entry."""
+def test_an_autoregressive_family_serves_int8_dynamic_by_token_steps(tmp_path, monkeypatch):
+    """GPT-SoVITS's int8_dynamic served: the step decoder's engine runs the voice's int8 layers, and
+    a greedy sentence speaks the tokens of the voice the int8_dynamic stage builds."""
+    import dataclasses
+
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return [value]
-    return [tensor for item in value for tensor in _tensors_of(item)] if isinstance(value, (tuple, list)) else []
+    from compress.int8_dynamic import Int8DynamicSettings, build
+    from compress.variants import StageContext, Variant
+    from models.gpt_sovits.capabilities import GptSovitsSampling
+    from models.gpt_sovits.tiny import tiny_voice
+    from models.interface import SynthesisRequest
+    from models.registry import FAMILIES
 
+    family = dataclasses.replace(FAMILIES["gpt_sovits_v2"], load_teacher=lambda voice, cache_dir: tiny_voice(0))
+    monkeypatch.setitem(FAMILIES, "gpt_sovits_v2", family)
+    served = load_served_model(serve_settings(tmp_path, "model=gpt_sovits_v2", "serve.source=int8_dynamic"))
+    assert (served.model_id, served.engine) == ("int8_dynamic", "torch")
+    decoder = served.model.step_decoder(max_rows=2)
+    assert "h.layers.0.linear1" in decoder.engine.weights.int8_projections
+    assert "ar_predict_layer" not in decoder.engine.weights.int8_projections  # the family's keep_float
 
-def test_an_autoregressive_family_does_not_serve_int8_dynamic(tmp_path):
-    """GPT-SoVITS serves by token steps on its step engine, whose weights are float tensors."""
-    with pytest.raises(ValueError, match="token-step engine runs float weights"):
-        load_served_model(serve_settings(tmp_path, "model=gpt_sovits_v2", "serve.source=int8_dynamic"))
+    by_stage = build(Variant("teacher", tiny_voice(0), "torch", "cpu", 0.0, 0.0),
+                     Int8DynamicSettings(parts=["t2s"], keep_float=["ar_predict_layer"]),
+                     StageContext([], tmp_path / "stage", 1, tmp_path / "cache", family, "random")).model
+    sampling = GptSovitsSampling.deterministic(max_tokens=24)
+    request = SynthesisRequest.from_utterances(by_stage.text_to_utterances("Where did Kenji leave his lantern?"),
+                                               sampling=sampling)
+    decoder.join("a", request)
+    finished = []
+    while decoder.active:
+        finished += decoder.step()
+    (key, result), = finished
+    expected = by_stage.synthesize(request)
+    assert key == "a" and torch.equal(result.tokens, expected.tokens)
 
 
 def test_a_champion_source_falling_back_to_int8_dynamic_is_checked_and_built(tmp_path, monkeypatch):
     import dataclasses
-
-    import torch
 
     from models.emotivoice.tiny import tiny_voice
     from models.registry import FAMILIES
@@ -234,5 +252,5 @@ def test_a_champion_source_falling_back_to_int8_dynamic_is_checked_and_built(tmp
                                               f"serve.manifest_path={tmp_path / 'none.json'}",
                                               "serve.fallback_variant=int8_dynamic"))
     assert served.model_id == "int8_dynamic" and "no champion manifest" in served.note
-    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in served.model.parts()["style_encoder"].modules())
+    assert any(isinstance(m, DynamicInt8Linear) for m in served.model.parts()["style_encoder"].modules())
 

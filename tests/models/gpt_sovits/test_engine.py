@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from models.dynamic_int8 import DynamicInt8Linear, linear_names, quantize_linears
 from models.gpt_sovits.engine import T2SEngine, T2SRequest
 from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
 from models.gpt_sovits.engine_weights import (
@@ -140,7 +141,7 @@ def eager_greedy_decode(model: Text2SemanticModel, request: T2SRequest) -> list[
                                                                             request.max_steps)
     sampling = AutoregressiveSampling.deterministic(repetition_penalty=request.repetition_penalty,
                                                     max_tokens=max_tokens)
-    bert_features = request.bert_features.to(model.bert_proj.weight.dtype)
+    bert_features = request.bert_features.to(model.ar_audio_embedding.word_embeddings.weight.dtype)
     return decode(model, request.phoneme_ids, bert_features, request.prompt_tokens, sampling,
                   eos_from_step=request.eos_from_step).tokens.tolist()
 
@@ -186,6 +187,31 @@ def test_continuous_batching_gives_each_request_its_tokens_alone():
     batched = engine.generate(requests)
     assert all(torch.equal(one.tokens, tokens) for one, tokens in zip(batched, alone))
     assert not engine.has_work()
+
+
+def test_dynamic_int8_projections_decode_as_the_int8_eager_port_alone_and_batched():
+    """The int8_dynamic variant's T2S (models/dynamic_int8.py) served by token steps: the engine
+    runs the converted model's own int8 products, so its tokens are the eager int8 port's, and a
+    row's activations are quantized with its own scale, so batching changes no row's tokens."""
+    config = T2SConfig.from_checkpoint_config(OTHER_SHAPE)
+    model = Text2SemanticModel(config)
+    load_state_dict_strictly(model, random_state_dict(config, seed=3), "random weights")
+    float_weights = T2SWeights.from_model(model.eval())
+    assert float_weights.int8_projections == () and isinstance(float_weights.layers[0].qkv_weight, torch.Tensor)
+    names, kept = linear_names(model, ("ar_predict_layer",))
+    quantize_linears(model, names)
+    weights = T2SWeights.from_model(model)
+    assert sorted(weights.int8_projections) == sorted(names) and kept == ["ar_predict_layer"]
+    assert isinstance(weights.layers[2].qkv_weight, DynamicInt8Linear) and isinstance(weights.bert_proj_weight,
+                                                                                        DynamicInt8Linear)
+    requests = other_shape_requests(config, 6)
+    alone = [T2SEngine(weights, max_len=128).generate([request])[0].tokens for request in requests]
+    for request, tokens in zip(requests, alone):
+        assert tokens.tolist() == eager_greedy_decode(model, request)
+    engine = T2SEngine(weights, max_batch=4, max_len=128, sync_every=3, batch_buckets=[1, 2, 4],
+                       length_buckets=[32, 64, 128])
+    batched = engine.generate(requests)
+    assert all(torch.equal(one.tokens, tokens) for one, tokens in zip(batched, alone))
 
 
 def test_a_decode_runs_no_step_past_the_max_steps_of_every_running_request():
