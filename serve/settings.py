@@ -43,6 +43,7 @@ class ServeSettings:
     cache_dir: str = str(DEFAULT_CACHE_DIR)  # where converted teacher weights are cached
     device: str = "cpu"  # the torch engine's device
     threads: int = 1  # onnxruntime intra-op threads
+    torch_threads: int = 1  # torch's intra-op threads in each model thread, on a CPU device
     torch_engine: str = "eager"  # the teacher's engine: eager | cuda_graphs (CUDA only) | compile | aoti
     half_keep_fp32: tuple[str, ...] = ("encoder", "duration")  # fp16/bf16 sources: parts left in float32
     int8_parts: tuple[str, ...] = ()  # int8_dynamic source: parts whose Linear layers run in dynamic int8
@@ -168,7 +169,7 @@ class ServeSettings:
         if self.gpu_sharing == "mps" and (self.workers < 2 or not self.device.startswith("cuda")):
             fail("gpu_sharing", "mps shares one GPU between worker processes: set serve.device=cuda and "
                                 "serve.workers >= 2")
-        for key in ("workers", "threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
+        for key in ("workers", "threads", "torch_threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
                     "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
                     "speaker_cache_entries", "min_upload_sample_rate_hz", "max_requests_per_client", "max_body_bytes",
                     "max_connections", "max_header_bytes", "gc_full_collection_after"):

@@ -254,3 +254,20 @@ def test_a_champion_source_falling_back_to_int8_dynamic_is_checked_and_built(tmp
     assert served.model_id == "int8_dynamic" and "no champion manifest" in served.note
     assert any(isinstance(m, DynamicInt8Linear) for m in served.model.parts()["style_encoder"].modules())
 
+
+
+def test_cpu_model_threads_run_torch_with_their_own_thread_count(tmp_path):
+    """OpenMP's thread count is per calling thread: the model threads set theirs when they start."""
+    import torch
+
+    from serve.app import model_threads
+
+    main_threads = torch.get_num_threads()
+    executor = model_threads(serve_settings(tmp_path, "serve.torch_threads=3"))
+    try:
+        assert executor.submit(torch.get_num_threads).result() == 3
+    finally:
+        executor.shutdown()
+    assert torch.get_num_threads() == main_threads
+    with pytest.raises(ConfigError, match="torch_threads"):
+        serve_settings(tmp_path, "serve.torch_threads=0")
