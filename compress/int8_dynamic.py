@@ -73,7 +73,7 @@ def weight_bytes(module: nn.Module) -> tuple[int, int, int]:
 
 
 def parameter_count_int8(model: nn.Module) -> int:
-    """Parameters as the teacher counts them: a DynamicInt8Linear's weight and bias are buffers, not ``parameters()``."""
+    """Parameters as the teacher counts them: a DynamicInt8Linear's weight and bias are buffers, not parameters."""
     converted = sum(m.weight_int8.numel() + (0 if m.bias is None else m.bias.numel())
                     for m in model.modules() if isinstance(m, DynamicInt8Linear))
     return sum(p.numel() for p in model.parameters()) + converted

@@ -79,18 +79,18 @@ class SpeechServerApp(FastAPI):
         return self.outer_middleware(super().build_middleware_stack())
 
 
-
 def model_threads(settings: ServeSettings) -> ThreadPoolExecutor:
     """The threads the model runs on, ``serve.batches_in_flight`` of them. On a CPU device each one runs
     torch with ``serve.torch_threads`` intra-op threads of its own: OpenMP's thread count is per
     calling thread, and a model thread at torch's default built a second OpenMP team beside the one
     the main thread made while loading. On this project's 2-core AMD EPYC that made one int8
-    (1, 512) x (512, 2048) product 6x slower (11.6 -> 68 us) and GPT-SoVITS's int8 T2S 1.8x slower,
-    while one thread a model thread lost nothing in float32 (docs/benchmarks.md, session 54)."""
+    (1, 512) x (512, 2048) product 6x slower (11.6 -> 68 us) and GPT-SoVITS's int8 T2S 1.8x slower;
+    with one intra-op thread a model thread ran float32 no slower (docs/benchmarks.md, session 54)."""
     if settings.device != "cpu":
         return ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model")
     return ThreadPoolExecutor(max_workers=settings.batches_in_flight, thread_name_prefix="tts-model",
                               initializer=torch.set_num_threads, initargs=(settings.torch_threads,))
+
 
 def uvicorn_options(settings: ServeSettings) -> dict:
     """What the server bounds before a request reaches the app: idle keep-alive connections and open

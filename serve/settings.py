@@ -169,10 +169,11 @@ class ServeSettings:
         if self.gpu_sharing == "mps" and (self.workers < 2 or not self.device.startswith("cuda")):
             fail("gpu_sharing", "mps shares one GPU between worker processes: set serve.device=cuda and "
                                 "serve.workers >= 2")
-        for key in ("workers", "threads", "torch_threads", "max_batch_size", "max_batch_phonemes", "batches_in_flight", "queue_capacity",
-                    "decoder_chunk_frames", "max_input_chars", "max_sentence_chars", "max_upload_bytes",
-                    "speaker_cache_entries", "min_upload_sample_rate_hz", "max_requests_per_client", "max_body_bytes",
-                    "max_connections", "max_header_bytes", "gc_full_collection_after"):
+        for key in ("workers", "threads", "torch_threads", "max_batch_size", "max_batch_phonemes",
+                    "batches_in_flight", "queue_capacity", "decoder_chunk_frames", "max_input_chars",
+                    "max_sentence_chars", "max_upload_bytes", "speaker_cache_entries", "min_upload_sample_rate_hz",
+                    "max_requests_per_client", "max_body_bytes", "max_connections", "max_header_bytes",
+                    "gc_full_collection_after"):
             if getattr(self, key) < 1:
                 fail(key, "must be >= 1")
         for key in ("max_wait_ms", "decoder_context_frames"):

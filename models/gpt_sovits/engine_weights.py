@@ -72,7 +72,7 @@ def random_state_dict(config: T2SConfig, seed: int, logit_std: float = 3.0) -> d
 
 
 def _official_key(key: str) -> str:
-    """A module's state dict key under the official checkpoint's name (``...in_proj.weight`` -> ``...in_proj_weight``)."""
+    """A module's state dict key under the official checkpoint's name (``in_proj.weight`` -> ``in_proj_weight``)."""
     for ours, official in OFFICIAL_PROJECTION_NAMES.items():
         if key.endswith(ours):
             return key[: -len(ours)] + official

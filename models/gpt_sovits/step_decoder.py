@@ -17,9 +17,9 @@ audio leaves in chunks while it decodes (models/gpt_sovits/streaming.py), the fi
 
 The engine runs on the voice's device in the voice's dtype (float32 eager on a CPU; CUDA graphs
 are captured by ``capture_graphs`` on a GPU), with the voice's dynamic int8 Linear layers where the
-int8_dynamic variant converted them (models/dynamic_int8.py; CPU). Greedy sentences decode the same tokens alone or in
-any batch; sampled ones draw from the engine's one generator, so their tokens depend on their
-neighbours (seeded per engine, not per sentence).
+int8_dynamic variant converted them (models/dynamic_int8.py; CPU). Greedy sentences decode the same
+tokens alone or in any batch; sampled ones draw from the engine's one generator, so their tokens
+depend on their neighbours (seeded per engine, not per sentence).
 """
 from __future__ import annotations
 
