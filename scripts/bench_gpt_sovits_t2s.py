@@ -539,8 +539,9 @@ def cpu_bench(args: argparse.Namespace, eager: Text2SemanticModel, state_dict: d
     rows["eager_torch_ao_dynamic_int8"]["greedy_agreement_with_eager_fp32"] = agreement(ao_tokens, fp32_tokens)
     write(result, args.out)
     max_len = ((PHONEMES + PROMPT_TOKENS + tokens + 15) // 16) * 16
-    for name, weights in (("engine_fp32_eager_steps", T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")),
-                          ("engine_dynamic_int8_eager_steps", T2SWeights.from_model(int8))):  # the served paths
+    served_paths = (("engine_fp32_eager_steps", T2SWeights.from_state_dict(config, state_dict, torch.float32, "cpu")),
+                    ("engine_dynamic_int8_eager_steps", T2SWeights.from_model(int8)))
+    for name, weights in served_paths:
         row = bench_engine(T2SEngine(weights, max_batch=1, max_len=max_len), request, "cpu", repeats=args.repeats)
         tokens_made = row.pop("tokens")
         row["greedy_agreement_with_eager_fp32"] = agreement(tokens_made, fp32_tokens)

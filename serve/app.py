@@ -80,10 +80,11 @@ class SpeechServerApp(FastAPI):
 
 
 def model_threads(settings: ServeSettings) -> ThreadPoolExecutor:
-    """The threads the model runs on, ``serve.batches_in_flight`` of them. On a CPU device each one runs
-    torch with ``serve.torch_threads`` intra-op threads of its own: OpenMP's thread count is per
+    """The threads the model runs on, ``serve.batches_in_flight`` of them. On a CPU device each one sets
+    torch's intra-op threads to ``serve.torch_threads`` when it starts: OpenMP's thread count is per
     calling thread, and a model thread at torch's default built a second OpenMP team beside the one
-    the main thread made while loading. On this project's 2-core AMD EPYC that made one int8
+    the main thread made while loading. torch also keeps the count as the default of threads that
+    first use it later (the front end's ``asyncio.to_thread`` workers); the main thread keeps its own. On this project's 2-core AMD EPYC that made one int8
     (1, 512) x (512, 2048) product 6x slower (11.6 -> 68 us) and GPT-SoVITS's int8 T2S 1.8x slower;
     with one intra-op thread a model thread ran float32 no slower (docs/benchmarks.md, session 54)."""
     if settings.device != "cpu":

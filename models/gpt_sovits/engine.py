@@ -131,11 +131,9 @@ def project(x: torch.Tensor, weight: Projection, bias: torch.Tensor | None = Non
     if isinstance(weight, DynamicInt8Linear):
         y = weight(x)
         return F.relu(y) if relu else y
-    if x.dim() == 2:
-        if bias is None:
-            return x @ weight.t()
+    if x.dim() == 2 and bias is not None:
         return torch._addmm_activation(bias, x, weight.t()) if relu else torch.addmm(bias, x, weight.t())
-    y = F.linear(x, weight, bias)
+    y = x @ weight.t() if x.dim() == 2 else F.linear(x, weight, bias)
     return F.relu(y) if relu else y
 
 

@@ -39,13 +39,8 @@ def greedy_sampling(sampling: GptSovitsSampling) -> GptSovitsSampling:
 
 
 def _state_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the weights a module holds; a dynamic int8 Linear keeps (weight, bias) as one entry."""
-    def tensors(value):
-        if isinstance(value, torch.Tensor):
-            return [value]
-        return [t for item in value for t in tensors(item)] if isinstance(value, (tuple, list)) else []
-    return sum(t.numel() * (1 if t.is_quantized else t.element_size())
-               for value in module.state_dict().values() for t in tensors(value))
+    """Bytes of the weights and buffers a module holds (a dynamic int8 Linear's are int8 and float32 buffers)."""
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
 
 
 def kv_cache_bytes(t2s, positions: int) -> int:

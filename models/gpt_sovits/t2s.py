@@ -140,11 +140,12 @@ OFFICIAL_PROJECTION_NAMES = {"in_proj.weight": "in_proj_weight", "in_proj.bias":
 
 
 def _save_official_names(module: nn.Module, state: dict, prefix: str, local_metadata) -> None:
-    """Renamed in place, order kept: a checkpoint's key order is the official one. Keys that are
-    absent (a stage replaced the Linear: dynamic int8 packs it) stay as they are."""
-    renames = {prefix + ours: prefix + official for ours, official in OFFICIAL_PROJECTION_NAMES.items()}
-    if not renames.keys() & state.keys():
+    """Renamed in place, order kept: a checkpoint's key order is the official one. A projection a
+    stage replaced (models/dynamic_int8.py) keeps its module's names: the official names are those
+    of a float weight and bias."""
+    if not isinstance(module.in_proj, nn.Linear):
         return
+    renames = {prefix + ours: prefix + official for ours, official in OFFICIAL_PROJECTION_NAMES.items()}
     items = list(state.items())
     state.clear()
     state.update((renames.get(key, key), value) for key, value in items)
@@ -236,7 +237,7 @@ class Text2SemanticModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        """Where the model runs; read off an embedding, which dynamic quantization never packs."""
+        """Where the model runs; read off an embedding, which dynamic int8 never converts."""
         return self.ar_audio_embedding.word_embeddings.weight.device
 
     def position_table(self, length: int) -> torch.Tensor:

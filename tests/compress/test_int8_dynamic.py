@@ -16,8 +16,6 @@ from models.gpt_sovits.tiny import tiny_voice
 from models.interface import SynthesisRequest
 from models.registry import get_family
 
-DYNAMIC_LINEAR = DynamicInt8Linear
-
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -33,9 +31,9 @@ def test_linear_layers_become_int8_except_the_kept_ones(built):
     teacher, int8 = built
     t2s = int8.model.t2s
     layer = t2s.h.layers[0]
-    assert isinstance(layer.linear1, DYNAMIC_LINEAR) and isinstance(layer.self_attn.out_proj, DYNAMIC_LINEAR)
-    assert isinstance(layer.self_attn.in_proj, DYNAMIC_LINEAR)  # the packed q/k/v projection too
-    assert isinstance(t2s.ar_predict_layer, torch.nn.Linear) and not isinstance(t2s.ar_predict_layer, DYNAMIC_LINEAR)
+    assert isinstance(layer.linear1, DynamicInt8Linear) and isinstance(layer.self_attn.out_proj, DynamicInt8Linear)
+    assert isinstance(layer.self_attn.in_proj, DynamicInt8Linear)  # the packed q/k/v projection too
+    assert isinstance(t2s.ar_predict_layer, torch.nn.Linear) and not isinstance(t2s.ar_predict_layer, DynamicInt8Linear)
     assert isinstance(teacher.model.t2s.h.layers[0].linear1, torch.nn.Linear)  # the teacher is untouched
     # bert_proj, and per layer in_proj, out_proj, linear1, linear2
     assert int8.stage_metrics["int8_linear_layers"] == 1 + 4 * t2s.config.layers

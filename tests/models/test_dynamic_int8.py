@@ -65,3 +65,9 @@ def test_quantize_linears_swaps_named_linears_and_refuses_other_modules():
     with pytest.raises(ValueError, match="'1' is a ReLU, not an nn.Linear"):
         quantize_linears(model, ["1"])
     assert isinstance(quantize_linears(nn.Linear(3, 3), [""]), DynamicInt8Linear)
+
+
+def test_input_other_than_float32_is_refused():
+    layer = DynamicInt8Linear.from_float(nn.Linear(4, 2))
+    with pytest.raises(TypeError, match="takes float32 input.*torch.float16"):
+        layer(torch.randn(1, 4).half())

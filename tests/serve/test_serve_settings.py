@@ -255,19 +255,26 @@ def test_a_champion_source_falling_back_to_int8_dynamic_is_checked_and_built(tmp
     assert any(isinstance(m, DynamicInt8Linear) for m in served.model.parts()["style_encoder"].modules())
 
 
-
-def test_cpu_model_threads_run_torch_with_their_own_thread_count(tmp_path):
-    """OpenMP's thread count is per calling thread: the model threads set theirs when they start."""
+def test_cpu_model_threads_run_torch_with_the_configured_thread_count(tmp_path):
+    """OpenMP's thread count is per calling thread: the model threads set theirs when they start,
+    and the main thread keeps its own."""
     import torch
 
     from serve.app import model_threads
 
     main_threads = torch.get_num_threads()
-    executor = model_threads(serve_settings(tmp_path, "serve.torch_threads=3"))
+    wanted = main_threads + 2
+    executor = model_threads(serve_settings(tmp_path, f"serve.torch_threads={wanted}"))
     try:
-        assert executor.submit(torch.get_num_threads).result() == 3
+        assert executor.submit(torch.get_num_threads).result() == wanted
+        assert torch.get_num_threads() == main_threads
     finally:
         executor.shutdown()
-    assert torch.get_num_threads() == main_threads
+        torch.set_num_threads(main_threads)  # torch keeps the last count as later threads' default
+    gpu = model_threads(serve_settings(tmp_path, f"serve.torch_threads={wanted}", "serve.device=cuda"))
+    try:
+        assert gpu.submit(torch.get_num_threads).result() == main_threads  # a GPU device leaves torch's count alone
+    finally:
+        gpu.shutdown()
     with pytest.raises(ConfigError, match="torch_threads"):
         serve_settings(tmp_path, "serve.torch_threads=0")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from models.dynamic_int8 import DynamicInt8Linear, linear_names, quantize_linears
-from models.gpt_sovits.engine import T2SEngine, T2SRequest
+from models.gpt_sovits.engine import T2SEngine, T2SRequest, project
 from models.gpt_sovits.engine_sampling import RowSampling, choose_tokens
 from models.gpt_sovits.engine_weights import (
     MANIFEST_PATH,
@@ -189,7 +189,8 @@ def test_continuous_batching_gives_each_request_its_tokens_alone():
     assert not engine.has_work()
 
 
-def test_dynamic_int8_projections_decode_as_the_int8_eager_port_alone_and_batched():
+@pytest.mark.parametrize("keep_float", [("ar_predict_layer",), ()], ids=["float_head", "int8_head"])
+def test_dynamic_int8_projections_decode_as_the_int8_eager_port_alone_and_batched(keep_float):
     """The int8_dynamic variant's T2S (models/dynamic_int8.py) served by token steps: the engine
     runs the converted model's own int8 products, so its tokens are the eager int8 port's, and a
     row's activations are quantized with its own scale, so batching changes no row's tokens."""
@@ -198,12 +199,13 @@ def test_dynamic_int8_projections_decode_as_the_int8_eager_port_alone_and_batche
     load_state_dict_strictly(model, random_state_dict(config, seed=3), "random weights")
     float_weights = T2SWeights.from_model(model.eval())
     assert float_weights.int8_projections == () and isinstance(float_weights.layers[0].qkv_weight, torch.Tensor)
-    names, kept = linear_names(model, ("ar_predict_layer",))
+    names, kept = linear_names(model, keep_float)
     quantize_linears(model, names)
     weights = T2SWeights.from_model(model)
-    assert sorted(weights.int8_projections) == sorted(names) and kept == ["ar_predict_layer"]
+    assert sorted(weights.int8_projections) == sorted(names) and kept == list(keep_float)
     assert isinstance(weights.layers[2].qkv_weight, DynamicInt8Linear) and isinstance(weights.bert_proj_weight,
                                                                                         DynamicInt8Linear)
+    assert isinstance(weights.predict_weight, DynamicInt8Linear) == (not keep_float)
     requests = other_shape_requests(config, 6)
     alone = [T2SEngine(weights, max_len=128).generate([request])[0].tokens for request in requests]
     for request, tokens in zip(requests, alone):
@@ -212,6 +214,18 @@ def test_dynamic_int8_projections_decode_as_the_int8_eager_port_alone_and_batche
                        length_buckets=[32, 64, 128])
     batched = engine.generate(requests)
     assert all(torch.equal(one.tokens, tokens) for one, tokens in zip(batched, alone))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("rows_shape", [(3,), (2, 5)], ids=["decode_rows", "prefill_positions"])
+def test_a_float_projection_is_the_linear_layer_it_stands_for(bias, relu, rows_shape):
+    torch.manual_seed(0)
+    x, weight, bias_values = torch.randn(*rows_shape, 6), torch.randn(4, 6), torch.randn(4)
+    expected = F.linear(x, weight, bias_values if bias else None)
+    expected = F.relu(expected) if relu else expected
+    got = project(x, weight, bias_values if bias else None, relu=relu)
+    assert got.shape == expected.shape and torch.allclose(got, expected, atol=1e-6)
 
 
 def test_a_decode_runs_no_step_past_the_max_steps_of_every_running_request():
