@@ -108,7 +108,6 @@ class T2SWeights:
     audio_positions: torch.Tensor  # (POSITION_TABLE_LEN, d) = alpha_audio * PE
     layers: list[T2SLayerWeights]
     predict_weight: Projection  # (vocab, d), no bias
-    int8_projections: tuple[str, ...] = ()  # the model's Linear modules held as DynamicInt8Linear
 
     @property
     def dtype(self) -> torch.dtype:
@@ -117,6 +116,16 @@ class T2SWeights:
     @property
     def device(self) -> torch.device:
         return self.audio_embedding.device
+
+    @property
+    def int8_projections(self) -> tuple[str, ...]:
+        """The model's Linear modules, by name, that these weights hold as DynamicInt8Linear."""
+        top = [name for name, field in TOP_PROJECTIONS.items()
+               if isinstance(getattr(self, field), DynamicInt8Linear)]
+        in_layers = [f"h.layers.{index}.{name}" for index, layer in enumerate(self.layers)
+                     for name, field in LAYER_PROJECTIONS.items()
+                     if isinstance(getattr(layer, field), DynamicInt8Linear)]
+        return tuple(top + in_layers)
 
     @classmethod
     def from_model(cls, model: Text2SemanticModel) -> T2SWeights:
@@ -140,7 +149,6 @@ class T2SWeights:
                 setattr(weights.layers[int(layer)], LAYER_PROJECTIONS[local], module)
             else:
                 raise ValueError(f"T2S engine: {name!r} is dynamic int8 but is no projection the engine runs")
-        weights.int8_projections = tuple(int8)
         return weights
 
     @classmethod
